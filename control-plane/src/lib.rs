@@ -1,1 +1,10 @@
+//! punchclock control plane: store, election, scheduling, dispatch and the
+//! gRPC services. See `control-plane/README.md` for the module map.
 
+pub mod clock;
+pub mod error;
+pub mod model;
+pub mod schedule;
+pub mod store;
+
+pub use error::{Error, Result};

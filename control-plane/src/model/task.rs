@@ -1,0 +1,392 @@
+//! Task definitions as users write them (JSON or YAML), and their validation.
+//!
+//! The seed format of `DESIGN.md` is accepted as is. Unknown fields are
+//! rejected; every error names the dotted path of the offending field.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::schedule::{self, Schedule};
+
+/// Longest accepted `task_id`, in characters.
+pub const MAX_TASK_ID_LEN: usize = 128;
+
+/// One task definition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Letters, digits, `_` and `-`; 1..=128 characters. Unique per cluster.
+    pub task_id: String,
+    /// The agent that runs it; only runners advertising this id get its runs.
+    pub agent_id: String,
+    /// Free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// One trigger (the seed form) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<TriggerSpec>,
+    /// ... or several. A task with neither runs only when triggered manually.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub triggers: Vec<TriggerSpec>,
+    /// How runs execute: timeout, retries, concurrency, misfires.
+    #[serde(default)]
+    pub execution: ExecutionSpec,
+    /// Passed to the agent; `context.params` is merged with manual-trigger params.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub context: serde_json::Map<String, serde_json::Value>,
+    /// Notification sinks. Stored; delivery comes with the notifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifySpec>,
+}
+
+/// A time trigger, tagged by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TriggerSpec {
+    /// Cron expression in an IANA zone.
+    Cron(CronTrigger),
+    /// Fixed period anchored at `start_at`.
+    Interval(IntervalTrigger),
+    /// A single instant.
+    Once(OnceTrigger),
+}
+
+/// `{type: cron, expr, timezone, jitter_seconds}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CronTrigger {
+    /// 5 fields (minute first), 6 (seconds first), 7 (with year), or an `@alias`.
+    pub expr: String,
+    /// IANA zone name; default `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// Deterministic per-slot delay in `[0, jitter_seconds)` seconds; default 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub jitter_seconds: u64,
+}
+
+/// `{type: interval, every | every_seconds, start_at, jitter_seconds}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntervalTrigger {
+    /// Period as `"30s"`, `"10m"`, `"2h"`, `"1d"` or combinations (`"1h30m"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    /// Period in whole seconds (alternative to `every`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_seconds: Option<u64>,
+    /// Anchor (RFC 3339); slots are `start_at + k*every`. Default: the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<DateTime<Utc>>,
+    /// Deterministic per-slot delay in `[0, jitter_seconds)` seconds; default 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub jitter_seconds: u64,
+}
+
+/// `{type: once, at}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnceTrigger {
+    /// The instant (RFC 3339). If already past when the task is first
+    /// applied, the task runs once right away.
+    pub at: DateTime<Utc>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// What to do when a slot comes while `concurrency_limit` runs are active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapPolicy {
+    /// Record a SKIPPED run with `skip_reason: concurrency_limit` (default).
+    #[default]
+    Skip,
+    /// Keep the run PENDING until a slot frees.
+    Queue,
+    /// Cancel the oldest active run, then start the new one.
+    CancelRunning,
+}
+
+/// What to do with slots missed while no scheduler ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MisfirePolicy {
+    /// Run the latest missed slot once, if within the grace (default).
+    #[default]
+    RunOnce,
+    /// Run every missed slot within the grace, oldest first.
+    RunAll,
+    /// Run none.
+    Skip,
+}
+
+/// `retry_backoff`: delay before retry k (1-based) is
+/// `min(base_seconds * 2^(k-1), cap_seconds) + uniform(0, jitter_seconds)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryBackoff {
+    /// Seconds; default 2.
+    pub base_seconds: f64,
+    /// Seconds; default 60.
+    pub cap_seconds: f64,
+    /// Seconds of uniform random extra delay; default 0.5.
+    pub jitter_seconds: f64,
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        Self { base_seconds: 2.0, cap_seconds: 60.0, jitter_seconds: 0.5 }
+    }
+}
+
+/// `selector`: only runners whose labels include all of these.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selector {
+    /// Required runner labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `execution`: how runs of the task execute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecutionSpec {
+    /// Seconds an attempt may run before it is killed; default 3600; > 0.
+    pub timeout_seconds: i64,
+    /// Retries after the first attempt; default 0.
+    pub max_retries: u32,
+    /// Delay between attempts.
+    pub retry_backoff: RetryBackoff,
+    /// Runs of this task active at once; default 1; >= 1.
+    pub concurrency_limit: u32,
+    /// When the limit is reached; default `skip`.
+    pub overlap_policy: OverlapPolicy,
+    /// Missed slots; default `run_once`.
+    pub misfire_policy: MisfirePolicy,
+    /// How late (seconds) a missed slot may still run; default 60.
+    pub misfire_grace_seconds: u64,
+    /// Higher dispatches first; default 0.
+    pub priority: i32,
+    /// Runner label selector.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector: Option<Selector>,
+}
+
+impl Default for ExecutionSpec {
+    fn default() -> Self {
+        Self {
+            timeout_seconds: 3600,
+            max_retries: 0,
+            retry_backoff: RetryBackoff::default(),
+            concurrency_limit: 1,
+            overlap_policy: OverlapPolicy::default(),
+            misfire_policy: MisfirePolicy::default(),
+            misfire_grace_seconds: 60,
+            priority: 0,
+            selector: None,
+        }
+    }
+}
+
+/// `notify`: sinks per outcome (`http(s)://` URLs or `webhook://NAME`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifySpec {
+    /// Sinks told about a SUCCEEDED run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_success: Vec<String>,
+    /// Sinks told about a FAILED or TIMEOUT run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_failure: Vec<String>,
+}
+
+impl TaskSpec {
+    /// Parses one task definition from JSON and validates it.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the field (`execution.timeout_seconds`,
+    /// `trigger.expr`, `trigger.timezone`, an unknown field's path, ...).
+    pub fn from_json(text: &str) -> Result<TaskSpec> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let spec: TaskSpec = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." { "task".to_string() } else { path };
+            Error::invalid(field, clean_serde_message(&e.inner().to_string()))
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// All triggers, whichever of `trigger`/`triggers` was used.
+    pub fn all_triggers(&self) -> Vec<&TriggerSpec> {
+        self.trigger.iter().chain(self.triggers.iter()).collect()
+    }
+
+    /// Field path prefix of the i-th trigger, for error messages.
+    fn trigger_path(&self, i: usize) -> String {
+        if self.trigger.is_some() && i == 0 { "trigger".into() } else {
+            let j = if self.trigger.is_some() { i - 1 } else { i };
+            format!("triggers[{j}]")
+        }
+    }
+
+    /// Checks every rule that serde cannot: id syntax, ranges, that each
+    /// trigger parses and can fire. Errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        validate_id("task_id", &self.task_id)?;
+        validate_id("agent_id", &self.agent_id)?;
+        let ex = &self.execution;
+        if ex.timeout_seconds <= 0 {
+            return Err(Error::invalid("execution.timeout_seconds", format!("must be > 0 (got {})", ex.timeout_seconds)));
+        }
+        if ex.concurrency_limit == 0 {
+            return Err(Error::invalid("execution.concurrency_limit", "must be >= 1"));
+        }
+        if ex.max_retries > 1000 {
+            return Err(Error::invalid("execution.max_retries", "must be <= 1000"));
+        }
+        let b = &ex.retry_backoff;
+        for (name, v) in [("base_seconds", b.base_seconds), ("cap_seconds", b.cap_seconds), ("jitter_seconds", b.jitter_seconds)] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(Error::invalid(format!("execution.retry_backoff.{name}"), "must be a finite number >= 0"));
+            }
+        }
+        if b.cap_seconds < b.base_seconds {
+            return Err(Error::invalid("execution.retry_backoff.cap_seconds", "must be >= base_seconds"));
+        }
+        if let Some(params) = self.context.get("params") {
+            if !params.is_object() {
+                return Err(Error::invalid("context.params", "must be an object"));
+            }
+        }
+        if let Some(n) = &self.notify {
+            for (name, list) in [("on_success", &n.on_success), ("on_failure", &n.on_failure)] {
+                for (i, sink) in list.iter().enumerate() {
+                    if !(sink.starts_with("http://") || sink.starts_with("https://") || sink.starts_with("webhook://"))
+                        || sink.ends_with("://")
+                    {
+                        return Err(Error::invalid(format!("notify.{name}[{i}]"), format!("{sink:?} is not an http(s):// URL or webhook://NAME sink")));
+                    }
+                }
+            }
+        }
+        for (i, _) in self.all_triggers().iter().enumerate() {
+            self.compile_trigger(i)?;
+        }
+        Ok(())
+    }
+
+    /// Compiles the i-th trigger into a [`Schedule`]; errors name the field.
+    pub fn compile_trigger(&self, i: usize) -> Result<Schedule> {
+        let t = self.all_triggers()[i];
+        schedule::compile(t, &self.trigger_path(i))
+    }
+
+    /// Compiles every trigger. Only fails for specs that skipped [`TaskSpec::validate`].
+    pub fn schedules(&self) -> Result<Vec<Schedule>> {
+        (0..self.all_triggers().len()).map(|i| self.compile_trigger(i)).collect()
+    }
+
+    /// `context.params`, or an empty object.
+    pub fn params(&self) -> serde_json::Map<String, serde_json::Value> {
+        match self.context.get("params") {
+            Some(serde_json::Value::Object(m)) => m.clone(),
+            _ => serde_json::Map::new(),
+        }
+    }
+}
+
+/// Ids are 1..=128 of `[A-Za-z0-9_-]`: they appear in store keys and run ids.
+pub fn validate_id(field: &str, id: &str) -> Result<()> {
+    if id.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if id.chars().count() > MAX_TASK_ID_LEN {
+        return Err(Error::invalid(field, format!("longer than {MAX_TASK_ID_LEN} characters")));
+    }
+    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-')) {
+        return Err(Error::invalid(field, format!("{id:?} has {c:?}; use letters, digits, '_' and '-'")));
+    }
+    Ok(())
+}
+
+/// serde's messages end with " at line 1 column 7"; the field path says where.
+fn clean_serde_message(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// A task as stored under `tasks/{task_id}`: the spec plus user-controlled state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// The validated definition.
+    pub spec: TaskSpec,
+    /// Paused tasks fire nothing.
+    #[serde(default)]
+    pub paused: bool,
+    /// When it was last paused (UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<DateTime<Utc>>,
+    /// When it was last resumed (UTC); slots up to here are covered by a
+    /// `paused` SKIPPED record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<DateTime<Utc>>,
+    /// First apply (UTC); kept across re-applies. Slots start after it.
+    pub created_at: DateTime<Utc>,
+    /// Last apply, pause or resume (UTC).
+    pub updated_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED: &str = r#"{ "task_id": "daily_report_001", "agent_id": "report_agent",
+  "trigger": { "type": "cron", "expr": "0 30 8 * * *", "timezone": "Asia/Shanghai" },
+  "execution": { "timeout_seconds": 600, "max_retries": 3, "concurrency_limit": 2 },
+  "context": { "params": { "region": "cn-north", "output_format": "markdown" } },
+  "notify": { "on_success": ["webhook://report-sink"], "on_failure": ["webhook://alert"] } }"#;
+
+    #[test]
+    fn seed_task_is_accepted_as_is() {
+        let spec = TaskSpec::from_json(SEED).expect("seed parses");
+        assert_eq!(spec.execution.timeout_seconds, 600);
+        assert_eq!(spec.execution.max_retries, 3);
+        assert_eq!(spec.execution.concurrency_limit, 2);
+        assert_eq!(spec.execution.misfire_grace_seconds, 60);
+        assert_eq!(spec.params()["region"], "cn-north");
+    }
+
+    fn err_field(json: &str) -> String {
+        match TaskSpec::from_json(json) {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let j = SEED.replace("\"max_retries\"", "\"max_retrys\"");
+        assert_eq!(err_field(&j), "execution.max_retrys");
+        let j = SEED.replace("\"notify\"", "\"notifyy\"");
+        assert_eq!(err_field(&j), "notifyy");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        assert_eq!(err_field(&SEED.replace("600", "0")), "execution.timeout_seconds");
+        assert_eq!(err_field(&SEED.replace("600", "-5")), "execution.timeout_seconds");
+        assert_eq!(err_field(&SEED.replace("Asia/Shanghai", "Mars/Olympus")), "trigger.timezone");
+        assert_eq!(err_field(&SEED.replace("0 30 8 * * *", "0 0 30 2 *")), "trigger.expr");
+        assert_eq!(err_field(&SEED.replace("daily_report_001", "daily report")), "task_id");
+        assert_eq!(err_field(&SEED.replace("webhook://alert", "mailto:x")), "notify.on_failure[0]");
+        assert_eq!(err_field(&SEED.replace("\"concurrency_limit\": 2", "\"concurrency_limit\": 0")), "execution.concurrency_limit");
+    }
+}

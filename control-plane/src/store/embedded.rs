@@ -1,0 +1,342 @@
+//! The embedded store: one redb file in the data dir, crash-safe (every
+//! commit is durable before it returns — redb's `Durability::Immediate`).
+//!
+//! Layout: table `kv` maps a key to `[create_rev, mod_rev, version, lease]`
+//! (4 × i64 little-endian) followed by the value; table `meta` holds the
+//! store revision. Watches are fed in commit order from a broadcast channel.
+//! Leases live in memory: on open, keys left attached to a lease by a
+//! previous process are deleted (their owner is gone), as etcd would after
+//! the lease's TTL.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_stream::wrappers::BroadcastStream;
+
+use super::{KeyValue, KvStore, LeaseId, Revision, Txn, TxnOp, TxnResult, WatchEvent, WatchStream};
+use crate::error::{Error, Result};
+
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
+const REVISION: &str = "revision";
+const HEADER: usize = 32;
+
+/// Events broadcast per commit; a watcher that falls this far behind gets an error.
+const WATCH_BUFFER: usize = 16_384;
+
+fn store_err(e: impl std::fmt::Display) -> Error {
+    Error::Store(e.to_string())
+}
+
+fn encode(kv: &KeyValue) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HEADER + kv.value.len());
+    for n in [kv.create_revision, kv.mod_revision, kv.version, kv.lease] {
+        b.extend_from_slice(&n.to_le_bytes());
+    }
+    b.extend_from_slice(&kv.value);
+    b
+}
+
+fn decode(key: &str, b: &[u8]) -> Result<KeyValue> {
+    if b.len() < HEADER {
+        return Err(Error::Store(format!("corrupt entry for {key:?}")));
+    }
+    let n = |i: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[i * 8..i * 8 + 8]);
+        i64::from_le_bytes(a)
+    };
+    Ok(KeyValue { key: key.to_string(), create_revision: n(0), mod_revision: n(1), version: n(2), lease: n(3), value: b[HEADER..].to_vec() })
+}
+
+struct Lease {
+    ttl: Duration,
+    deadline: Instant,
+    keys: HashSet<String>,
+}
+
+struct Inner {
+    db: Database,
+    path: PathBuf,
+    /// Serializes writers so watch events leave in revision order.
+    write_lock: Mutex<()>,
+    events: broadcast::Sender<Arc<Vec<WatchEvent>>>,
+    leases: Mutex<HashMap<LeaseId, Lease>>,
+    next_lease: Mutex<LeaseId>,
+}
+
+/// The redb-backed [`KvStore`].
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) `dir/punchclock.redb`. Keys left on leases by a
+    /// previous process are deleted. Starts the lease reaper on the current
+    /// tokio runtime.
+    ///
+    /// Errors: [`Error::Store`] if the directory cannot be created or the
+    /// file is locked by another process or corrupt.
+    pub async fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Store(format!("create {}: {e}", dir.display())))?;
+        let path = dir.join("punchclock.redb");
+        let p = path.clone();
+        let db = tokio::task::spawn_blocking(move || Database::create(&p))
+            .await
+            .map_err(store_err)?
+            .map_err(|e| Error::Store(format!("open {}: {e}", path.display())))?;
+        let (events, _) = broadcast::channel(WATCH_BUFFER);
+        let store = EmbeddedStore {
+            inner: Arc::new(Inner { db, path, write_lock: Mutex::new(()), events, leases: Mutex::new(HashMap::new()), next_lease: Mutex::new(1) }),
+        };
+        store.blocking({
+            let s = store.clone();
+            move || s.init_tables()
+        })
+        .await?;
+        let weak = Arc::downgrade(&store.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { break };
+                let s = EmbeddedStore { inner };
+                if let Err(e) = s.expire_leases().await {
+                    tracing::warn!(error = %e, "lease reaper failed");
+                }
+            }
+        });
+        Ok(store)
+    }
+
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+        tokio::task::spawn_blocking(f).await.map_err(store_err)?
+    }
+
+    fn init_tables(&self) -> Result<()> {
+        let w = self.inner.db.begin_write().map_err(store_err)?;
+        let stale: Vec<String> = {
+            let mut meta = w.open_table(META).map_err(store_err)?;
+            if meta.get(REVISION).map_err(store_err)?.is_none() {
+                meta.insert(REVISION, 0).map_err(store_err)?;
+            }
+            let kv = w.open_table(KV).map_err(store_err)?;
+            let mut stale = Vec::new();
+            for item in kv.iter().map_err(store_err)? {
+                let (k, v) = item.map_err(store_err)?;
+                let kv = decode(k.value(), v.value())?;
+                if kv.lease != 0 {
+                    stale.push(kv.key);
+                }
+            }
+            stale
+        };
+        if !stale.is_empty() {
+            let mut kv = w.open_table(KV).map_err(store_err)?;
+            for k in &stale {
+                kv.remove(k.as_str()).map_err(store_err)?;
+            }
+            let mut meta = w.open_table(META).map_err(store_err)?;
+            let rev = meta.get(REVISION).map_err(store_err)?.map(|g| g.value()).unwrap_or(0);
+            meta.insert(REVISION, rev + 1).map_err(store_err)?;
+        }
+        w.commit().map_err(store_err)?;
+        Ok(())
+    }
+
+    fn txn_blocking(&self, txn: Txn) -> Result<TxnResult> {
+        let _guard = self.inner.write_lock.lock().map_err(|_| Error::Internal("store write lock poisoned".into()))?;
+        let w = self.inner.db.begin_write().map_err(store_err)?;
+        let (result, events, lease_changes) = {
+            let mut kv = w.open_table(KV).map_err(store_err)?;
+            let mut meta = w.open_table(META).map_err(store_err)?;
+            let rev = meta.get(REVISION).map_err(store_err)?.map(|g| g.value()).unwrap_or(0);
+            let mut succeeded = true;
+            for c in &txn.compares {
+                let cur = kv.get(c.key.as_str()).map_err(store_err)?.map(|g| decode(&c.key, g.value())).transpose()?;
+                if !c.holds(cur.as_ref()) {
+                    succeeded = false;
+                    break;
+                }
+            }
+            let ops = if succeeded { &txn.success } else { &txn.failure };
+            let writes = ops.iter().any(|o| !matches!(o, TxnOp::Get { .. }));
+            let new_rev = if writes { rev + 1 } else { rev };
+            let mut gets = Vec::new();
+            let mut events = Vec::new();
+            let mut lease_changes: Vec<(String, LeaseId, LeaseId)> = Vec::new();
+            for op in ops {
+                match op {
+                    TxnOp::Get { key } => {
+                        gets.push(kv.get(key.as_str()).map_err(store_err)?.map(|g| decode(key, g.value())).transpose()?);
+                    }
+                    TxnOp::Put { key, value, lease } => {
+                        let prev = kv.get(key.as_str()).map_err(store_err)?.map(|g| decode(key, g.value())).transpose()?;
+                        if *lease != 0 && !self.lease_alive(*lease) {
+                            return Err(Error::Store(format!("lease {lease} not found")));
+                        }
+                        let next = KeyValue {
+                            key: key.clone(),
+                            value: value.clone(),
+                            create_revision: prev.as_ref().map_or(new_rev, |p| p.create_revision),
+                            mod_revision: new_rev,
+                            version: prev.as_ref().map_or(1, |p| p.version + 1),
+                            lease: *lease,
+                        };
+                        kv.insert(key.as_str(), encode(&next).as_slice()).map_err(store_err)?;
+                        lease_changes.push((key.clone(), prev.map_or(0, |p| p.lease), *lease));
+                        events.push(WatchEvent::Put(next));
+                    }
+                    TxnOp::Delete { key } => {
+                        if let Some(prev) = kv.remove(key.as_str()).map_err(store_err)? {
+                            let prev = decode(key, prev.value())?;
+                            lease_changes.push((key.clone(), prev.lease, 0));
+                            events.push(WatchEvent::Delete { key: key.clone(), mod_revision: new_rev });
+                        }
+                    }
+                }
+            }
+            if writes {
+                meta.insert(REVISION, new_rev).map_err(store_err)?;
+            }
+            (TxnResult { succeeded, revision: new_rev, gets }, events, lease_changes)
+        };
+        w.commit().map_err(store_err)?;
+        if !lease_changes.is_empty() {
+            if let Ok(mut leases) = self.inner.leases.lock() {
+                for (key, old, new) in lease_changes {
+                    if let Some(l) = leases.get_mut(&old) {
+                        l.keys.remove(&key);
+                    }
+                    if let Some(l) = leases.get_mut(&new) {
+                        l.keys.insert(key);
+                    }
+                }
+            }
+        }
+        if !events.is_empty() {
+            // No receiver is fine: nobody is watching.
+            let _ = self.inner.events.send(Arc::new(events));
+        }
+        Ok(result)
+    }
+
+    fn lease_alive(&self, id: LeaseId) -> bool {
+        self.inner.leases.lock().map(|l| l.contains_key(&id)).unwrap_or(false)
+    }
+
+    async fn expire_leases(&self) -> Result<()> {
+        let now = Instant::now();
+        let expired: Vec<(LeaseId, Vec<String>)> = {
+            let mut leases = self.inner.leases.lock().map_err(|_| Error::Internal("lease lock poisoned".into()))?;
+            let ids: Vec<LeaseId> = leases.iter().filter(|(_, l)| l.deadline <= now).map(|(id, _)| *id).collect();
+            ids.into_iter().filter_map(|id| leases.remove(&id).map(|l| (id, l.keys.into_iter().collect()))).collect()
+        };
+        for (_, keys) in expired {
+            if !keys.is_empty() {
+                let txn = Txn { success: keys.into_iter().map(TxnOp::delete).collect(), ..Txn::default() };
+                let s = self.clone();
+                self.blocking(move || s.txn_blocking(txn)).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl KvStore for EmbeddedStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        let s = self.clone();
+        let key = key.to_string();
+        self.blocking(move || {
+            let r = s.inner.db.begin_read().map_err(store_err)?;
+            let kv = r.open_table(KV).map_err(store_err)?;
+            kv.get(key.as_str()).map_err(store_err)?.map(|g| decode(&key, g.value())).transpose()
+        })
+        .await
+    }
+
+    async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let s = self.clone();
+        let prefix = prefix.to_string();
+        self.blocking(move || {
+            let r = s.inner.db.begin_read().map_err(store_err)?;
+            let kv = r.open_table(KV).map_err(store_err)?;
+            let meta = r.open_table(META).map_err(store_err)?;
+            let rev = meta.get(REVISION).map_err(store_err)?.map(|g| g.value()).unwrap_or(0);
+            let mut out = Vec::new();
+            for item in kv.range(prefix.as_str()..).map_err(store_err)? {
+                let (k, v) = item.map_err(store_err)?;
+                if !k.value().starts_with(prefix.as_str()) {
+                    break;
+                }
+                out.push(decode(k.value(), v.value())?);
+            }
+            Ok((out, rev))
+        })
+        .await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult> {
+        let s = self.clone();
+        self.blocking(move || s.txn_blocking(txn)).await
+    }
+
+    async fn watch(&self, prefix: &str) -> Result<WatchStream> {
+        let prefix = prefix.to_string();
+        let rx = self.inner.events.subscribe();
+        let stream = BroadcastStream::new(rx).flat_map(move |batch| {
+            let items: Vec<Result<WatchEvent>> = match batch {
+                Ok(events) => events.iter().filter(|e| e.key().starts_with(prefix.as_str())).cloned().map(Ok).collect(),
+                Err(e) => vec![Err(Error::Store(format!("watch fell behind: {e}")))],
+            };
+            futures::stream::iter(items)
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
+        let ttl = Duration::from_secs(ttl_seconds.max(1) as u64);
+        let id = {
+            let mut n = self.inner.next_lease.lock().map_err(|_| Error::Internal("lease lock poisoned".into()))?;
+            *n += 1;
+            *n
+        };
+        self.inner
+            .leases
+            .lock()
+            .map_err(|_| Error::Internal("lease lock poisoned".into()))?
+            .insert(id, Lease { ttl, deadline: Instant::now() + ttl, keys: HashSet::new() });
+        Ok(id)
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
+        let mut leases = self.inner.leases.lock().map_err(|_| Error::Internal("lease lock poisoned".into()))?;
+        let l = leases.get_mut(&lease).ok_or_else(|| Error::Store(format!("lease {lease} not found")))?;
+        l.deadline = Instant::now() + l.ttl;
+        Ok(l.ttl.as_secs() as i64)
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let keys: Vec<String> = {
+            let mut leases = self.inner.leases.lock().map_err(|_| Error::Internal("lease lock poisoned".into()))?;
+            leases.remove(&lease).map(|l| l.keys.into_iter().collect()).unwrap_or_default()
+        };
+        if !keys.is_empty() {
+            self.txn(Txn { success: keys.into_iter().map(TxnOp::delete).collect(), ..Txn::default() }).await?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("embedded:{}", self.inner.path.display())
+    }
+}
