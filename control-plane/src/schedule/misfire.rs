@@ -40,6 +40,27 @@ pub struct DuePlan {
     pub last_slot: Option<DateTime<Utc>>,
 }
 
+/// Counts the slots in `(after, until]`: `(count, first, last)`, or `None`
+/// when there is none. Stops counting at 1,000,000 (then a lower bound).
+pub fn count_slots(schedules: &[Schedule], after: DateTime<Utc>, until: DateTime<Utc>) -> Option<(u64, DateTime<Utc>, DateTime<Utc>)> {
+    let mut acc: Option<(u64, DateTime<Utc>, DateTime<Utc>)> = None;
+    let mut t = after;
+    while let Some((s, _)) = next_slot(schedules, t) {
+        if s > until {
+            break;
+        }
+        acc = Some(match acc {
+            None => (1, s, s),
+            Some((n, f, _)) => (n + 1, f, s),
+        });
+        if acc.is_some_and(|(n, _, _)| n >= MAX_ENUMERATED) {
+            break;
+        }
+        t = s;
+    }
+    acc
+}
+
 /// Plans the slots in `window` under `policy` with `grace` (seconds).
 pub fn plan_due_slots(schedules: &[Schedule], window: SlotWindow, policy: MisfirePolicy, grace_seconds: u64) -> DuePlan {
     let SlotWindow { after, now } = window;
@@ -47,21 +68,7 @@ pub fn plan_due_slots(schedules: &[Schedule], window: SlotWindow, policy: Misfir
     let recent_from = std::cmp::max(after, now - grace);
 
     // Slots older than the grace: count, first and last only.
-    let mut old: Option<(u64, DateTime<Utc>, DateTime<Utc>)> = None;
-    let mut t = after;
-    while let Some((s, _)) = next_slot(schedules, t) {
-        if s > recent_from {
-            break;
-        }
-        old = Some(match old {
-            None => (1, s, s),
-            Some((n, f, _)) => (n + 1, f, s),
-        });
-        if old.is_some_and(|(n, _, _)| n >= MAX_ENUMERATED) {
-            break;
-        }
-        t = s;
-    }
+    let old = count_slots(schedules, after, recent_from);
     // Slots within the grace: all of them (bounded by grace / period).
     let mut recent: Vec<(DateTime<Utc>, &'static str)> = Vec::new();
     let mut t = recent_from;

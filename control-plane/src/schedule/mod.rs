@@ -9,7 +9,7 @@ mod misfire;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 pub use cron::CronSchedule;
-pub use misfire::{plan_due_slots, DuePlan, SlotWindow};
+pub use misfire::{count_slots, plan_due_slots, DuePlan, SlotWindow};
 
 use crate::error::{Error, Result};
 use crate::model::task::TriggerSpec;

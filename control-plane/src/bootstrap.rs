@@ -1,0 +1,187 @@
+//! Wiring: open the store, start the election, serve the gRPC API (with
+//! health and reflection) and the HTTP port, and run the engine exactly
+//! while this replica leads.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use punchclock_proto::v1::cluster_service_server::ClusterServiceServer;
+use punchclock_proto::v1::run_service_server::RunServiceServer;
+use punchclock_proto::v1::runner_service_server::RunnerServiceServer;
+use punchclock_proto::v1::task_service_server::TaskServiceServer;
+use punchclock_proto::v1::FILE_DESCRIPTOR_SET;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::api::Core;
+use crate::clock::SharedClock;
+use crate::election::single::SingleNode;
+use crate::election::Election;
+use crate::engine::{Engine, EngineConfig};
+use crate::error::{Error, Result};
+use crate::service::{ClusterSvc, RunSvc, RunnerSvc, TaskSvc};
+use crate::store::embedded::EmbeddedStore;
+use crate::store::{KvStore, Keys};
+use crate::timing::Timing;
+
+/// Where state lives: `embedded:DIR`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// redb file in this directory.
+    Embedded(PathBuf),
+}
+
+impl std::str::FromStr for StoreSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.split_once(':') {
+            Some(("embedded", dir)) if !dir.is_empty() => Ok(StoreSpec::Embedded(PathBuf::from(dir))),
+            _ => Err(Error::invalid("store", format!("{s:?}: expected embedded:DIR"))),
+        }
+    }
+}
+
+/// Server options.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// gRPC listen address (port 0 = any free port).
+    pub listen: SocketAddr,
+    /// Address other processes use to reach this replica (default: the bound address).
+    pub advertise: Option<String>,
+    /// HTTP listen address for `/healthz` (none = no HTTP port).
+    pub http_listen: Option<SocketAddr>,
+    /// Store.
+    pub store: StoreSpec,
+    /// Key prefix in the store.
+    pub key_prefix: String,
+    /// This replica's id.
+    pub node_id: String,
+    /// Timing constants.
+    pub timing: Timing,
+}
+
+/// A started server.
+pub struct RunningServer {
+    /// Bound gRPC address.
+    pub addr: SocketAddr,
+    /// Bound HTTP address.
+    pub http_addr: Option<SocketAddr>,
+    /// Shared API core (tests may inspect it).
+    pub core: Arc<Core>,
+    join: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl RunningServer {
+    /// Waits until the server stops (after the shutdown future resolved).
+    pub async fn wait(self) -> Result<()> {
+        self.join.await.map_err(|e| Error::Internal(e.to_string()))?
+    }
+}
+
+/// Opens the store, binds the ports and starts serving. The server stops
+/// (resigning leadership first) when `shutdown` resolves.
+///
+/// Errors: the store cannot be opened, or a port cannot be bound.
+pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<RunningServer> {
+    let store: Arc<dyn KvStore> = match &cfg.store {
+        StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
+    };
+    let listener = TcpListener::bind(cfg.listen).await.map_err(|e| Error::Unavailable { reason: format!("bind {}: {e}", cfg.listen), leader: None })?;
+    let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let election: Arc<dyn Election> = Arc::new(SingleNode::new(cfg.node_id.clone(), advertise));
+    let core = Arc::new(Core { store: store.clone(), keys: Keys::new(&cfg.key_prefix), clock: clock.clone(), election: election.clone(), engine: RwLock::new(None) });
+
+    let http_addr = match cfg.http_listen {
+        Some(a) => Some(crate::http::serve(a, core.clone()).await?),
+        None => None,
+    };
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let leader_loop = tokio::spawn(follow_leadership(core.clone(), cfg.timing, stop_rx.clone()));
+
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<TaskServiceServer<TaskSvc>>().await;
+    health.set_serving::<RunServiceServer<RunSvc>>().await;
+    health.set_serving::<RunnerServiceServer<RunnerSvc>>().await;
+    health.set_serving::<ClusterServiceServer<ClusterSvc>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| Error::Internal(e.to_string()))?;
+
+    let router = tonic::transport::Server::builder()
+        .add_service(health_svc)
+        .add_service(reflection)
+        .add_service(TaskServiceServer::new(TaskSvc(core.clone())))
+        .add_service(RunServiceServer::new(RunSvc(core.clone())))
+        .add_service(RunnerServiceServer::new(RunnerSvc(core.clone())))
+        .add_service(ClusterServiceServer::new(ClusterSvc(core.clone())));
+    let core2 = core.clone();
+    let join = tokio::spawn(async move {
+        let mut stop_rx2 = stop_rx.clone();
+        let served = router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            let _ = stop_rx2.wait_for(|s| *s).await;
+        });
+        let stopper = async move {
+            shutdown.await;
+            tracing::info!("shutting down: resigning leadership");
+            core2.election.resign().await;
+            let _ = stop_tx.send(true);
+        };
+        let (served, _) = tokio::join!(served, stopper);
+        let _ = leader_loop.await;
+        served.map_err(|e| Error::Internal(e.to_string()))
+    });
+    tracing::info!(%addr, store = %store.describe(), "control plane serving");
+    Ok(RunningServer { addr, http_addr, core, join })
+}
+
+/// Starts the engine when this replica becomes leader and stops it when it
+/// is not (or on shutdown).
+async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Receiver<bool>) {
+    let mut lead = core.election.leadership();
+    let mut running: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let current = lead.borrow_and_update().clone();
+        match (current, running.is_some()) {
+            (Some(l), false) => {
+                let cfg = EngineConfig { store: core.store.clone(), keys: core.keys.clone(), clock: core.clock.clone(), timing, leadership: l.clone() };
+                match Engine::start(cfg).await {
+                    Ok((handle, join)) => {
+                        tracing::info!(token = l.token, "leading: engine started");
+                        if let Ok(mut g) = core.engine.write() {
+                            *g = Some(handle);
+                        }
+                        running = Some(join);
+                    }
+                    Err(e) => tracing::error!(error = %e, "engine failed to start"),
+                }
+            }
+            (None, true) => {
+                stop_engine(&core, &mut running).await;
+            }
+            _ => {}
+        }
+        tokio::select! {
+            changed = lead.changed() => if changed.is_err() { break },
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    stop_engine(&core, &mut running).await;
+}
+
+async fn stop_engine(core: &Core, running: &mut Option<tokio::task::JoinHandle<()>>) {
+    if let Ok(mut g) = core.engine.write() {
+        *g = None;
+    }
+    if let Some(j) = running.take() {
+        j.abort();
+        let _ = j.await;
+        tracing::info!("engine stopped");
+    }
+}

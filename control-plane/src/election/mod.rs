@@ -1,0 +1,47 @@
+//! Leadership: who schedules and dispatches. An [`Election`] publishes the
+//! current [`Leadership`] of this replica through a watch channel; the
+//! bootstrap starts the engine (scheduler, dispatcher, reaper) when it
+//! becomes `Some` and stops it when it becomes `None` (STYLE.md item 3).
+//!
+//! The fencing token is the create revision of the leader's election key: it
+//! only grows, rides on every assignment and guards every leader write.
+
+pub mod single;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::store::Compare;
+
+/// This replica leads, with this fencing token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leadership {
+    /// The epoch: create revision of the election key (1 for single-node).
+    pub token: u64,
+    /// Compares that every leader write must include (the fence).
+    pub fence: Vec<Compare>,
+}
+
+/// Who leads the cluster, as far as this replica knows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// Leader's id.
+    pub leader_id: String,
+    /// Leader's advertised API address.
+    pub advertise_address: String,
+    /// Leader's fencing token.
+    pub token: u64,
+}
+
+/// A leader election.
+#[async_trait]
+pub trait Election: Send + Sync + 'static {
+    /// `Some` while this replica leads.
+    fn leadership(&self) -> watch::Receiver<Option<Leadership>>;
+    /// The current leader, if known.
+    async fn leader(&self) -> Option<LeaderInfo>;
+    /// This replica's id.
+    fn id(&self) -> String;
+    /// Gives up leadership at once (on shutdown), so another replica takes over.
+    async fn resign(&self);
+}

@@ -1,0 +1,213 @@
+//! Runner sessions: Hello and in-flight re-declaration, messages, the end
+//! of a stream, and loss by silence.
+
+use std::collections::{HashMap, HashSet};
+
+use tokio::sync::mpsc;
+
+use punchclock_proto::v1::{control_message, runner_message, ControlMessage, FinishedAck, Hello, InFlight, Welcome};
+
+use super::runs::AttemptEnd;
+use super::{Engine, RunnerSnapshot, Timer};
+use crate::dispatch::registry::{expired, RunnerEntry};
+use crate::error::{Error, Result};
+use crate::model::run::outcome;
+
+impl Engine {
+    /// Registers a runner stream, matches its in-flight executions against
+    /// the runs this leader knows, and welcomes it. Executions the leader
+    /// assigned to it that it no longer has end as lost.
+    pub(super) async fn on_hello(&mut self, hello: Hello, tx: mpsc::Sender<ControlMessage>) -> Result<u64> {
+        if hello.runner_id.is_empty() {
+            return Err(Error::invalid("hello.runner_id", "must not be empty"));
+        }
+        let now = self.now();
+        self.next_session += 1;
+        let session = self.next_session;
+        let previous = self.runners.remove(&hello.runner_id);
+        let mut running = HashMap::new();
+        let mut unknown = Vec::new();
+        for f in hello.in_flight {
+            let known = self.runs.get(&f.run_id).is_some_and(|r| r.current_execution() == Some(f.execution_id.as_str()));
+            if known {
+                for r in self.runners.values_mut() {
+                    r.running.remove(&f.execution_id);
+                }
+                running.insert(f.execution_id.clone(), f.run_id.clone());
+            } else {
+                unknown.push(InFlight { run_id: f.run_id, execution_id: f.execution_id, attempt: f.attempt });
+            }
+        }
+        let forgotten: Vec<(String, String)> =
+            previous.map(|p| p.running.into_iter().filter(|(exec, _)| !running.contains_key(exec)).collect()).unwrap_or_default();
+        let welcome = ControlMessage {
+            msg: Some(control_message::Msg::Welcome(Welcome {
+                fencing_token: self.leadership.token,
+                heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u32,
+                leader_id: String::new(),
+                unknown: unknown.clone(),
+            })),
+        };
+        tx.send(welcome).await.map_err(|_| Error::Unavailable { reason: "runner stream closed".into(), leader: None })?;
+        tracing::info!(runner_id = %hello.runner_id, session, agents = ?hello.agents, slots = hello.slots, redeclared = running.len(), unknown = unknown.len(), "runner connected");
+        self.runners.insert(
+            hello.runner_id.clone(),
+            RunnerEntry {
+                runner_id: hello.runner_id.clone(),
+                session,
+                tx: Some(tx),
+                agents: hello.agents.into_iter().collect::<HashSet<_>>(),
+                slots: hello.slots,
+                labels: hello.labels.into_iter().collect(),
+                version: hello.version,
+                running,
+                connected_at: now,
+                last_seen: now,
+            },
+        );
+        for (exec, run_id) in forgotten {
+            let why = format!("runner {} reconnected without this execution", hello.runner_id);
+            self.end_attempt(&run_id, &exec, AttemptEnd::simple(outcome::LOST, why)).await;
+        }
+        self.arm_runner_check();
+        self.try_dispatch().await;
+        Ok(session)
+    }
+
+    /// A message from a runner's current session (older sessions are ignored).
+    pub(super) async fn on_runner_message(&mut self, runner_id: &str, session: u64, msg: runner_message::Msg) {
+        let now = self.now();
+        let Some(r) = self.runners.get_mut(runner_id) else { return };
+        if r.session != session {
+            return;
+        }
+        r.last_seen = now;
+        match msg {
+            runner_message::Msg::Heartbeat(_) | runner_message::Msg::Hello(_) => {}
+            runner_message::Msg::Started(s) => self.on_started(s).await,
+            runner_message::Msg::Progress(p) => self.on_progress(p).await,
+            runner_message::Msg::Finished(f) => {
+                let ack = ControlMessage { msg: Some(control_message::Msg::FinishedAck(FinishedAck { run_id: f.run_id.clone(), execution_id: f.execution_id.clone() })) };
+                self.on_finished(f).await;
+                if let Some(tx) = self.runners.get(runner_id).and_then(|r| r.tx.clone()) {
+                    let _ = tx.send(ack).await;
+                }
+            }
+        }
+    }
+
+    /// A runner's stream ended. Its executions stay assigned until it comes
+    /// back and re-declares them, or is lost by silence.
+    pub(super) fn on_runner_gone(&mut self, runner_id: &str, session: u64) {
+        let Some(r) = self.runners.get_mut(runner_id) else { return };
+        if r.session != session {
+            return;
+        }
+        r.tx = None;
+        tracing::info!(runner_id, running = r.running.len(), "runner stream ended");
+        if r.running.is_empty() {
+            self.runners.remove(runner_id);
+        }
+    }
+
+    pub(super) fn arm_runner_check(&mut self) {
+        if !self.runner_check_armed && !self.runners.is_empty() {
+            self.runner_check_armed = true;
+            let at = self.now() + chrono::Duration::from_std(self.timing.heartbeat_interval).unwrap_or_default();
+            self.push_timer(at, Timer::RunnerCheck);
+        }
+    }
+
+    /// Runners silent for `runner_lost_after` are lost; their attempts end as lost.
+    pub(super) async fn on_runner_check(&mut self) {
+        self.runner_check_armed = false;
+        let lost_after = chrono::Duration::from_std(self.timing.runner_lost_after()).unwrap_or_default();
+        for id in expired(&self.runners, self.now(), lost_after) {
+            let Some(r) = self.runners.remove(&id) else { continue };
+            tracing::warn!(runner_id = %id, running = r.running.len(), "runner lost");
+            for (exec, run_id) in r.running {
+                let why = format!("runner {id} lost: silent for more than {} s", lost_after.num_seconds());
+                self.end_attempt(&run_id, &exec, AttemptEnd::simple(outcome::LOST, why)).await;
+            }
+        }
+        self.arm_runner_check();
+    }
+
+    /// After loading: attempts that were open when the previous leader
+    /// stopped wait for their runner to re-declare them, as if that runner
+    /// had been heard from just now; retries and delayed runs get timers.
+    pub(super) fn recover_runs(&mut self) {
+        let now = self.now();
+        let slack = chrono::Duration::from_std(self.timing.deadline_slack()).unwrap_or_default();
+        let mut timers = Vec::new();
+        for run in self.runs.values() {
+            if let Some(a) = run.attempts.last().filter(|a| a.outcome.is_none()) {
+                let entry = self.runners.entry(a.runner_id.clone()).or_insert_with(|| RunnerEntry {
+                    runner_id: a.runner_id.clone(),
+                    session: 0,
+                    tx: None,
+                    agents: HashSet::new(),
+                    slots: 0,
+                    labels: Default::default(),
+                    version: String::new(),
+                    running: HashMap::new(),
+                    connected_at: now,
+                    last_seen: now,
+                });
+                entry.running.insert(a.execution_id.clone(), run.run_id.clone());
+                let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds);
+                timers.push((a.dispatched_at + chrono::Duration::seconds(timeout_s) + slack, Timer::Deadline { run_id: run.run_id.clone(), execution_id: a.execution_id.clone() }));
+            } else if let Some(at) = run.next_attempt_at {
+                timers.push((at, Timer::RunDue { run_id: run.run_id.clone() }));
+            }
+        }
+        for (at, t) in timers {
+            self.push_timer(at, t);
+        }
+        self.arm_runner_check();
+    }
+
+    /// Reads every non-terminal run through the `active/` index.
+    pub(super) async fn load_active_runs(&mut self) -> Result<()> {
+        let (index, _) = self.store.range(&self.keys.active_runs()).await?;
+        for kv in index {
+            let Some(run_id) = self.keys.id_after(&self.keys.active_runs(), &kv.key) else { continue };
+            match self.store.get(&self.keys.run(run_id)).await? {
+                Some(kv) => match serde_json::from_slice::<crate::model::RunRecord>(&kv.value) {
+                    Ok(run) if !run.status.is_terminal() => {
+                        self.runs.insert(run.run_id.clone(), run);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(run_id, error = %e, "unreadable run"),
+                },
+                None => tracing::warn!(run_id, "active index names a missing run"),
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn runner_snapshots(&self) -> Vec<RunnerSnapshot> {
+        let mut v: Vec<RunnerSnapshot> = self
+            .runners
+            .values()
+            .map(|r| RunnerSnapshot {
+                runner_id: r.runner_id.clone(),
+                agents: {
+                    let mut a: Vec<String> = r.agents.iter().cloned().collect();
+                    a.sort();
+                    a
+                },
+                slots: r.slots,
+                busy: r.running.len() as u32,
+                labels: r.labels.clone(),
+                version: r.version.clone(),
+                connected: r.tx.is_some(),
+                connected_at: r.connected_at,
+                last_seen: r.last_seen,
+                running: r.running.values().cloned().collect(),
+            })
+            .collect();
+        v.sort_by(|a, b| a.runner_id.cmp(&b.runner_id));
+        v
+    }
+}

@@ -1,0 +1,196 @@
+//! Tracking task definitions and firing their slots.
+
+use chrono::{DateTime, Utc};
+
+use super::{Engine, TaskEntry, Timer};
+use crate::model::run::{skip_reason, slot_run_id};
+use crate::model::task::MisfirePolicy;
+use crate::model::{Cursor, RunRecord, TaskRecord};
+use crate::schedule::{count_slots, jitter_for, next_slot, plan_due_slots, Schedule, SlotWindow};
+use crate::store::{Txn, TxnOp};
+
+/// Retry delay after a failed store write while firing.
+const WRITE_RETRY: chrono::Duration = chrono::Duration::seconds(1);
+
+impl TaskEntry {
+    /// Slots strictly after this instant are still to come.
+    fn baseline(&self) -> DateTime<Utc> {
+        self.cursor.as_ref().and_then(|c| c.last_slot).unwrap_or(self.record.created_at)
+    }
+}
+
+impl Engine {
+    /// Starts tracking a task (new or changed definition, pause, resume).
+    pub(super) async fn upsert_task(&mut self, rec: TaskRecord, cursor: Option<Cursor>) {
+        let id = rec.spec.task_id.clone();
+        let schedules = match rec.spec.schedules() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");
+                return;
+            }
+        };
+        let (cursor, generation) = match self.tasks.remove(&id) {
+            Some(prev) => (prev.cursor, prev.generation + 1),
+            None => (cursor, 1),
+        };
+        self.tasks.insert(id.clone(), TaskEntry { record: rec, schedules, cursor, generation, next: None });
+        self.run_past_once(&id).await;
+        self.cover_paused_slots(&id).await;
+        self.arm(&id);
+    }
+
+    /// Stops tracking a deleted task; its runs finish on their own.
+    pub(super) async fn remove_task(&mut self, task_id: &str) {
+        if self.tasks.remove(task_id).is_some() {
+            let txn = self.fenced(Txn { success: vec![TxnOp::delete(self.keys.cursor(task_id))], ..Txn::default() });
+            if let Err(e) = self.store.txn(txn).await {
+                tracing::warn!(task_id, error = %e, "cannot delete cursor");
+            }
+            tracing::info!(task_id, "task removed from the schedule");
+        }
+    }
+
+    /// A `once` trigger already past when the task was created runs once,
+    /// right away (an explicit backfill), unless the task has fired before.
+    async fn run_past_once(&mut self, task_id: &str) {
+        let Some(e) = self.tasks.get(task_id) else { return };
+        if e.cursor.is_some() || e.record.paused {
+            return;
+        }
+        let created = e.record.created_at;
+        let past: Vec<DateTime<Utc>> = e.schedules.iter().filter_map(|s| match s {
+            Schedule::Once { at } if *at <= created => Some(*at),
+            _ => None,
+        }).collect();
+        if past.is_empty() {
+            return;
+        }
+        for at in past {
+            self.admit_slot(task_id, at, "once").await;
+        }
+        self.advance_cursor(task_id, created).await;
+    }
+
+    /// On resume: one SKIPPED record (`paused`) covers the slots between the
+    /// last handled slot and the resume; the schedule continues from there.
+    async fn cover_paused_slots(&mut self, task_id: &str) {
+        let Some(e) = self.tasks.get(task_id) else { return };
+        let Some(resumed_at) = e.record.resumed_at else { return };
+        if e.record.paused || resumed_at <= e.baseline() {
+            return;
+        }
+        if let Some(range) = count_slots(&e.schedules, e.baseline(), resumed_at) {
+            let rec = &e.record;
+            let kind = e.schedules.first().map_or("cron", Schedule::kind);
+            let now = self.now();
+            let mut run = RunRecord::skipped(
+                slot_run_id(task_id, range.1),
+                task_id,
+                &rec.spec.agent_id,
+                kind,
+                skip_reason::PAUSED,
+                range,
+                format!("{} slot(s) due while the task was paused", range.0),
+                now,
+            );
+            if let Err(err) = self.store_run(&mut run, true).await {
+                tracing::error!(task_id, error = %err, "cannot write paused record");
+                return;
+            }
+            tracing::info!(task_id, missed = range.0, "resumed; paused slots covered by one SKIPPED record");
+        }
+        self.advance_cursor(task_id, resumed_at).await;
+    }
+
+    /// Sets the next fire timer of a task (none if paused or no slot left).
+    pub(super) fn arm(&mut self, task_id: &str) {
+        let Some(e) = self.tasks.get_mut(task_id) else { return };
+        e.generation += 1;
+        e.next = None;
+        if e.record.paused {
+            return;
+        }
+        let Some((slot, sched)) = next_slot(&e.schedules, e.baseline()) else { return };
+        let fire_at = slot + jitter_for(task_id, slot, sched.jitter_ms());
+        e.next = Some((slot, fire_at));
+        let generation = e.generation;
+        self.push_timer(fire_at, Timer::Fire { task_id: task_id.to_string(), generation });
+    }
+
+    /// Handles every slot due for a task: on time, late or missed.
+    pub(super) async fn on_fire(&mut self, task_id: &str, generation: u64) {
+        let now = self.now();
+        let Some(e) = self.tasks.get(task_id) else { return };
+        if e.generation != generation || e.record.paused {
+            return;
+        }
+        let ex = &e.record.spec.execution;
+        let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
+        let window = SlotWindow { after: e.baseline(), now };
+        let plan = plan_due_slots(&e.schedules, window, policy, grace);
+        let agent = e.record.spec.agent_id.clone();
+        let kind = e.schedules.first().map_or("cron", Schedule::kind);
+        if let Some(range) = plan.skipped {
+            let why = match policy {
+                MisfirePolicy::Skip => "misfire_policy skip".to_string(),
+                _ => format!("missed by more than misfire_grace_seconds ({grace})"),
+            };
+            let mut run = RunRecord::skipped(
+                slot_run_id(task_id, range.1),
+                task_id,
+                &agent,
+                kind,
+                skip_reason::MISFIRED,
+                range,
+                format!("{} slot(s) missed while no scheduler ran: {why}", range.0),
+                now,
+            );
+            if let Err(err) = self.store_run(&mut run, true).await {
+                tracing::error!(task_id, error = %err, "cannot write misfire record; retrying");
+                self.push_timer(now + WRITE_RETRY, Timer::Fire { task_id: task_id.to_string(), generation });
+                return;
+            }
+            tracing::warn!(task_id, missed = range.0, from = %range.1, until = %range.2, "misfired slots coalesced");
+        }
+        for (slot, kind) in &plan.run {
+            self.admit_slot(task_id, *slot, kind).await;
+        }
+        if let Some(last) = plan.last_slot {
+            self.advance_cursor(task_id, last).await;
+        }
+        self.arm(task_id);
+    }
+
+    /// Creates the run of one slot (create-if-absent) under the overlap policy.
+    pub(super) async fn admit_slot(&mut self, task_id: &str, slot: DateTime<Utc>, kind: &str) {
+        let Some(e) = self.tasks.get(task_id) else { return };
+        let now = self.now();
+        let spec = &e.record.spec;
+        let mut run = RunRecord::pending(slot_run_id(task_id, slot), task_id, &spec.agent_id, kind, slot, now);
+        run.params = spec.params();
+        run.priority = spec.execution.priority;
+        self.admit(run).await;
+    }
+
+    /// Records that every slot up to `last` is handled.
+    async fn advance_cursor(&mut self, task_id: &str, last: DateTime<Utc>) {
+        let now = self.now();
+        let Some(e) = self.tasks.get_mut(task_id) else { return };
+        let cursor = Cursor { last_slot: Some(last), updated_at: Some(now) };
+        e.cursor = Some(cursor.clone());
+        let value = match serde_json::to_vec(&cursor) {
+            Ok(v) => v,
+            Err(err) => {
+                tracing::error!(task_id, error = %err, "cannot encode cursor");
+                return;
+            }
+        };
+        let txn = self.fenced(Txn { success: vec![TxnOp::put(self.keys.cursor(task_id), value)], ..Txn::default() });
+        match self.store.txn(txn).await {
+            Ok(r) if r.succeeded => {}
+            Ok(_) => self.on_fenced("cursor write"),
+            Err(err) => tracing::error!(task_id, error = %err, "cannot write cursor"),
+        }
+    }
+}

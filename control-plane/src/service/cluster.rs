@@ -1,0 +1,34 @@
+//! `ClusterService` handlers.
+
+use std::sync::Arc;
+
+use punchclock_proto::v1 as pb;
+use punchclock_proto::v1::cluster_service_server::ClusterService;
+use tonic::{Request, Response, Status};
+
+use super::convert::runner_to_pb;
+use super::status;
+use crate::api::Core;
+
+/// `punchclock.v1.ClusterService`.
+pub struct ClusterSvc(pub Arc<Core>);
+
+#[tonic::async_trait]
+impl ClusterService for ClusterSvc {
+    async fn get_leader(&self, _req: Request<pb::GetLeaderRequest>) -> Result<Response<pb::GetLeaderResponse>, Status> {
+        let l = self.0.leader().await.unwrap_or_default();
+        let is_self = l.leader_id == self.0.election.id();
+        Ok(Response::new(pb::GetLeaderResponse {
+            leader_id: l.leader_id,
+            advertise_address: l.advertise_address,
+            fencing_token: l.token,
+            is_self,
+            store: self.0.store.describe(),
+        }))
+    }
+
+    async fn list_runners(&self, _req: Request<pb::ListRunnersRequest>) -> Result<Response<pb::ListRunnersResponse>, Status> {
+        let runners = self.0.list_runners().await.map_err(status)?;
+        Ok(Response::new(pb::ListRunnersResponse { runners: runners.iter().map(runner_to_pb).collect() }))
+    }
+}

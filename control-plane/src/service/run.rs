@@ -1,0 +1,45 @@
+//! `RunService` handlers.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use punchclock_proto::v1 as pb;
+use punchclock_proto::v1::run_service_server::RunService;
+use tonic::{Request, Response, Status};
+
+use super::convert::{run_to_pb, status_from_pb};
+use super::status;
+use crate::api::Core;
+
+/// `punchclock.v1.RunService`.
+pub struct RunSvc(pub Arc<Core>);
+
+#[tonic::async_trait]
+impl RunService for RunSvc {
+    async fn list_runs(&self, req: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
+        let r = req.into_inner();
+        let st = status_from_pb(pb::RunStatus::try_from(r.status).unwrap_or(pb::RunStatus::Unspecified));
+        let runs = self.0.list_runs(&r.task_id, st, r.limit).await.map_err(status)?;
+        Ok(Response::new(pb::ListRunsResponse { runs: runs.iter().map(run_to_pb).collect() }))
+    }
+
+    async fn get_run(&self, req: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {
+        let run = self.0.get_run(&req.into_inner().run_id).await.map_err(status)?;
+        Ok(Response::new(run_to_pb(&run)))
+    }
+
+    async fn cancel_run(&self, req: Request<pb::CancelRunRequest>) -> Result<Response<pb::Run>, Status> {
+        let r = req.into_inner();
+        let run = self.0.cancel_run(&r.run_id, &r.reason).await.map_err(status)?;
+        Ok(Response::new(run_to_pb(&run)))
+    }
+
+    type WatchRunsStream = Pin<Box<dyn Stream<Item = Result<pb::Run, Status>> + Send + 'static>>;
+
+    async fn watch_runs(&self, req: Request<pb::WatchRunsRequest>) -> Result<Response<Self::WatchRunsStream>, Status> {
+        let r = req.into_inner();
+        let s = self.0.watch_runs(&r.task_id, &r.run_id).await.map_err(status)?;
+        Ok(Response::new(s.map(|r| r.map(|run| run_to_pb(&run)).map_err(status)).boxed()))
+    }
+}

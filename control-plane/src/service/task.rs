@@ -1,0 +1,94 @@
+//! `TaskService` handlers.
+
+use std::sync::Arc;
+
+use punchclock_proto::v1 as pb;
+use punchclock_proto::v1::task_service_server::TaskService;
+use tonic::{Request, Response, Status};
+
+use super::convert::{from_ts, task_to_pb, ts};
+use super::status;
+use crate::api::{Core, TaskView};
+use crate::engine::TriggerRequest;
+use crate::error::Error;
+
+/// `punchclock.v1.TaskService`.
+pub struct TaskSvc(pub Arc<Core>);
+
+fn view(record: crate::model::TaskRecord) -> TaskView {
+    TaskView { record, cursor: None, next_fire_at: None }
+}
+
+#[tonic::async_trait]
+impl TaskService for TaskSvc {
+    async fn apply_task(&self, req: Request<pb::ApplyTaskRequest>) -> Result<Response<pb::ApplyTaskResponse>, Status> {
+        let r = req.into_inner();
+        let (rec, created) = self.0.apply_task(&r.spec_json, r.dry_run).await.map_err(status)?;
+        let task_id = rec.spec.task_id.clone();
+        let task = if r.dry_run { task_to_pb(&view(rec)) } else { task_to_pb(&self.0.get_task(&task_id).await.map_err(status)?) };
+        Ok(Response::new(pb::ApplyTaskResponse { task: Some(task), created }))
+    }
+
+    async fn get_task(&self, req: Request<pb::GetTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let v = self.0.get_task(&req.into_inner().task_id).await.map_err(status)?;
+        Ok(Response::new(task_to_pb(&v)))
+    }
+
+    async fn list_tasks(&self, _req: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let tasks = self.0.list_tasks().await.map_err(status)?;
+        Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(task_to_pb).collect() }))
+    }
+
+    async fn delete_task(&self, req: Request<pb::DeleteTaskRequest>) -> Result<Response<pb::DeleteTaskResponse>, Status> {
+        self.0.delete_task(&req.into_inner().task_id).await.map_err(status)?;
+        Ok(Response::new(pb::DeleteTaskResponse {}))
+    }
+
+    async fn pause_task(&self, req: Request<pb::PauseTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let id = req.into_inner().task_id;
+        self.0.pause_task(&id).await.map_err(status)?;
+        Ok(Response::new(task_to_pb(&self.0.get_task(&id).await.map_err(status)?)))
+    }
+
+    async fn resume_task(&self, req: Request<pb::ResumeTaskRequest>) -> Result<Response<pb::Task>, Status> {
+        let id = req.into_inner().task_id;
+        self.0.resume_task(&id).await.map_err(status)?;
+        Ok(Response::new(task_to_pb(&self.0.get_task(&id).await.map_err(status)?)))
+    }
+
+    async fn trigger_task(&self, req: Request<pb::TriggerTaskRequest>) -> Result<Response<pb::TriggerTaskResponse>, Status> {
+        let r = req.into_inner();
+        let params = if r.params_json.trim().is_empty() {
+            serde_json::Map::new()
+        } else {
+            match serde_json::from_str::<serde_json::Value>(&r.params_json) {
+                Ok(serde_json::Value::Object(m)) => m,
+                Ok(_) => return Err(status(Error::invalid("params_json", "must be a JSON object"))),
+                Err(e) => return Err(status(Error::invalid("params_json", e.to_string()))),
+            }
+        };
+        let req = TriggerRequest {
+            task_id: r.task_id,
+            params,
+            not_before: r.not_before.as_ref().and_then(from_ts),
+            delay_seconds: r.delay_seconds,
+            idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
+        };
+        let (run_id, at, created) = self.0.trigger(req).await.map_err(status)?;
+        Ok(Response::new(pb::TriggerTaskResponse { run_id, scheduled_at: Some(ts(at)), created }))
+    }
+
+    async fn preview_schedule(&self, req: Request<pb::PreviewScheduleRequest>) -> Result<Response<pb::PreviewScheduleResponse>, Status> {
+        let r = req.into_inner();
+        let after = r.after.as_ref().and_then(from_ts);
+        let (times, zone) = self.0.preview(&r.expr, &r.timezone, &r.task_id, after, r.count).await.map_err(status)?;
+        let local_times = times
+            .iter()
+            .map(|t| match zone {
+                Some(z) => t.with_timezone(&z).to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                None => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            })
+            .collect();
+        Ok(Response::new(pb::PreviewScheduleResponse { fire_times: times.into_iter().map(ts).collect(), local_times }))
+    }
+}

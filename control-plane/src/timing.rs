@@ -1,0 +1,49 @@
+//! Every timing constant of the control plane, derived from a few base
+//! values so they stay consistent when one is overridden by a flag.
+//!
+//! - Runners send a heartbeat every `heartbeat_interval` (told in Welcome).
+//! - A runner silent for `3 × heartbeat_interval` is lost (DESIGN: "silent
+//!   for 3 heartbeat intervals"); its open attempts end as `lost` and follow
+//!   the retry policy.
+//! - After the control plane starts leading, runners get the same
+//!   `runner_lost_after` to reconnect and re-declare in-flight runs before
+//!   those runs are declared lost.
+//! - The runner kills an agent at its deadline (TERM, `kill_grace`, KILL);
+//!   the control plane marks the attempt TIMEOUT itself if no result came by
+//!   `deadline + kill_grace + 2 × heartbeat_interval` (the runner had time to
+//!   kill and to report over a healthy stream).
+
+use std::time::Duration;
+
+/// The control plane's timing, derived from `heartbeat_interval` and `kill_grace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How often runners send a heartbeat. Default 2 s.
+    pub heartbeat_interval: Duration,
+    /// TERM → KILL grace the runner uses on timeout and cancel. Default 5 s.
+    pub kill_grace: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing { heartbeat_interval: Duration::from_secs(2), kill_grace: Duration::from_secs(5) }
+    }
+}
+
+impl Timing {
+    /// A runner silent this long is lost: 3 heartbeat intervals.
+    pub fn runner_lost_after(&self) -> Duration {
+        self.heartbeat_interval * 3
+    }
+
+    /// How long a new leader waits for runners to re-declare in-flight runs.
+    pub fn redeclare_wait(&self) -> Duration {
+        self.runner_lost_after()
+    }
+
+    /// Extra time past an attempt's deadline before the control plane marks
+    /// it TIMEOUT on its own.
+    pub fn deadline_slack(&self) -> Duration {
+        self.kill_grace + self.heartbeat_interval * 2
+    }
+}
