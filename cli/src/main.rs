@@ -1,1 +1,35 @@
-fn main(){}
+//! `punchclock`: the one binary — `server`, `runner`, `dev`, and the client
+//! commands over the gRPC API. See `cli/README.md` for the module map.
+
+mod client;
+mod commands;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // The agent shim must not start a tokio runtime or parse clap args: it
+    // is exec'd between the runner and every agent process.
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == punchclock_agent_runner::SHIM_SUBCOMMAND) {
+        punchclock_agent_runner::shim_main(std::env::args_os().skip(2).collect());
+    }
+    let cli = commands::Cli::parse();
+    commands::init_tracing(&cli);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

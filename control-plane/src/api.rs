@@ -12,8 +12,8 @@ use crate::election::{Election, LeaderInfo};
 use crate::engine::{EngineHandle, RunnerSnapshot, TriggerRequest};
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, RunStatus, TaskRecord, TaskSpec};
-use crate::schedule::{next_slot, CronSchedule, Schedule};
-use crate::store::{Compare, KvStore, Keys, Txn, TxnOp, WatchEvent};
+use crate::schedule::{CronSchedule, Schedule, next_slot};
+use crate::store::{Compare, Keys, KvStore, Txn, TxnOp, WatchEvent};
 
 /// Most fire times one preview returns.
 pub const MAX_PREVIEW: u32 = 1000;
@@ -78,7 +78,11 @@ impl Core {
         let schedules = spec.schedules()?;
         for (i, s) in schedules.iter().enumerate() {
             if !matches!(s, Schedule::Once { .. }) && s.next_after(now).is_none() {
-                let path = if spec.trigger.is_some() && i == 0 { "trigger".to_string() } else { format!("triggers[{}]", i - usize::from(spec.trigger.is_some())) };
+                let path = if spec.trigger.is_some() && i == 0 {
+                    "trigger".to_string()
+                } else {
+                    format!("triggers[{}]", i - usize::from(spec.trigger.is_some()))
+                };
                 return Err(Error::invalid(format!("{path}.expr"), "has no fire time after now"));
             }
         }
@@ -113,7 +117,14 @@ impl Core {
             let kv = self.store.get(&key).await?.ok_or_else(|| Error::NotFound { kind: "task", id: task_id.to_string() })?;
             let mut rec: TaskRecord = decode("task", &kv.value)?;
             f(&mut rec, self.clock.now());
-            let r = self.store.txn(Txn { compares: vec![Compare::mod_revision(&key, kv.mod_revision)], success: vec![TxnOp::put(&key, encode(&rec)?)], failure: vec![] }).await?;
+            let r = self
+                .store
+                .txn(Txn {
+                    compares: vec![Compare::mod_revision(&key, kv.mod_revision)],
+                    success: vec![TxnOp::put(&key, encode(&rec)?)],
+                    failure: vec![],
+                })
+                .await?;
             if r.succeeded {
                 return Ok(rec);
             }
@@ -166,7 +177,8 @@ impl Core {
 
     /// One task with its cursor.
     pub async fn get_task(&self, task_id: &str) -> Result<TaskView> {
-        let kv = self.store.get(&self.keys.task(task_id)).await?.ok_or_else(|| Error::NotFound { kind: "task", id: task_id.to_string() })?;
+        let kv =
+            self.store.get(&self.keys.task(task_id)).await?.ok_or_else(|| Error::NotFound { kind: "task", id: task_id.to_string() })?;
         let rec: TaskRecord = decode("task", &kv.value)?;
         let cursor = self.store.get(&self.keys.cursor(task_id)).await?.map(|kv| decode("cursor", &kv.value)).transpose()?;
         Ok(self.view(rec, cursor))
@@ -178,7 +190,9 @@ impl Core {
         let (cursors, _) = self.store.range(&self.keys.cursors()).await?;
         let mut cursors: std::collections::HashMap<String, Cursor> = cursors
             .into_iter()
-            .filter_map(|kv| Some((self.keys.id_after(&self.keys.cursors(), &kv.key)?.to_string(), serde_json::from_slice(&kv.value).ok()?)))
+            .filter_map(|kv| {
+                Some((self.keys.id_after(&self.keys.cursors(), &kv.key)?.to_string(), serde_json::from_slice(&kv.value).ok()?))
+            })
             .collect();
         kvs.iter()
             .map(|kv| {
@@ -190,7 +204,14 @@ impl Core {
     }
 
     /// Fire times of `expr` in `tz` strictly after `after`, or of a task's triggers.
-    pub async fn preview(&self, expr: &str, tz: &str, task_id: &str, after: Option<DateTime<Utc>>, count: u32) -> Result<(Vec<DateTime<Utc>>, Option<chrono_tz::Tz>)> {
+    pub async fn preview(
+        &self,
+        expr: &str,
+        tz: &str,
+        task_id: &str,
+        after: Option<DateTime<Utc>>,
+        count: u32,
+    ) -> Result<(Vec<DateTime<Utc>>, Option<chrono_tz::Tz>)> {
         let after = after.unwrap_or_else(|| self.clock.now());
         let count = if count == 0 { 5 } else { count.min(MAX_PREVIEW) };
         let (schedules, zone) = match (expr.is_empty(), task_id.is_empty()) {
@@ -248,14 +269,23 @@ impl Core {
 
     /// Matching runs now, then every stored change of a matching run.
     pub async fn watch_runs(&self, task_id: &str, run_id: &str) -> Result<futures::stream::BoxStream<'static, Result<RunRecord>>> {
-        let prefix = if !run_id.is_empty() { self.keys.run(run_id) } else if !task_id.is_empty() { self.keys.runs_of(task_id) } else { self.keys.runs() };
+        let prefix = if !run_id.is_empty() {
+            self.keys.run(run_id)
+        } else if !task_id.is_empty() {
+            self.keys.runs_of(task_id)
+        } else {
+            self.keys.runs()
+        };
         let exact = (!run_id.is_empty()).then(|| self.keys.run(run_id));
         let watch = self.store.watch(&prefix).await?;
         let (kvs, rev) = self.store.range(&prefix).await?;
-        let initial: Vec<Result<RunRecord>> = kvs.iter().filter(|kv| exact.as_ref().is_none_or(|k| &kv.key == k)).map(|kv| decode("run", &kv.value)).collect();
+        let initial: Vec<Result<RunRecord>> =
+            kvs.iter().filter(|kv| exact.as_ref().is_none_or(|k| &kv.key == k)).map(|kv| decode("run", &kv.value)).collect();
         let changes = watch.filter_map(move |ev| {
             let out = match ev {
-                Ok(WatchEvent::Put(kv)) if kv.mod_revision > rev && exact.as_ref().is_none_or(|k| &kv.key == k) => Some(decode("run", &kv.value)),
+                Ok(WatchEvent::Put(kv)) if kv.mod_revision > rev && exact.as_ref().is_none_or(|k| &kv.key == k) => {
+                    Some(decode("run", &kv.value))
+                }
                 Ok(_) => None,
                 Err(e) => Some(Err(e)),
             };

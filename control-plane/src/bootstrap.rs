@@ -7,24 +7,24 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use punchclock_proto::v1::FILE_DESCRIPTOR_SET;
 use punchclock_proto::v1::cluster_service_server::ClusterServiceServer;
 use punchclock_proto::v1::run_service_server::RunServiceServer;
 use punchclock_proto::v1::runner_service_server::RunnerServiceServer;
 use punchclock_proto::v1::task_service_server::TaskServiceServer;
-use punchclock_proto::v1::FILE_DESCRIPTOR_SET;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::api::Core;
 use crate::clock::SharedClock;
-use crate::election::single::SingleNode;
 use crate::election::Election;
+use crate::election::single::SingleNode;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::service::{ClusterSvc, RunSvc, RunnerSvc, TaskSvc};
 use crate::store::embedded::EmbeddedStore;
-use crate::store::{KvStore, Keys};
+use crate::store::{Keys, KvStore};
 use crate::timing::Timing;
 
 /// Where state lives: `embedded:DIR`.
@@ -89,11 +89,19 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let store: Arc<dyn KvStore> = match &cfg.store {
         StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
     };
-    let listener = TcpListener::bind(cfg.listen).await.map_err(|e| Error::Unavailable { reason: format!("bind {}: {e}", cfg.listen), leader: None })?;
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| Error::Unavailable { reason: format!("bind {}: {e}", cfg.listen), leader: None })?;
     let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
     let election: Arc<dyn Election> = Arc::new(SingleNode::new(cfg.node_id.clone(), advertise));
-    let core = Arc::new(Core { store: store.clone(), keys: Keys::new(&cfg.key_prefix), clock: clock.clone(), election: election.clone(), engine: RwLock::new(None) });
+    let core = Arc::new(Core {
+        store: store.clone(),
+        keys: Keys::new(&cfg.key_prefix),
+        clock: clock.clone(),
+        election: election.clone(),
+        engine: RwLock::new(None),
+    });
 
     let http_addr = match cfg.http_listen {
         Some(a) => Some(crate::http::serve(a, core.clone()).await?),
@@ -150,7 +158,13 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
         let current = lead.borrow_and_update().clone();
         match (current, running.is_some()) {
             (Some(l), false) => {
-                let cfg = EngineConfig { store: core.store.clone(), keys: core.keys.clone(), clock: core.clock.clone(), timing, leadership: l.clone() };
+                let cfg = EngineConfig {
+                    store: core.store.clone(),
+                    keys: core.keys.clone(),
+                    clock: core.clock.clone(),
+                    timing,
+                    leadership: l.clone(),
+                };
                 match Engine::start(cfg).await {
                     Ok((handle, join)) => {
                         tracing::info!(token = l.token, "leading: engine started");

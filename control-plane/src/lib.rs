@@ -8,11 +8,11 @@ pub mod schedule;
 pub mod store;
 
 pub use error::{Error, Result};
+pub mod api;
+pub mod bootstrap;
 pub mod dispatch;
 pub mod election;
 pub mod engine;
-pub mod timing;
-pub mod api;
-pub mod bootstrap;
 pub mod http;
 pub mod service;
+pub mod timing;

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use punchclock_proto::v1::{runner_message, ControlMessage, Hello};
+use punchclock_proto::v1::{ControlMessage, Hello, runner_message};
 
 use crate::clock::SharedClock;
 use crate::dispatch::registry::RunnerEntry;
@@ -31,7 +31,7 @@ use crate::election::Leadership;
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, TaskRecord};
 use crate::schedule::Schedule;
-use crate::store::{KvStore, Keys, WatchEvent, WatchStream};
+use crate::store::{Keys, KvStore, WatchEvent, WatchStream};
 use crate::timing::Timing;
 
 /// Requests to the engine.

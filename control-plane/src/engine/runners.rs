@@ -5,11 +5,11 @@ use std::collections::{HashMap, HashSet};
 
 use tokio::sync::mpsc;
 
-use punchclock_proto::v1::{control_message, runner_message, ControlMessage, FinishedAck, Hello, InFlight, Welcome};
+use punchclock_proto::v1::{ControlMessage, FinishedAck, Hello, InFlight, Welcome, control_message, runner_message};
 
 use super::runs::AttemptEnd;
 use super::{Engine, RunnerSnapshot, Timer};
-use crate::dispatch::registry::{expired, RunnerEntry};
+use crate::dispatch::registry::{RunnerEntry, expired};
 use crate::error::{Error, Result};
 use crate::model::run::outcome;
 
@@ -87,7 +87,12 @@ impl Engine {
             runner_message::Msg::Started(s) => self.on_started(s).await,
             runner_message::Msg::Progress(p) => self.on_progress(p).await,
             runner_message::Msg::Finished(f) => {
-                let ack = ControlMessage { msg: Some(control_message::Msg::FinishedAck(FinishedAck { run_id: f.run_id.clone(), execution_id: f.execution_id.clone() })) };
+                let ack = ControlMessage {
+                    msg: Some(control_message::Msg::FinishedAck(FinishedAck {
+                        run_id: f.run_id.clone(),
+                        execution_id: f.execution_id.clone(),
+                    })),
+                };
                 self.on_finished(f).await;
                 if let Some(tx) = self.runners.get(runner_id).and_then(|r| r.tx.clone()) {
                     let _ = tx.send(ack).await;
@@ -156,7 +161,10 @@ impl Engine {
                 });
                 entry.running.insert(a.execution_id.clone(), run.run_id.clone());
                 let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds);
-                timers.push((a.dispatched_at + chrono::Duration::seconds(timeout_s) + slack, Timer::Deadline { run_id: run.run_id.clone(), execution_id: a.execution_id.clone() }));
+                timers.push((
+                    a.dispatched_at + chrono::Duration::seconds(timeout_s) + slack,
+                    Timer::Deadline { run_id: run.run_id.clone(), execution_id: a.execution_id.clone() },
+                ));
             } else if let Some(at) = run.next_attempt_at {
                 timers.push((at, Timer::RunDue { run_id: run.run_id.clone() }));
             }

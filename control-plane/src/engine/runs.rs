@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use punchclock_proto::v1::{control_message, Assign, Cancel, ControlMessage, Finished, Outcome, ProgressReport, Started};
+use punchclock_proto::v1::{Assign, Cancel, ControlMessage, Finished, Outcome, ProgressReport, Started, control_message};
 
 use super::{Engine, Timer, TriggerRequest};
 use crate::dispatch::backoff;
@@ -101,14 +101,28 @@ impl Engine {
         if let Some(e) = self.tasks.get(&run.task_id) {
             let ex = &e.record.spec.execution;
             let (limit, policy) = (ex.concurrency_limit as usize, ex.overlap_policy);
-            let mut active: Vec<(DateTime<Utc>, String)> =
-                self.runs.values().filter(|r| r.task_id == run.task_id && r.run_id != run.run_id).map(|r| (r.scheduled_at, r.run_id.clone())).collect();
+            let mut active: Vec<(DateTime<Utc>, String)> = self
+                .runs
+                .values()
+                .filter(|r| r.task_id == run.task_id && r.run_id != run.run_id)
+                .map(|r| (r.scheduled_at, r.run_id.clone()))
+                .collect();
             if active.len() >= limit {
                 match policy {
                     OverlapPolicy::Skip => {
                         let slot = run.scheduled_at;
-                        let msg = format!("{} run(s) of the task still active (concurrency_limit {limit}, overlap_policy skip)", active.len());
-                        run = RunRecord::skipped(run.run_id, &run.task_id, &run.agent_id, &run.trigger, skip_reason::CONCURRENCY_LIMIT, (1, slot, slot), msg, now);
+                        let msg =
+                            format!("{} run(s) of the task still active (concurrency_limit {limit}, overlap_policy skip)", active.len());
+                        run = RunRecord::skipped(
+                            run.run_id,
+                            &run.task_id,
+                            &run.agent_id,
+                            &run.trigger,
+                            skip_reason::CONCURRENCY_LIMIT,
+                            (1, slot, slot),
+                            msg,
+                            now,
+                        );
                     }
                     OverlapPolicy::Queue => {
                         run.pending_reason = Some(format!("queued behind {} active run(s) (concurrency_limit {limit})", active.len()));
@@ -211,7 +225,11 @@ impl Engine {
             let reason = if in_flight >= limit {
                 Some(format!("queued behind {in_flight} running run(s) (concurrency_limit {limit})"))
             } else {
-                let best = self.runners.values().filter(|r| r.can_take(&run.agent_id, &selector)).max_by_key(|r| (r.free(), std::cmp::Reverse(r.runner_id.clone())));
+                let best = self
+                    .runners
+                    .values()
+                    .filter(|r| r.can_take(&run.agent_id, &selector))
+                    .max_by_key(|r| (r.free(), std::cmp::Reverse(r.runner_id.clone())));
                 match best {
                     Some(r) => {
                         let runner_id = r.runner_id.clone();
@@ -221,7 +239,11 @@ impl Engine {
                     None if self.runners.values().any(|r| r.tx.is_some() && r.agents.contains(&run.agent_id)) => {
                         Some(format!("waiting for a free slot on runners serving agent {:?}", run.agent_id))
                     }
-                    None => Some(format!("no connected runner serves agent {:?}{}", run.agent_id, if selector.is_empty() { String::new() } else { format!(" with labels {selector:?}") })),
+                    None => Some(format!(
+                        "no connected runner serves agent {:?}{}",
+                        run.agent_id,
+                        if selector.is_empty() { String::new() } else { format!(" with labels {selector:?}") }
+                    )),
                 }
             };
             if run.pending_reason != reason {
@@ -297,7 +319,12 @@ impl Engine {
             if let Some(r) = self.runners.get_mut(runner_id) {
                 r.tx = None;
             }
-            self.end_attempt(run_id, &execution_id, AttemptEnd::simple(outcome::LOST, format!("runner {runner_id} stream closed before the assignment"))).await;
+            self.end_attempt(
+                run_id,
+                &execution_id,
+                AttemptEnd::simple(outcome::LOST, format!("runner {runner_id} stream closed before the assignment")),
+            )
+            .await;
         }
     }
 
@@ -385,12 +412,23 @@ impl Engine {
         let runner_id = run.attempts.last().map(|a| a.runner_id.clone()).unwrap_or_default();
         self.send_cancel(&runner_id, run_id, execution_id, "deadline passed").await;
         let slack = self.timing.deadline_slack().as_secs();
-        self.end_attempt(run_id, execution_id, AttemptEnd::simple(outcome::TIMEOUT, format!("no result from runner {runner_id} by {slack} s after the deadline"))).await;
+        self.end_attempt(
+            run_id,
+            execution_id,
+            AttemptEnd::simple(outcome::TIMEOUT, format!("no result from runner {runner_id} by {slack} s after the deadline")),
+        )
+        .await;
     }
 
     async fn send_cancel(&mut self, runner_id: &str, run_id: &str, execution_id: &str, reason: &str) {
         if let Some(tx) = self.runners.get(runner_id).and_then(|r| r.tx.clone()) {
-            let msg = ControlMessage { msg: Some(control_message::Msg::Cancel(Cancel { run_id: run_id.into(), execution_id: execution_id.into(), reason: reason.into() })) };
+            let msg = ControlMessage {
+                msg: Some(control_message::Msg::Cancel(Cancel {
+                    run_id: run_id.into(),
+                    execution_id: execution_id.into(),
+                    reason: reason.into(),
+                })),
+            };
             let _ = tx.send(msg).await;
         }
     }

@@ -6,7 +6,7 @@ use super::{Engine, TaskEntry, Timer};
 use crate::model::run::{skip_reason, slot_run_id};
 use crate::model::task::MisfirePolicy;
 use crate::model::{Cursor, RunRecord, TaskRecord};
-use crate::schedule::{count_slots, jitter_for, next_slot, plan_due_slots, Schedule, SlotWindow};
+use crate::schedule::{Schedule, SlotWindow, count_slots, jitter_for, next_slot, plan_due_slots};
 use crate::store::{Txn, TxnOp};
 
 /// Retry delay after a failed store write while firing.
@@ -59,10 +59,14 @@ impl Engine {
             return;
         }
         let created = e.record.created_at;
-        let past: Vec<DateTime<Utc>> = e.schedules.iter().filter_map(|s| match s {
-            Schedule::Once { at } if *at <= created => Some(*at),
-            _ => None,
-        }).collect();
+        let past: Vec<DateTime<Utc>> = e
+            .schedules
+            .iter()
+            .filter_map(|s| match s {
+                Schedule::Once { at } if *at <= created => Some(*at),
+                _ => None,
+            })
+            .collect();
         if past.is_empty() {
             return;
         }

@@ -231,7 +231,16 @@ impl RunRecord {
 
     /// A SKIPPED record covering `count` slots from `from` to `until`.
     #[allow(clippy::too_many_arguments)]
-    pub fn skipped(run_id: String, task_id: &str, agent_id: &str, trigger: &str, reason: &str, (count, from, until): (u64, DateTime<Utc>, DateTime<Utc>), error: String, now: DateTime<Utc>) -> Self {
+    pub fn skipped(
+        run_id: String,
+        task_id: &str,
+        agent_id: &str,
+        trigger: &str,
+        reason: &str,
+        (count, from, until): (u64, DateTime<Utc>, DateTime<Utc>),
+        error: String,
+        now: DateTime<Utc>,
+    ) -> Self {
         let mut r = RunRecord::pending(run_id, task_id, agent_id, trigger, from, now);
         r.status = RunStatus::Skipped;
         r.skip_reason = Some(reason.to_string());
@@ -256,11 +265,7 @@ impl RunRecord {
 
 /// Compact UTC stamp used in run ids: `20261130T003000Z`, with `.123` ms if any.
 pub fn stamp(t: DateTime<Utc>) -> String {
-    if t.timestamp_subsec_millis() == 0 {
-        t.format("%Y%m%dT%H%M%SZ").to_string()
-    } else {
-        t.format("%Y%m%dT%H%M%S%.3fZ").to_string()
-    }
+    if t.timestamp_subsec_millis() == 0 { t.format("%Y%m%dT%H%M%SZ").to_string() } else { t.format("%Y%m%dT%H%M%S%.3fZ").to_string() }
 }
 
 /// Run id of a time-trigger slot: `{task_id}.{stamp}`. Task ids have no

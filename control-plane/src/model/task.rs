@@ -229,7 +229,9 @@ impl TaskSpec {
 
     /// Field path prefix of the i-th trigger, for error messages.
     fn trigger_path(&self, i: usize) -> String {
-        if self.trigger.is_some() && i == 0 { "trigger".into() } else {
+        if self.trigger.is_some() && i == 0 {
+            "trigger".into()
+        } else {
             let j = if self.trigger.is_some() { i - 1 } else { i };
             format!("triggers[{j}]")
         }
@@ -270,7 +272,10 @@ impl TaskSpec {
                     if !(sink.starts_with("http://") || sink.starts_with("https://") || sink.starts_with("webhook://"))
                         || sink.ends_with("://")
                     {
-                        return Err(Error::invalid(format!("notify.{name}[{i}]"), format!("{sink:?} is not an http(s):// URL or webhook://NAME sink")));
+                        return Err(Error::invalid(
+                            format!("notify.{name}[{i}]"),
+                            format!("{sink:?} is not an http(s):// URL or webhook://NAME sink"),
+                        ));
                     }
                 }
             }

@@ -11,8 +11,8 @@ use std::str::FromStr;
 
 use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
-use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
 
 use crate::error::Error;
 
@@ -95,7 +95,8 @@ impl CronSchedule {
     /// (`minute field "61": ...`), an unknown zone, or a schedule that can
     /// never fire (`0 0 30 2 *`).
     pub fn parse(expr: &str, tz: &str, jitter_ms: u64) -> Result<Self, CronError> {
-        let tz = Tz::from_str(tz).map_err(|_| CronError::Zone(format!("unknown time zone {tz:?} (use an IANA name such as \"Asia/Shanghai\")")))?;
+        let tz = Tz::from_str(tz)
+            .map_err(|_| CronError::Zone(format!("unknown time zone {tz:?} (use an IANA name such as \"Asia/Shanghai\")")))?;
         let trimmed = expr.trim();
         if trimmed.is_empty() {
             return Err(CronError::Expr("must not be empty".into()));

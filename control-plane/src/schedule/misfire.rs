@@ -13,7 +13,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::{next_slot, Schedule};
+use super::{Schedule, next_slot};
 use crate::model::task::MisfirePolicy;
 
 /// Longest enumeration of slots older than the grace window; past it the

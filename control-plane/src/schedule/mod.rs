@@ -9,7 +9,7 @@ mod misfire;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 pub use cron::CronSchedule;
-pub use misfire::{count_slots, plan_due_slots, DuePlan, SlotWindow};
+pub use misfire::{DuePlan, SlotWindow, count_slots, plan_due_slots};
 
 use crate::error::{Error, Result};
 use crate::model::task::TriggerSpec;
@@ -71,10 +71,7 @@ impl Schedule {
 /// The earliest slot strictly after `t` over several schedules, with the
 /// kind of the schedule that produced it.
 pub fn next_slot(schedules: &[Schedule], t: DateTime<Utc>) -> Option<(DateTime<Utc>, &Schedule)> {
-    schedules
-        .iter()
-        .filter_map(|s| s.next_after(t).map(|n| (n, s)))
-        .min_by_key(|(n, _)| *n)
+    schedules.iter().filter_map(|s| s.next_after(t).map(|n| (n, s))).min_by_key(|(n, _)| *n)
 }
 
 /// Deterministic jitter for a slot: a delay in `[0, jitter_ms)` milliseconds
@@ -98,8 +95,7 @@ pub fn compile(t: &TriggerSpec, path: &str) -> Result<Schedule> {
     match t {
         TriggerSpec::Cron(c) => {
             let tz = c.timezone.as_deref().unwrap_or("UTC");
-            let s = CronSchedule::parse(&c.expr, tz, c.jitter_seconds.saturating_mul(1000))
-                .map_err(|e| e.at(path))?;
+            let s = CronSchedule::parse(&c.expr, tz, c.jitter_seconds.saturating_mul(1000)).map_err(|e| e.at(path))?;
             Ok(Schedule::Cron(s))
         }
         TriggerSpec::Interval(i) => {

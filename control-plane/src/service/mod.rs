@@ -3,8 +3,8 @@
 
 mod cluster;
 pub mod convert;
-mod runner;
 mod run;
+mod runner;
 mod task;
 
 pub use cluster::ClusterSvc;

@@ -61,9 +61,19 @@ async fn txn_guard_fails_then_failure_branch(s: &dyn KvStore, p: &str) {
     let rev = s.put(&guard, b"g".to_vec()).await.expect("put guard");
     let kv = s.get(&guard).await.expect("get").expect("present");
     assert_eq!(kv.create_revision, rev);
-    let ok = s.txn(Txn { compares: vec![Compare::create_revision(&guard, rev)], success: vec![TxnOp::put(&k, b"1".to_vec())], failure: vec![] }).await.expect("txn");
+    let ok = s
+        .txn(Txn { compares: vec![Compare::create_revision(&guard, rev)], success: vec![TxnOp::put(&k, b"1".to_vec())], failure: vec![] })
+        .await
+        .expect("txn");
     assert!(ok.succeeded, "guard: matching create revision passes");
-    let stale = s.txn(Txn { compares: vec![Compare::create_revision(&guard, rev - 1)], success: vec![TxnOp::put(&k, b"2".to_vec())], failure: vec![] }).await.expect("txn");
+    let stale = s
+        .txn(Txn {
+            compares: vec![Compare::create_revision(&guard, rev - 1)],
+            success: vec![TxnOp::put(&k, b"2".to_vec())],
+            failure: vec![],
+        })
+        .await
+        .expect("txn");
     assert!(!stale.succeeded, "guard: stale create revision is rejected");
     assert_eq!(s.get(&k).await.expect("get").map(|kv| kv.value), Some(b"1".to_vec()));
 }
@@ -78,7 +88,11 @@ async fn watch_sees_changes_in_order(s: &dyn KvStore, p: &str) {
     s.delete(&format!("{prefix}0")).await.expect("delete");
     let mut seen = Vec::new();
     while seen.len() < 6 {
-        let ev = tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("watch event in time").expect("stream open").expect("event");
+        let ev = tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .expect("watch event in time")
+            .expect("stream open")
+            .expect("event");
         seen.push(ev);
     }
     for (i, ev) in seen.iter().take(5).enumerate() {
@@ -91,7 +105,9 @@ async fn watch_sees_changes_in_order(s: &dyn KvStore, p: &str) {
 async fn lease_expiry_deletes_keys(s: &dyn KvStore, p: &str) {
     let k = format!("{p}leased");
     let lease = s.grant_lease(1).await.expect("grant");
-    s.txn(Txn { success: vec![TxnOp::Put { key: k.clone(), value: b"v".to_vec(), lease }], ..Txn::default() }).await.expect("put with lease");
+    s.txn(Txn { success: vec![TxnOp::Put { key: k.clone(), value: b"v".to_vec(), lease }], ..Txn::default() })
+        .await
+        .expect("put with lease");
     assert_eq!(s.get(&k).await.expect("get").map(|kv| kv.lease), Some(lease));
     s.keep_alive(lease).await.expect("keep alive");
     let mut gone = false;
@@ -130,7 +146,9 @@ mod tests {
             let s = EmbeddedStore::open(dir.path()).await.expect("open");
             s.put("/k/a", b"1".to_vec()).await.expect("put");
             let lease = s.grant_lease(60).await.expect("lease");
-            s.txn(Txn { success: vec![TxnOp::Put { key: "/k/leased".into(), value: b"x".to_vec(), lease }], ..Txn::default() }).await.expect("put");
+            s.txn(Txn { success: vec![TxnOp::Put { key: "/k/leased".into(), value: b"x".to_vec(), lease }], ..Txn::default() })
+                .await
+                .expect("put");
             s.put("/k/b", b"2".to_vec()).await.expect("put")
         };
         // The reaper task holds only a weak reference; wait for the file lock to drop.

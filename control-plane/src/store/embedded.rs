@@ -53,7 +53,14 @@ fn decode(key: &str, b: &[u8]) -> Result<KeyValue> {
         a.copy_from_slice(&b[i * 8..i * 8 + 8]);
         i64::from_le_bytes(a)
     };
-    Ok(KeyValue { key: key.to_string(), create_revision: n(0), mod_revision: n(1), version: n(2), lease: n(3), value: b[HEADER..].to_vec() })
+    Ok(KeyValue {
+        key: key.to_string(),
+        create_revision: n(0),
+        mod_revision: n(1),
+        version: n(2),
+        lease: n(3),
+        value: b[HEADER..].to_vec(),
+    })
 }
 
 struct Lease {
@@ -95,13 +102,21 @@ impl EmbeddedStore {
             .map_err(|e| Error::Store(format!("open {}: {e}", path.display())))?;
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         let store = EmbeddedStore {
-            inner: Arc::new(Inner { db, path, write_lock: Mutex::new(()), events, leases: Mutex::new(HashMap::new()), next_lease: Mutex::new(1) }),
+            inner: Arc::new(Inner {
+                db,
+                path,
+                write_lock: Mutex::new(()),
+                events,
+                leases: Mutex::new(HashMap::new()),
+                next_lease: Mutex::new(1),
+            }),
         };
-        store.blocking({
-            let s = store.clone();
-            move || s.init_tables()
-        })
-        .await?;
+        store
+            .blocking({
+                let s = store.clone();
+                move || s.init_tables()
+            })
+            .await?;
         let weak = Arc::downgrade(&store.inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(250));

@@ -217,7 +217,13 @@ pub trait KvStore: Send + Sync + 'static {
     }
     /// Unconditional delete; returns whether the key existed.
     async fn delete(&self, key: &str) -> Result<bool> {
-        let r = self.txn(Txn { compares: vec![Compare { key: key.into(), op: CompareOp::Greater, target: CompareTarget::CreateRevision(0) }], success: vec![TxnOp::delete(key)], failure: vec![] }).await?;
+        let r = self
+            .txn(Txn {
+                compares: vec![Compare { key: key.into(), op: CompareOp::Greater, target: CompareTarget::CreateRevision(0) }],
+                success: vec![TxnOp::delete(key)],
+                failure: vec![],
+            })
+            .await?;
         Ok(r.succeeded)
     }
     /// Atomic compare-and-swap transaction.

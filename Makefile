@@ -1,0 +1,46 @@
+# punchclock — the two commands a new user runs:
+#   make demo   build, start `punchclock dev` with the example agents and tasks, show runs
+#   make test   the whole suite (installs protoc and etcd through apt if missing)
+
+CARGO ?= cargo
+BIN := target/debug/punchclock
+
+.PHONY: all deps build test demo bench-idle fmt clippy clean
+
+all: build
+
+# System packages the build and tests need: protoc (tonic codegen), etcd
+# (HA tests), python3 (example agents). Installed through apt when missing.
+deps:
+	@missing=""; \
+	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
+	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
+	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO="sudo"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+build: deps
+	$(CARGO) build --workspace --bins
+
+test: build
+	$(CARGO) test --workspace
+	$(MAKE) bench-idle
+
+demo: build
+	./scripts/demo.sh
+
+# Acceptance 4 of issue 2: idle CPU and memory with 10,000 cron tasks (prints figures).
+bench-idle: build
+	$(CARGO) run --quiet -p punchclock-tests --bin bench-idle
+
+fmt:
+	$(CARGO) fmt --all
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,321 @@
+//! Runner configuration: the agents file and [`RunnerConfig`].
+//!
+//! The agents file is YAML and declares which agents this runner can run:
+//!
+//! ```yaml
+//! agents:
+//!   report_agent:
+//!     type: process
+//!     command: ["python3", "examples/agents/report.py"]
+//!     env: {K: V}          # optional
+//!     working_dir: "."     # optional, relative to the runner's cwd
+//! ```
+//!
+//! Unknown fields are rejected, and every error names the offending field
+//! (`agents.report_agent.command: must not be empty`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::Error;
+
+/// Time between SIGTERM and SIGKILL when an agent is stopped (5 s).
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// The parsed agents file: agent id → how to run it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentsFile {
+    /// The declared agents, by id (sorted).
+    pub agents: BTreeMap<String, AgentSpec>,
+}
+
+/// How to run one agent (the file's `type` field selects the variant).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSpec {
+    /// `type: process`: a local program run as a child process.
+    Process(ProcessAgent),
+}
+
+/// A `type: process` agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessAgent {
+    /// Program and arguments (argv; no shell). Never empty.
+    pub command: Vec<String>,
+    /// Extra environment variables, added to the runner's own environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the agent; relative paths are resolved against
+    /// the runner's current directory. `None`: the runner's current directory.
+    pub working_dir: Option<PathBuf>,
+}
+
+impl AgentsFile {
+    /// Reads and validates the agents file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ReadAgentsFile`] if the file cannot be read;
+    /// [`Error::InvalidAgentsFile`] (naming the field) if it is not valid YAML
+    /// of the expected shape, has unknown fields, an unknown agent `type`, an
+    /// empty `command`, or an invalid `env` entry.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ReadAgentsFile { path: path.to_owned(), source })?;
+        Self::parse(&text).map_err(|message| Error::InvalidAgentsFile { path: path.to_owned(), message })
+    }
+
+    /// The declared agent ids, sorted.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.agents.keys().map(String::as_str)
+    }
+
+    /// The agent with this id, if declared.
+    pub fn get(&self, agent_id: &str) -> Option<&AgentSpec> {
+        self.agents.get(agent_id)
+    }
+
+    /// Parses and validates YAML text; the error is a message naming the field.
+    fn parse(text: &str) -> Result<Self, String> {
+        let raw: RawAgentsFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        let agents = raw
+            .agents
+            .into_iter()
+            .map(|(id, agent)| {
+                let spec = agent.validate(&id)?;
+                Ok((id, spec))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Self { agents })
+    }
+}
+
+/// The file as written, before validation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgentsFile {
+    agents: BTreeMap<String, RawAgent>,
+}
+
+/// One agent entry as written. Holds the fields of every agent type; each
+/// type's validation rejects the ones that do not apply to it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    #[serde(rename = "type")]
+    kind: String,
+    command: Option<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    working_dir: Option<PathBuf>,
+}
+
+impl RawAgent {
+    fn validate(self, id: &str) -> Result<AgentSpec, String> {
+        let field = |name: &str| format!("agents.{id}.{name}");
+        if id.is_empty() {
+            return Err("agents: agent ids must not be empty".to_owned());
+        }
+        match self.kind.as_str() {
+            "process" => {}
+            other => {
+                return Err(format!("{}: unknown agent type {other:?} (supported: \"process\")", field("type")));
+            }
+        }
+
+        let command = self.command.ok_or_else(|| format!("{}: required for a process agent", field("command")))?;
+        match command.first() {
+            None => return Err(format!("{}: must not be empty", field("command"))),
+            Some(program) if program.is_empty() => {
+                return Err(format!("{}: the program (first element) must not be empty", field("command")));
+            }
+            Some(_) => {}
+        }
+        if command.iter().any(|arg| arg.contains('\0')) {
+            return Err(format!("{}: must not contain NUL bytes", field("command")));
+        }
+
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+                return Err(format!("{}: invalid variable {key:?} (names must be non-empty without '=', and no NUL bytes)", field("env")));
+            }
+        }
+
+        if self.working_dir.as_ref().is_some_and(|dir| dir.as_os_str().is_empty()) {
+            return Err(format!("{}: must not be empty when set", field("working_dir")));
+        }
+
+        Ok(AgentSpec::Process(ProcessAgent { command, env: self.env, working_dir: self.working_dir }))
+    }
+}
+
+/// Everything [`crate::session::run`] needs.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// Control-plane addresses (`http://host:port`; a bare `host:port` gets
+    /// `http://`). Tried in turn until one welcomes the runner. Non-empty.
+    pub control_plane: Vec<String>,
+    /// The agents this runner can run.
+    pub agents: AgentsFile,
+    /// How many executions may run at once (at least 1).
+    pub slots: u32,
+    /// Free-form labels announced to the control plane (for placement).
+    pub labels: BTreeMap<String, String>,
+    /// This runner's stable identity, announced in `Hello`. Non-empty.
+    pub runner_id: String,
+    /// Path of a binary implementing the `__agent-shim` subcommand (see
+    /// [`crate::shim`]); `None` spawns agents directly. With the shim, agents
+    /// do not outlive a runner killed with SIGKILL.
+    pub shim: Option<PathBuf>,
+    /// Time between SIGTERM and SIGKILL when an agent is stopped.
+    pub kill_grace: Duration,
+    /// Directory under which each execution gets its own temporary directory
+    /// (created if missing).
+    pub work_dir: PathBuf,
+}
+
+impl RunnerConfig {
+    /// A configuration with defaults: 1 slot, no labels, no shim,
+    /// [`DEFAULT_KILL_GRACE`], and `work_dir` = `$TMPDIR/punchclock-runner`.
+    pub fn new(runner_id: impl Into<String>, control_plane: Vec<String>, agents: AgentsFile) -> Self {
+        Self {
+            control_plane,
+            agents,
+            slots: 1,
+            labels: BTreeMap::new(),
+            runner_id: runner_id.into(),
+            shim: None,
+            kill_grace: DEFAULT_KILL_GRACE,
+            work_dir: std::env::temp_dir().join("punchclock-runner"),
+        }
+    }
+
+    /// Checks the invariants documented on the fields.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the field that is wrong.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |message: &str| Err(Error::InvalidConfig(message.to_owned()));
+        if self.control_plane.is_empty() {
+            return invalid("control_plane: at least one address is required");
+        }
+        for address in &self.control_plane {
+            if let Err(err) = tonic::transport::Endpoint::from_shared(normalize_address(address)) {
+                return Err(Error::InvalidConfig(format!("control_plane: invalid address {address:?}: {err}")));
+            }
+        }
+        if self.slots == 0 {
+            return invalid("slots: must be at least 1");
+        }
+        if self.runner_id.is_empty() {
+            return invalid("runner_id: must not be empty");
+        }
+        Ok(())
+    }
+}
+
+/// `host:port` → `http://host:port`; addresses with a scheme are kept.
+pub(crate) fn normalize_address(address: &str) -> String {
+    let address = address.trim();
+    if address.contains("://") { address.to_owned() } else { format!("http://{address}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_good_file() {
+        let file = AgentsFile::parse(
+            r#"
+agents:
+  report_agent:
+    type: process
+    command: ["python3", "examples/agents/report.py"]
+    env: {K: V}
+    working_dir: "."
+  minimal:
+    type: process
+    command: [true]
+"#,
+        )
+        .expect("valid file");
+
+        assert_eq!(file.ids().collect::<Vec<_>>(), ["minimal", "report_agent"]);
+        let Some(AgentSpec::Process(report)) = file.get("report_agent") else {
+            panic!("report_agent missing");
+        };
+        assert_eq!(report.command, ["python3", "examples/agents/report.py"]);
+        assert_eq!(report.env.get("K").map(String::as_str), Some("V"));
+        assert_eq!(report.working_dir.as_deref(), Some(Path::new(".")));
+        let Some(AgentSpec::Process(minimal)) = file.get("minimal") else {
+            panic!("minimal missing");
+        };
+        assert_eq!(minimal.command, ["true"]);
+        assert!(minimal.env.is_empty());
+        assert_eq!(minimal.working_dir, None);
+    }
+
+    #[test]
+    fn rejects_unknown_fields_naming_them() {
+        let err = AgentsFile::parse("agents:\n  a:\n    type: process\n    command: [x]\n    cmd: [y]\n").expect_err("unknown field");
+        assert!(err.starts_with("agents.a: unknown field `cmd`"), "{err}");
+
+        let err = AgentsFile::parse("agents: {}\nextra: 1\n").expect_err("unknown top-level field");
+        assert!(err.contains("unknown field `extra`"), "{err}");
+    }
+
+    #[test]
+    fn rejects_empty_or_missing_command() {
+        let err = AgentsFile::parse("agents:\n  report_agent:\n    type: process\n    command: []\n").expect_err("empty command");
+        assert_eq!(err, "agents.report_agent.command: must not be empty");
+
+        let err = AgentsFile::parse("agents:\n  a:\n    type: process\n").expect_err("no command");
+        assert_eq!(err, "agents.a.command: required for a process agent");
+
+        let err = AgentsFile::parse("agents:\n  a:\n    type: process\n    command: ['']\n").expect_err("empty program");
+        assert!(err.starts_with("agents.a.command: "), "{err}");
+    }
+
+    #[test]
+    fn rejects_unknown_type_naming_it() {
+        let err = AgentsFile::parse("agents:\n  a:\n    type: docker\n    command: [x]\n").expect_err("unknown type");
+        assert_eq!(err, r#"agents.a.type: unknown agent type "docker" (supported: "process")"#);
+    }
+
+    #[test]
+    fn rejects_bad_env_names() {
+        let err = AgentsFile::parse("agents:\n  a:\n    type: process\n    command: [x]\n    env: {'A=B': v}\n").expect_err("bad env name");
+        assert!(err.starts_with("agents.a.env: "), "{err}");
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agents.yaml");
+        std::fs::write(&path, "agents:\n  a:\n    type: process\n    command: []\n").expect("write");
+        let err = AgentsFile::load(&path).expect_err("invalid");
+        let text = err.to_string();
+        assert!(text.contains("agents.yaml") && text.ends_with("agents.a.command: must not be empty"), "{text}");
+
+        let err = AgentsFile::load(dir.path().join("missing.yaml")).expect_err("missing");
+        assert!(matches!(err, Error::ReadAgentsFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn validates_runner_config() {
+        let mut config = RunnerConfig::new("r1", vec!["http://127.0.0.1:1".into()], AgentsFile::default());
+        assert!(config.validate().is_ok());
+        config.slots = 0;
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig(m)) if m.starts_with("slots")));
+        config.slots = 1;
+        config.control_plane = vec!["127.0.0.1:7070".into()];
+        assert!(config.validate().is_ok(), "a bare host:port gets http://");
+        config.control_plane = vec!["http://bad host".into()];
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig(m)) if m.starts_with("control_plane")));
+        config.control_plane.clear();
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig(m)) if m.starts_with("control_plane")));
+    }
+}

@@ -1,0 +1,850 @@
+//! The process executor: runs one assignment as a child process group and
+//! reports what happens to it.
+//!
+//! [`start`] prepares a private directory, spawns the agent and hands back an
+//! [`Execution`] handle; a background task then supervises the process and
+//! sends [`ExecutionEvent`]s: any number of `Progress`, then exactly one
+//! `Finished` (after which the directory is gone).
+//!
+//! # The agent's contract
+//!
+//! * **argv**: the agent's `command` (no shell), in its `working_dir`.
+//! * **stdin**: the run's context JSON (`Assign.context_json`), then EOF.
+//! * **environment**: the runner's, plus the agent's `env`, plus
+//!   `PUNCHCLOCK_TASK_ID`, `PUNCHCLOCK_RUN_ID`, `PUNCHCLOCK_EXECUTION_ID`,
+//!   `PUNCHCLOCK_ATTEMPT`, `PUNCHCLOCK_SCHEDULED_AT` and `PUNCHCLOCK_DEADLINE`
+//!   (RFC 3339 UTC, `...Z`; empty when the assignment has none),
+//!   `PUNCHCLOCK_PROGRESS_FILE`, `PUNCHCLOCK_RESULT_FILE`,
+//!   `PUNCHCLOCK_CHECKPOINT_FILE` and `TRACEPARENT`.
+//! * **progress**: JSON lines appended to `$PUNCHCLOCK_PROGRESS_FILE`, each
+//!   `{"percent": number?, "message": string?, "checkpoint": any?}`; polled
+//!   every 200 ms and once more after exit.
+//! * **result**: `$PUNCHCLOCK_RESULT_FILE`, JSON, read after exit.
+//! * **checkpoint**: `$PUNCHCLOCK_CHECKPOINT_FILE` holds the last checkpoint
+//!   the control plane has for the run (absent if none).
+//! * **outcome**: exit code 0 succeeds; anything else fails. stdout and
+//!   stderr are kept (last 64 KiB each) for the run record.
+//!
+//! # Stopping
+//!
+//! The agent runs in its own process group. On timeout or cancel the whole
+//! group gets SIGTERM, then SIGKILL after the grace period. When the agent's
+//! main process exits, whatever it left behind in its group is killed too:
+//! an execution never outlives its agent process.
+//!
+//! # Surviving the runner's death
+//!
+//! If the runner process dies (even by SIGKILL), its agents must die too.
+//! Two modes, chosen by [`ExecutorSettings::shim`]:
+//!
+//! * **Without a shim** the agent itself is the group leader and gets
+//!   `PR_SET_PDEATHSIG(SIGKILL)`. Only that one process is covered: children
+//!   the agent spawned (`sleep 3600 &`) are re-parented and survive a killed
+//!   runner. Cheap, and enough for agents that do not fork.
+//! * **With the shim** (`<shim> __agent-shim -- <command...>`, see
+//!   [`crate::shim`]) a tiny supervisor process leads the group; it gets a
+//!   parent-death signal and then SIGKILLs the whole group, so nothing
+//!   survives. Costs one extra process per execution, and the agent's exit
+//!   by signal N is seen as exit code 128+N.
+//!
+//! Linux delivers the parent-death signal when the *thread* that spawned the
+//! child exits. Executions are spawned from tokio worker threads, which live
+//! as long as the runtime, so do not call [`start`] from a thread that may
+//! exit early (e.g. inside `spawn_blocking`).
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::future;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use punchclock_proto::v1::{Assign, Finished, InFlight, Outcome, ProgressReport};
+use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{self, MissedTickBehavior};
+use tracing::{debug, info, warn};
+
+use crate::config::{ProcessAgent, RunnerConfig};
+use crate::shim::{SHIM_PARENT_PID_ENV, SHIM_SUBCOMMAND};
+use crate::{Error, time as clock};
+
+/// How much of stdout and of stderr is kept (the last 64 KiB of each).
+pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
+
+/// How often the progress file is polled.
+const PROGRESS_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long to wait for stdout/stderr to reach EOF once the process group is
+/// gone (a process that escaped the group may still hold the pipes).
+const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest progress line accepted; longer ones are dropped.
+const MAX_PROGRESS_LINE_BYTES: usize = 1024 * 1024;
+
+/// File names inside the per-execution directory.
+const PROGRESS_FILE: &str = "progress.jsonl";
+const RESULT_FILE: &str = "result.json";
+const CHECKPOINT_FILE: &str = "checkpoint.json";
+
+/// Runner-wide settings for the executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorSettings {
+    /// Parent of the per-execution directories (created if missing).
+    pub work_dir: PathBuf,
+    /// Time between SIGTERM and SIGKILL when stopping an agent.
+    pub kill_grace: Duration,
+    /// Binary with the `__agent-shim` subcommand, or `None` to spawn agents
+    /// directly (see the module docs for the trade-off).
+    pub shim: Option<PathBuf>,
+}
+
+impl From<&RunnerConfig> for ExecutorSettings {
+    fn from(config: &RunnerConfig) -> Self {
+        Self { work_dir: config.work_dir.clone(), kill_grace: config.kill_grace, shim: config.shim.clone() }
+    }
+}
+
+/// Something that happened to a running execution, ready to send to the
+/// control plane.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecutionEvent {
+    /// The agent wrote a progress line.
+    Progress(ProgressReport),
+    /// The execution is over (always the last event of an execution).
+    Finished(Finished),
+}
+
+/// Handle to a started execution. Dropping it does not stop the execution.
+#[derive(Debug)]
+pub struct Execution {
+    in_flight: InFlight,
+    pid: u32,
+    cancel: Option<oneshot::Sender<String>>,
+}
+
+impl Execution {
+    /// The run this execution belongs to.
+    pub fn run_id(&self) -> &str {
+        &self.in_flight.run_id
+    }
+
+    /// The execution's id (unique per attempt).
+    pub fn execution_id(&self) -> &str {
+        &self.in_flight.execution_id
+    }
+
+    /// Pid of the spawned process (the shim's, when a shim is used); also the
+    /// process group id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The execution as declared in `Hello.in_flight`.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.clone()
+    }
+
+    /// Asks the execution to stop: SIGTERM to its process group, SIGKILL
+    /// after the grace period. Its `Finished` then has `OUTCOME_CANCELLED`
+    /// and `error` "cancelled" (plus `: reason` when `reason` is not empty).
+    /// Only the first call has an effect; a no-op once the process has ended.
+    pub fn cancel(&mut self, reason: &str) {
+        if let Some(cancel) = self.cancel.take() {
+            // Err: the execution already ended; its Finished is on its way.
+            let _ = cancel.send(reason.to_owned());
+        }
+    }
+}
+
+/// Starts `assign` with `agent`: creates the execution directory, spawns the
+/// process, and supervises it in a background task that sends its events to
+/// `events`. Must be called within a tokio runtime.
+///
+/// A deadline in `assign.deadline` is measured from now (wall clock, read
+/// once); if it has already passed the agent is stopped at once.
+///
+/// # Errors
+///
+/// [`Error::ExecutionDir`] if the directory or its files cannot be written,
+/// [`Error::Spawn`] if the process cannot be started. Nothing is left behind
+/// and no event is sent.
+pub async fn start(
+    agent: &ProcessAgent,
+    assign: &Assign,
+    settings: &ExecutorSettings,
+    events: mpsc::Sender<ExecutionEvent>,
+) -> Result<Execution, Error> {
+    let dir = ExecutionDir::create(&settings.work_dir, assign).await?;
+    match spawn(agent, assign, settings, &dir) {
+        Ok(child) => Ok(supervise(child, dir, assign, settings, events)),
+        Err(err) => {
+            dir.remove().await;
+            Err(err)
+        }
+    }
+}
+
+/// The per-execution directory and the paths handed to the agent.
+#[derive(Debug)]
+struct ExecutionDir {
+    path: PathBuf,
+    progress: PathBuf,
+    result: PathBuf,
+    checkpoint: PathBuf,
+}
+
+impl ExecutionDir {
+    /// Creates `<work_dir>/exec-<uuid>` with an empty progress file and, if
+    /// the assignment carries one, the checkpoint file.
+    async fn create(work_dir: &Path, assign: &Assign) -> Result<Self, Error> {
+        let path = work_dir.join(format!("exec-{}", uuid::Uuid::new_v4()));
+        let dir = Self { progress: path.join(PROGRESS_FILE), result: path.join(RESULT_FILE), checkpoint: path.join(CHECKPOINT_FILE), path };
+        if let Err(err) = dir.populate(work_dir, &assign.checkpoint_json).await {
+            dir.remove().await;
+            return Err(err);
+        }
+        Ok(dir)
+    }
+
+    async fn populate(&self, work_dir: &Path, checkpoint_json: &str) -> Result<(), Error> {
+        let failed = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::ExecutionDir { path, source }
+        };
+        tokio::fs::create_dir_all(work_dir).await.map_err(failed(work_dir))?;
+        tokio::fs::create_dir(&self.path).await.map_err(failed(&self.path))?;
+        tokio::fs::write(&self.progress, b"").await.map_err(failed(&self.progress))?;
+        if !checkpoint_json.is_empty() {
+            tokio::fs::write(&self.checkpoint, checkpoint_json).await.map_err(failed(&self.checkpoint))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the directory (best effort: failures are logged).
+    async fn remove(&self) {
+        match tokio::fs::remove_dir_all(&self.path).await {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => {
+                warn!(dir = %self.path.display(), error = %err, "cannot remove execution directory")
+            }
+        }
+    }
+}
+
+/// Builds and spawns the agent command (directly or behind the shim), in a
+/// new process group.
+fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir: &ExecutionDir) -> Result<Child, Error> {
+    // `command` is non-empty: the agents-file validation guarantees it.
+    let (program, args): (OsString, Vec<OsString>) = match &settings.shim {
+        Some(shim) => (
+            shim.as_os_str().to_owned(),
+            [SHIM_SUBCOMMAND, "--"].into_iter().chain(agent.command.iter().map(String::as_str)).map(OsString::from).collect(),
+        ),
+        None => {
+            let (program, args) = agent.command.split_first().ok_or_else(|| Error::Spawn {
+                agent_id: assign.agent_id.clone(),
+                program: String::new(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "empty command"),
+            })?;
+            (program.into(), args.iter().map(OsString::from).collect())
+        }
+    };
+
+    let mut command = Command::new(&program);
+    command
+        .args(&args)
+        .envs(&agent.env)
+        .envs(agent_env(assign, dir))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some(working_dir) = &agent.working_dir {
+        command.current_dir(working_dir);
+    }
+
+    let runner_pid = std::process::id();
+    if settings.shim.is_some() {
+        // The shim arms its own parent-death signal and compares getppid()
+        // with this to detect that the runner died before that.
+        command.env(SHIM_PARENT_PID_ENV, runner_pid.to_string());
+    } else {
+        // SAFETY: the closure only makes async-signal-safe syscalls (prctl,
+        // getppid) and allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The runner died between fork and prctl: do not start.
+                if u32::try_from(libc::getppid()).ok() != Some(runner_pid) {
+                    return Err(io::Error::other("runner exited during spawn"));
+                }
+                Ok(())
+            });
+        }
+    }
+
+    command.spawn().map_err(|source| Error::Spawn {
+        agent_id: assign.agent_id.clone(),
+        program: program.to_string_lossy().into_owned(),
+        source,
+    })
+}
+
+/// The `PUNCHCLOCK_*` variables (and `TRACEPARENT`) for an execution.
+fn agent_env(assign: &Assign, dir: &ExecutionDir) -> Vec<(&'static str, OsString)> {
+    let instant = |ts: &Option<prost_types::Timestamp>| ts.as_ref().and_then(clock::from_timestamp).map(clock::rfc3339).unwrap_or_default();
+    vec![
+        ("PUNCHCLOCK_TASK_ID", assign.task_id.clone().into()),
+        ("PUNCHCLOCK_RUN_ID", assign.run_id.clone().into()),
+        ("PUNCHCLOCK_EXECUTION_ID", assign.execution_id.clone().into()),
+        ("PUNCHCLOCK_ATTEMPT", assign.attempt.to_string().into()),
+        ("PUNCHCLOCK_SCHEDULED_AT", instant(&assign.scheduled_at).into()),
+        ("PUNCHCLOCK_DEADLINE", instant(&assign.deadline).into()),
+        ("PUNCHCLOCK_PROGRESS_FILE", dir.progress.clone().into()),
+        ("PUNCHCLOCK_RESULT_FILE", dir.result.clone().into()),
+        ("PUNCHCLOCK_CHECKPOINT_FILE", dir.checkpoint.clone().into()),
+        ("TRACEPARENT", assign.traceparent.clone().into()),
+    ]
+}
+
+/// Wires up the spawned child (stdin, output tails, group) and starts the
+/// supervision task.
+fn supervise(
+    mut child: Child,
+    dir: ExecutionDir,
+    assign: &Assign,
+    settings: &ExecutorSettings,
+    events: mpsc::Sender<ExecutionEvent>,
+) -> Execution {
+    let in_flight = InFlight { run_id: assign.run_id.clone(), execution_id: assign.execution_id.clone(), attempt: assign.attempt };
+    // `id()` is `Some` until the child has been awaited, which has not happened yet.
+    let pid = child.id().unwrap_or_default();
+    let group = ProcessGroup::new(pid);
+
+    if let Some(mut stdin) = child.stdin.take() {
+        let context = assign.context_json.clone().into_bytes();
+        tokio::spawn(async move {
+            // A broken pipe just means the agent does not read its context.
+            if let Err(err) = stdin.write_all(&context).await {
+                debug!(error = %err, "agent did not read its stdin");
+            }
+        });
+    }
+    let stdout = OutputTail::collect(child.stdout.take());
+    let stderr = OutputTail::collect(child.stderr.take());
+
+    let deadline = assign.deadline.as_ref().and_then(|deadline| {
+        let parsed = clock::from_timestamp(deadline);
+        if parsed.is_none() {
+            warn!(execution_id = %in_flight.execution_id, ?deadline, "ignoring malformed deadline");
+        }
+        parsed
+    });
+    // Negative (already passed) becomes zero: stop at once.
+    let timeout = deadline.map(|deadline| (deadline - clock::now()).to_std().unwrap_or(Duration::ZERO));
+    let timeout_secs = match (assign.timeout_seconds, timeout) {
+        (0, Some(remaining)) => remaining.as_secs(),
+        (secs, _) => secs,
+    };
+
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    let supervisor = Supervisor {
+        in_flight: in_flight.clone(),
+        child,
+        group,
+        dir,
+        progress: ProgressFile::default(),
+        stdout,
+        stderr,
+        timeout,
+        timeout_secs,
+        kill_grace: settings.kill_grace,
+        events,
+    };
+    info!(
+        run_id = %in_flight.run_id,
+        execution_id = %in_flight.execution_id,
+        agent_id = %assign.agent_id,
+        pid,
+        "execution started"
+    );
+    tokio::spawn(supervisor.run(cancel_rx));
+    Execution { in_flight, pid, cancel: Some(cancel_tx) }
+}
+
+/// Why the runner stopped an execution.
+#[derive(Debug)]
+enum StopReason {
+    Timeout,
+    Cancelled(String),
+}
+
+/// Owns a running child until its `Finished` is sent.
+struct Supervisor {
+    in_flight: InFlight,
+    child: Child,
+    group: Option<ProcessGroup>,
+    dir: ExecutionDir,
+    progress: ProgressFile,
+    stdout: OutputTail,
+    stderr: OutputTail,
+    /// Time left until the deadline, if any.
+    timeout: Option<Duration>,
+    /// The timeout as reported in the error text.
+    timeout_secs: u64,
+    kill_grace: Duration,
+    events: mpsc::Sender<ExecutionEvent>,
+}
+
+impl Supervisor {
+    async fn run(mut self, cancel: oneshot::Receiver<String>) {
+        let (status, stop) = self.wait(cancel).await;
+
+        // The main process is gone: kill whatever it left in its group, so
+        // that the pipes close and nothing outlives the execution.
+        if let Some(group) = self.group.take() {
+            group.kill_remaining();
+        }
+        self.stdout.drain().await;
+        self.stderr.drain().await;
+        self.forward_progress(true).await;
+
+        let finished = self.finished(status, stop).await;
+        self.dir.remove().await;
+        info!(
+            run_id = %finished.run_id,
+            execution_id = %finished.execution_id,
+            outcome = finished.outcome().as_str_name(),
+            exit_code = ?finished.exit_code,
+            error = %finished.error,
+            "execution finished"
+        );
+        // Err: the session is gone (runner shutting down); nobody to tell.
+        let _ = self.events.send(ExecutionEvent::Finished(finished)).await;
+    }
+
+    /// Waits for the process to exit, forwarding progress meanwhile; stops it
+    /// on deadline or cancel.
+    async fn wait(&mut self, cancel: oneshot::Receiver<String>) -> (io::Result<ExitStatus>, Option<StopReason>) {
+        let timeout = self.timeout;
+        let deadline = async {
+            match timeout {
+                Some(timeout) => time::sleep(timeout).await,
+                None => future::pending().await,
+            }
+        };
+        let cancelled = async {
+            match cancel.await {
+                Ok(reason) => reason,
+                // The handle was dropped without cancelling: run to the end.
+                Err(_) => future::pending().await,
+            }
+        };
+        tokio::pin!(deadline, cancelled);
+        let mut poll = time::interval(PROGRESS_POLL_INTERVAL);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+
+        let stop = loop {
+            tokio::select! {
+                status = self.child.wait() => return (status, None),
+                () = &mut deadline => break StopReason::Timeout,
+                reason = &mut cancelled => break StopReason::Cancelled(reason),
+                _ = poll.tick() => self.forward_progress(false).await,
+            }
+        };
+        info!(execution_id = %self.in_flight.execution_id, reason = ?stop, "stopping execution");
+        (self.terminate().await, Some(stop))
+    }
+
+    /// SIGTERM to the group; SIGKILL if the main process is still alive
+    /// after the grace period.
+    async fn terminate(&mut self) -> io::Result<ExitStatus> {
+        if let Some(group) = &self.group {
+            group.signal(libc::SIGTERM);
+        }
+        match time::timeout(self.kill_grace, self.child.wait()).await {
+            Ok(status) => status,
+            Err(_elapsed) => {
+                debug!(execution_id = %self.in_flight.execution_id, "grace period over; killing");
+                match &self.group {
+                    Some(group) => group.signal(libc::SIGKILL),
+                    None => self.child.start_kill()?,
+                }
+                self.child.wait().await
+            }
+        }
+    }
+
+    /// Sends a `Progress` event for each new line of the progress file.
+    async fn forward_progress(&mut self, at_exit: bool) {
+        for update in self.progress.read_new(&self.dir.progress, at_exit).await {
+            let report = ProgressReport {
+                run_id: self.in_flight.run_id.clone(),
+                execution_id: self.in_flight.execution_id.clone(),
+                percent: update.percent.map(|p| p.clamp(0.0, 100.0)),
+                message: update.message.unwrap_or_default(),
+                checkpoint_json: update.checkpoint.map(|c| c.to_string()).unwrap_or_default(),
+            };
+            if self.events.send(ExecutionEvent::Progress(report)).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Builds the `Finished` report from the exit status and the files.
+    async fn finished(&self, status: io::Result<ExitStatus>, stop: Option<StopReason>) -> Finished {
+        let stdout_tail = self.stdout.text();
+        let stderr_tail = self.stderr.text();
+        let (result_json, result_problem) = read_result(&self.dir.result).await;
+
+        let exit_code = status.as_ref().ok().and_then(ExitStatus::code);
+        let (outcome, error) = match (stop, status) {
+            (Some(StopReason::Timeout), _) => (Outcome::Timeout, format!("timed out after {} s", self.timeout_secs)),
+            (Some(StopReason::Cancelled(reason)), _) if reason.is_empty() => (Outcome::Cancelled, "cancelled".to_owned()),
+            (Some(StopReason::Cancelled(reason)), _) => (Outcome::Cancelled, format!("cancelled: {reason}")),
+            (None, Err(err)) => (Outcome::Failed, format!("cannot wait for the agent process: {err}")),
+            (None, Ok(status)) => match (status.code(), status.signal()) {
+                (Some(0), _) => (Outcome::Succeeded, String::new()),
+                (Some(code), _) => {
+                    let last_line = stderr_tail.lines().rev().map(str::trim).find(|line| !line.is_empty());
+                    match last_line {
+                        Some(line) => (Outcome::Failed, format!("exit code {code}: {line}")),
+                        None => (Outcome::Failed, format!("exit code {code}")),
+                    }
+                }
+                (None, Some(signal)) => (Outcome::Failed, format!("killed by signal {signal}")),
+                (None, None) => (Outcome::Failed, format!("agent ended with {status}")),
+            },
+        };
+        let error = [Some(error), result_problem].into_iter().flatten().filter(|part| !part.is_empty()).collect::<Vec<_>>().join("; ");
+
+        Finished {
+            run_id: self.in_flight.run_id.clone(),
+            execution_id: self.in_flight.execution_id.clone(),
+            outcome: outcome.into(),
+            result_json,
+            error,
+            exit_code,
+            stdout_tail,
+            stderr_tail,
+            finished_at: Some(clock::now_timestamp()),
+        }
+    }
+}
+
+/// Reads the result file: `("", None)` if absent or blank; re-serialized
+/// JSON if valid; otherwise the raw text as a JSON string plus a problem
+/// description for `Finished.error`.
+async fn read_result(path: &Path) -> (String, Option<String>) {
+    let raw = match tokio::fs::read(path).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return (String::new(), None),
+        Err(err) => {
+            return (String::new(), Some(format!("cannot read the result file: {err}")));
+        }
+    };
+    if raw.trim().is_empty() {
+        return (String::new(), None);
+    }
+    match serde_json::from_str::<serde_json::Value>(&raw) {
+        Ok(value) => (value.to_string(), None),
+        Err(err) => {
+            (serde_json::Value::String(raw).to_string(), Some(format!("result file is not valid JSON ({err}); kept as a JSON string")))
+        }
+    }
+}
+
+/// The agent's process group (its id is the group leader's pid).
+#[derive(Debug)]
+struct ProcessGroup {
+    pgid: libc::pid_t,
+}
+
+impl ProcessGroup {
+    /// `None` for pid 0 (or out of range): `kill(-0, ..)` would signal the
+    /// runner's own group.
+    fn new(pid: u32) -> Option<Self> {
+        libc::pid_t::try_from(pid).ok().filter(|pgid| *pgid > 0).map(|pgid| Self { pgid })
+    }
+
+    /// Sends `signal` to every process in the group; a group that is already
+    /// gone is not an error.
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) has no memory-safety preconditions; pgid > 0.
+        if unsafe { libc::kill(-self.pgid, signal) } == -1 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::ESRCH) {
+                warn!(pgid = self.pgid, signal, error = %err, "cannot signal process group");
+            }
+        }
+    }
+
+    /// SIGKILLs whatever is left in the group and forgets it.
+    fn kill_remaining(self) {
+        self.signal(libc::SIGKILL);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for ProcessGroup {
+    /// Supervision was abandoned (task aborted, runtime shut down): leave
+    /// nothing running.
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+/// The last [`OUTPUT_TAIL_BYTES`] of one output pipe, filled by a reader task.
+struct OutputTail {
+    buffer: Arc<Mutex<TailBuffer>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl OutputTail {
+    /// Starts reading `pipe` (if any) to its end.
+    fn collect(pipe: Option<impl AsyncRead + Unpin + Send + 'static>) -> Self {
+        let buffer = Arc::new(Mutex::new(TailBuffer::default()));
+        let reader = pipe.map(|mut pipe| {
+            let buffer = Arc::clone(&buffer);
+            tokio::spawn(async move {
+                let mut chunk = vec![0; 8192];
+                loop {
+                    match pipe.read(&mut chunk).await {
+                        Ok(0) => break,
+                        Ok(n) => lock(&buffer).push(&chunk[..n]),
+                        Err(err) => {
+                            debug!(error = %err, "cannot read agent output");
+                            break;
+                        }
+                    }
+                }
+            })
+        });
+        Self { buffer, reader }
+    }
+
+    /// Waits (bounded) for the pipe to reach EOF.
+    async fn drain(&mut self) {
+        if let Some(mut reader) = self.reader.take()
+            && time::timeout(OUTPUT_DRAIN_TIMEOUT, &mut reader).await.is_err()
+        {
+            debug!("agent output still open after the process group ended; keeping what was read");
+            reader.abort();
+        }
+    }
+
+    /// The tail as (lossy) UTF-8.
+    fn text(&self) -> String {
+        lock(&self.buffer).text()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A byte buffer that keeps only the last [`OUTPUT_TAIL_BYTES`] pushed.
+#[derive(Debug, Default)]
+struct TailBuffer {
+    bytes: VecDeque<u8>,
+    truncated: bool,
+}
+
+impl TailBuffer {
+    fn push(&mut self, chunk: &[u8]) {
+        let chunk = &chunk[chunk.len().saturating_sub(OUTPUT_TAIL_BYTES)..];
+        self.bytes.extend(chunk);
+        let excess = self.bytes.len().saturating_sub(OUTPUT_TAIL_BYTES);
+        if excess > 0 {
+            self.bytes.drain(..excess);
+            self.truncated = true;
+        }
+    }
+
+    /// Lossy UTF-8; when the front was cut off, a partial character at the
+    /// start is skipped rather than shown as U+FFFD.
+    fn text(&self) -> String {
+        let mut bytes: Vec<u8> = self.bytes.iter().copied().collect();
+        if self.truncated {
+            let partial = bytes.iter().take(3).take_while(|b| (**b & 0b1100_0000) == 0b1000_0000).count();
+            bytes.drain(..partial);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// One parsed progress line.
+#[derive(Debug, Default, PartialEq, Deserialize)]
+struct ProgressUpdate {
+    #[serde(default)]
+    percent: Option<f64>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    checkpoint: Option<serde_json::Value>,
+}
+
+/// Incremental reader of the progress file.
+#[derive(Debug, Default)]
+struct ProgressFile {
+    /// Bytes of the file consumed so far.
+    offset: u64,
+    /// An incomplete last line, waiting for its newline.
+    partial: Vec<u8>,
+}
+
+impl ProgressFile {
+    /// Parses the complete lines appended since the last call. With
+    /// `at_exit`, a final line without a newline counts as complete.
+    async fn read_new(&mut self, path: &Path, at_exit: bool) -> Vec<ProgressUpdate> {
+        let appended = match self.read_appended(path).await {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(err) => {
+                warn!(file = %path.display(), error = %err, "cannot read progress file");
+                Vec::new()
+            }
+        };
+        self.partial.extend_from_slice(&appended);
+
+        let mut lines = Vec::new();
+        while let Some(end) = self.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            lines.push(line);
+        }
+        if at_exit && !self.partial.is_empty() {
+            lines.push(std::mem::take(&mut self.partial));
+        }
+        if self.partial.len() > MAX_PROGRESS_LINE_BYTES {
+            warn!(bytes = self.partial.len(), "progress line too long; dropped");
+            self.partial.clear();
+        }
+        lines.iter().filter_map(|line| parse_progress_line(line)).collect()
+    }
+
+    async fn read_appended(&mut self, path: &Path) -> io::Result<Vec<u8>> {
+        let mut file = tokio::fs::File::open(path).await?;
+        let len = file.metadata().await?.len();
+        if len < self.offset {
+            debug!(file = %path.display(), "progress file shrank; reading it from the start");
+            self.offset = 0;
+            self.partial.clear();
+        }
+        file.seek(io::SeekFrom::Start(self.offset)).await?;
+        let mut appended = Vec::new();
+        file.read_to_end(&mut appended).await?;
+        self.offset += appended.len() as u64;
+        Ok(appended)
+    }
+}
+
+/// Parses one progress line; blank lines are skipped silently, malformed
+/// ones with a log line.
+fn parse_progress_line(line: &[u8]) -> Option<ProgressUpdate> {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let parsed = serde_json::from_str::<serde_json::Value>(text).and_then(|value| {
+        if value.is_object() { serde_json::from_value(value) } else { Err(serde::de::Error::custom("not a JSON object")) }
+    });
+    match parsed {
+        Ok(update) => Some(update),
+        Err(err) => {
+            info!(line = %text, error = %err, "ignoring malformed progress line");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_buffer_keeps_the_last_bytes() {
+        let mut tail = TailBuffer::default();
+        tail.push(b"hello ");
+        tail.push(b"world");
+        assert_eq!(tail.text(), "hello world");
+
+        let mut tail = TailBuffer::default();
+        tail.push(&vec![b'a'; OUTPUT_TAIL_BYTES]);
+        tail.push(b"end");
+        let text = tail.text();
+        assert_eq!(text.len(), OUTPUT_TAIL_BYTES);
+        assert!(text.ends_with("aend"));
+
+        let mut tail = TailBuffer::default();
+        tail.push(&vec![b'x'; 3 * OUTPUT_TAIL_BYTES]);
+        assert_eq!(tail.text().len(), OUTPUT_TAIL_BYTES);
+    }
+
+    #[test]
+    fn tail_buffer_skips_a_cut_character() {
+        let mut tail = TailBuffer::default();
+        tail.push("é".as_bytes()); // 2 bytes: the first one falls off
+        tail.push(&vec![b'z'; OUTPUT_TAIL_BYTES - 1]);
+        let text = tail.text();
+        assert!(!text.contains('\u{FFFD}'));
+        assert_eq!(text.len(), OUTPUT_TAIL_BYTES - 1);
+    }
+
+    #[test]
+    fn parses_progress_lines() {
+        let update = parse_progress_line(br#"{"percent": 50, "message": "half", "checkpoint": {"page": 3}}"#);
+        assert_eq!(
+            update,
+            Some(ProgressUpdate { percent: Some(50.0), message: Some("half".into()), checkpoint: Some(serde_json::json!({"page": 3})) })
+        );
+        assert_eq!(parse_progress_line(b"{}\n"), Some(ProgressUpdate::default()));
+        assert_eq!(parse_progress_line(b"  \n"), None);
+        assert_eq!(parse_progress_line(b"[1, 2]"), None);
+        assert_eq!(parse_progress_line(b"not json"), None);
+        assert_eq!(parse_progress_line(br#"{"percent": "lots"}"#), None);
+    }
+
+    #[tokio::test]
+    async fn progress_file_yields_complete_lines_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("progress.jsonl");
+        let mut progress = ProgressFile::default();
+        assert!(progress.read_new(&path, false).await.is_empty(), "missing file");
+
+        std::fs::write(&path, "{\"message\":\"a\"}\n{\"message\":\"b\"}").expect("write");
+        let first = progress.read_new(&path, false).await;
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].message.as_deref(), Some("a"));
+        assert!(progress.read_new(&path, false).await.is_empty(), "partial line is held back");
+
+        let last = progress.read_new(&path, true).await;
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0].message.as_deref(), Some("b"));
+    }
+
+    #[tokio::test]
+    async fn result_file_handling() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("result.json");
+        assert_eq!(read_result(&path).await, (String::new(), None));
+
+        std::fs::write(&path, "{ \"ok\" : true }\n").expect("write");
+        assert_eq!(read_result(&path).await, (r#"{"ok":true}"#.to_owned(), None));
+
+        std::fs::write(&path, "oops").expect("write");
+        let (json, problem) = read_result(&path).await;
+        assert_eq!(json, r#""oops""#);
+        assert!(problem.is_some_and(|p| p.contains("not valid JSON")));
+    }
+}

@@ -1,0 +1,697 @@
+//! The runner's session with the control plane (`RunnerService.Connect`).
+//!
+//! [`run`] keeps one bidirectional stream open to the leader and reconnects
+//! whenever it breaks; executions keep running across reconnects.
+//!
+//! # Protocol, runner side
+//!
+//! 1. Connect to the next control-plane address (or to the leader named by
+//!    the last `Reject`) and send `Hello` with the running executions
+//!    (`in_flight`) and the highest fencing token seen.
+//! 2. Wait for `Welcome` (or `Reject { leader_address }` → go there). Stop
+//!    the executions listed in `Welcome.unknown` without reporting them;
+//!    re-send every unacknowledged `Finished`; heartbeat every
+//!    `heartbeat_interval_ms`.
+//! 3. Serve: `Assign` starts an execution (`Started`) or is refused
+//!    (`Finished` FAILED at once; silently dropped, with a warning, if its
+//!    fencing token is below the highest seen: that leader is stale);
+//!    `Cancel` stops one (`Finished` CANCELLED); `FinishedAck` clears a
+//!    `Finished` from the outbox. Executions report `ProgressReport` and
+//!    `Finished`; every `Finished` stays in the outbox until acknowledged.
+//! 4. Stream ended or failed: reconnect with exponential backoff (100 ms
+//!    doubling to 5 s, ±20 % jitter; reset by a `Welcome`). Progress made
+//!    while disconnected is dropped; `Finished` reports wait in the outbox.
+//! 5. Shutdown: refuse new work, cancel every execution, send their
+//!    `Finished` and wait (bounded) for the acknowledgements, then return.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::time::Duration;
+
+use punchclock_proto::v1::runner_message::Msg as Outbound;
+use punchclock_proto::v1::runner_service_client::RunnerServiceClient;
+use punchclock_proto::v1::{
+    Assign, Cancel, ControlMessage, Finished, Heartbeat, Hello, Outcome, RunnerMessage, Started, Welcome, control_message::Msg as Inbound,
+};
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio::time::{self, Instant, MissedTickBehavior};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use tonic::transport::Endpoint;
+use tracing::{debug, info, warn};
+
+use crate::config::{AgentSpec, RunnerConfig, normalize_address};
+use crate::executor::{self, Execution, ExecutionEvent, ExecutorSettings};
+use crate::{Error, time as clock};
+
+/// Timeout for establishing the TCP/HTTP2 connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the control plane has to answer `Hello`.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 keep-alive, to notice a control plane that vanished silently.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Heartbeat period when `Welcome.heartbeat_interval_ms` is 0.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// Capacity of the outbound message queue and of the execution event queue.
+const QUEUE_CAPACITY: usize = 1024;
+/// Shutdown: extra time (beyond the kill grace) for executions to end.
+const SHUTDOWN_DRAIN_SLACK: Duration = Duration::from_secs(5);
+/// Shutdown: how long to wait for the last `FinishedAck`s.
+const SHUTDOWN_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the runner until `shutdown` completes.
+///
+/// Connects to the control plane (trying `config.control_plane` in turn),
+/// executes what it is assigned, and reconnects whenever the stream breaks;
+/// connection failures are logged, never returned. When `shutdown`
+/// completes, running executions are cancelled (SIGTERM, grace, SIGKILL),
+/// their `Finished` reports are sent if connected, and `run` returns.
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] if `config` fails [`RunnerConfig::validate`].
+pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    config.validate()?;
+    let mut shutdown = pin!(shutdown);
+    Runner::new(config).run(shutdown.as_mut()).await;
+    Ok(())
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+enum SessionEnd {
+    /// Shutdown was requested (and is done once [`Runner::session`] returns).
+    Shutdown,
+    /// The replica is not the leader; connect to this address next.
+    Redirect(String),
+    /// The stream failed or ended; reconnect after a backoff.
+    Lost,
+}
+
+/// An execution this runner is running.
+#[derive(Debug)]
+struct Running {
+    execution: Execution,
+    /// False once the leader said it does not know this execution: it is
+    /// being stopped and its `Finished` is dropped.
+    report: bool,
+}
+
+/// Session state that outlives connections.
+struct Runner {
+    config: RunnerConfig,
+    executor: ExecutorSettings,
+    /// Running executions by execution id.
+    running: HashMap<String, Running>,
+    outbox: Outbox,
+    /// Highest fencing token seen in a `Welcome` or `Assign`.
+    max_token_seen: u64,
+    events_tx: mpsc::Sender<ExecutionEvent>,
+    events_rx: mpsc::Receiver<ExecutionEvent>,
+}
+
+impl Runner {
+    fn new(config: RunnerConfig) -> Self {
+        let (events_tx, events_rx) = mpsc::channel(QUEUE_CAPACITY);
+        Self {
+            executor: ExecutorSettings::from(&config),
+            config,
+            running: HashMap::new(),
+            outbox: Outbox::default(),
+            max_token_seen: 0,
+            events_tx,
+            events_rx,
+        }
+    }
+
+    /// The connect / serve / back off loop.
+    async fn run<S: Future<Output = ()>>(mut self, mut shutdown: Pin<&mut S>) {
+        let mut addresses = Addresses::new(&self.config.control_plane);
+        let mut backoff = Backoff::default();
+        loop {
+            let address = addresses.next();
+            match self.session(address, &mut shutdown, &mut backoff).await {
+                SessionEnd::Shutdown => return,
+                SessionEnd::Redirect(leader) => addresses.redirect(leader),
+                SessionEnd::Lost => {}
+            }
+            let delay = backoff.next_delay();
+            debug!(delay_ms = delay.as_millis(), "reconnecting after backoff");
+            if self.offline(time::sleep(delay), &mut shutdown).await.is_none() {
+                self.shut_down(None).await;
+                return;
+            }
+        }
+    }
+
+    /// One connection: connect, handshake, serve until it ends. Performs the
+    /// shutdown if it is requested meanwhile.
+    async fn session<S: Future<Output = ()>>(&mut self, address: String, shutdown: &mut Pin<&mut S>, backoff: &mut Backoff) -> SessionEnd {
+        let opened = self.offline(Connection::open(address.clone(), self.hello()), shutdown).await;
+        let mut connection = match opened {
+            None => {
+                self.shut_down(None).await;
+                return SessionEnd::Shutdown;
+            }
+            Some(Ok(connection)) => connection,
+            Some(Err(err)) => {
+                warn!(error = %err, "cannot open the runner stream");
+                return SessionEnd::Lost;
+            }
+        };
+
+        let first = self.offline(time::timeout(HANDSHAKE_TIMEOUT, connection.inbound.message()), shutdown).await;
+        let welcome = match first {
+            None => {
+                self.shut_down(Some(connection)).await;
+                return SessionEnd::Shutdown;
+            }
+            Some(Ok(Ok(Some(ControlMessage { msg: Some(Inbound::Welcome(welcome)) })))) => welcome,
+            Some(Ok(Ok(Some(ControlMessage { msg: Some(Inbound::Reject(reject)) })))) => {
+                return on_reject(&address, &reject.reason, reject.leader_address);
+            }
+            Some(Ok(Ok(other))) => {
+                let err = Error::Protocol { address, message: format!("expected Welcome, got {other:?}") };
+                warn!(error = %err, "handshake failed");
+                return SessionEnd::Lost;
+            }
+            Some(Ok(Err(status))) => {
+                let err = Error::Stream { address, status: Box::new(status) };
+                warn!(error = %err, "handshake failed");
+                return SessionEnd::Lost;
+            }
+            Some(Err(_elapsed)) => {
+                warn!(%address, timeout_s = HANDSHAKE_TIMEOUT.as_secs(), "no Welcome in time");
+                return SessionEnd::Lost;
+            }
+        };
+
+        backoff.reset();
+        let heartbeat_every = match welcome.heartbeat_interval_ms {
+            0 => DEFAULT_HEARTBEAT,
+            ms => Duration::from_millis(ms.into()),
+        };
+        if let Err(end) = self.on_welcome(welcome, &connection).await {
+            return end;
+        }
+        let end = self.serve(&mut connection, heartbeat_every, shutdown).await;
+        if matches!(end, SessionEnd::Shutdown) {
+            self.shut_down(Some(connection)).await;
+        }
+        end
+    }
+
+    /// Applies a `Welcome`: stops executions unknown to the leader, re-sends
+    /// the outbox.
+    async fn on_welcome(&mut self, welcome: Welcome, connection: &Connection) -> Result<(), SessionEnd> {
+        info!(
+            address = %connection.address,
+            leader_id = %welcome.leader_id,
+            fencing_token = welcome.fencing_token,
+            "connected to the control plane"
+        );
+        if welcome.fencing_token < self.max_token_seen {
+            warn!(
+                welcome_token = welcome.fencing_token,
+                max_token_seen = self.max_token_seen,
+                "welcomed by a leader with an older fencing token; its assignments will be refused"
+            );
+        }
+        self.max_token_seen = self.max_token_seen.max(welcome.fencing_token);
+
+        for unknown in &welcome.unknown {
+            if let Some(running) = self.running.get_mut(&unknown.execution_id) {
+                warn!(
+                    run_id = %unknown.run_id,
+                    execution_id = %unknown.execution_id,
+                    "the leader does not know this execution; stopping it"
+                );
+                running.report = false;
+                running.execution.cancel("unknown to the leader");
+            }
+        }
+
+        for finished in self.outbox.iter() {
+            connection.send(Outbound::Finished(finished.clone())).await?;
+        }
+        Ok(())
+    }
+
+    /// Serves an established stream until it ends or shutdown is requested.
+    async fn serve<S: Future<Output = ()>>(
+        &mut self,
+        connection: &mut Connection,
+        heartbeat_every: Duration,
+        shutdown: &mut Pin<&mut S>,
+    ) -> SessionEnd {
+        let mut heartbeat = time::interval_at(Instant::now() + heartbeat_every, heartbeat_every);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            let step = tokio::select! {
+                () = shutdown.as_mut() => return SessionEnd::Shutdown,
+                inbound = connection.inbound.message() => match inbound {
+                    Ok(Some(message)) => self.on_control(message, connection).await,
+                    Ok(None) => {
+                        info!(address = %connection.address, "control plane closed the runner stream");
+                        Err(SessionEnd::Lost)
+                    }
+                    Err(status) => {
+                        let err = Error::Stream { address: connection.address.clone(), status: Box::new(status) };
+                        warn!(error = %err, "runner stream failed");
+                        Err(SessionEnd::Lost)
+                    }
+                },
+                Some(event) = self.events_rx.recv() => match self.on_event(event) {
+                    Some(message) => connection.send(message).await,
+                    None => Ok(()),
+                },
+                _ = heartbeat.tick() => {
+                    let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
+                    connection.send(Outbound::Heartbeat(Heartbeat { running })).await
+                }
+            };
+            if let Err(end) = step {
+                return end;
+            }
+        }
+    }
+
+    /// Handles one message from the control plane.
+    async fn on_control(&mut self, message: ControlMessage, connection: &Connection) -> Result<(), SessionEnd> {
+        match message.msg {
+            Some(Inbound::Assign(assign)) => self.on_assign(assign, connection).await,
+            Some(Inbound::Cancel(cancel)) => {
+                self.on_cancel(&cancel);
+                Ok(())
+            }
+            Some(Inbound::FinishedAck(ack)) => {
+                debug!(execution_id = %ack.execution_id, "Finished acknowledged");
+                self.outbox.ack(&ack.execution_id);
+                Ok(())
+            }
+            Some(Inbound::Reject(reject)) => Err(on_reject(&connection.address, &reject.reason, reject.leader_address)),
+            Some(Inbound::Welcome(welcome)) => {
+                warn!(fencing_token = welcome.fencing_token, "unexpected second Welcome; ignoring it");
+                self.max_token_seen = self.max_token_seen.max(welcome.fencing_token);
+                Ok(())
+            }
+            None => {
+                debug!("ignoring an empty control message");
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts an assignment, or refuses it with an immediate `Finished`.
+    async fn on_assign(&mut self, assign: Assign, connection: &Connection) -> Result<(), SessionEnd> {
+        if !self.accept_token(&assign) {
+            return Ok(());
+        }
+        // A repeated Assign of an execution already running here (e.g. re-sent
+        // around a reconnect) is ignored: answering FAILED would be recorded
+        // as the outcome of the real, still-running execution.
+        if self.running.contains_key(&assign.execution_id) {
+            warn!(run_id = %assign.run_id, execution_id = %assign.execution_id, "duplicate assignment of a running execution; ignoring it");
+            return Ok(());
+        }
+        let message = match self.start(&assign).await {
+            Ok(started) => Outbound::Started(started),
+            Err(reason) => Outbound::Finished(self.refuse(&assign, reason)),
+        };
+        connection.send(message).await
+    }
+
+    /// The fencing check: false (and a warning) if the assignment comes from
+    /// a leader older than one already seen.
+    fn accept_token(&mut self, assign: &Assign) -> bool {
+        if assign.fencing_token < self.max_token_seen {
+            warn!(
+                run_id = %assign.run_id,
+                execution_id = %assign.execution_id,
+                assign_token = assign.fencing_token,
+                max_token_seen = self.max_token_seen,
+                "refusing an assignment from a stale leader"
+            );
+            return false;
+        }
+        self.max_token_seen = assign.fencing_token;
+        true
+    }
+
+    /// Starts the execution; `Err` is the reason it was refused.
+    async fn start(&mut self, assign: &Assign) -> Result<Started, String> {
+        let Some(AgentSpec::Process(agent)) = self.config.agents.get(&assign.agent_id) else {
+            return Err(format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id));
+        };
+        if self.running.contains_key(&assign.execution_id) {
+            return Err(format!("execution {} is already running on this runner", assign.execution_id));
+        }
+        if self.running.len() >= usize::try_from(self.config.slots).unwrap_or(usize::MAX) {
+            return Err(format!("no free slot: all {} slots are busy", self.config.slots));
+        }
+        let execution = executor::start(agent, assign, &self.executor, self.events_tx.clone()).await.map_err(|err| err.to_string())?;
+        let started = Started {
+            run_id: assign.run_id.clone(),
+            execution_id: assign.execution_id.clone(),
+            started_at: Some(clock::now_timestamp()),
+            pid: execution.pid(),
+        };
+        self.running.insert(assign.execution_id.clone(), Running { execution, report: true });
+        Ok(started)
+    }
+
+    /// A FAILED `Finished` for an assignment that was not started, kept in
+    /// the outbox like any other.
+    fn refuse(&mut self, assign: &Assign, reason: String) -> Finished {
+        warn!(
+            run_id = %assign.run_id,
+            execution_id = %assign.execution_id,
+            agent_id = %assign.agent_id,
+            %reason,
+            "refusing assignment"
+        );
+        let finished = Finished {
+            run_id: assign.run_id.clone(),
+            execution_id: assign.execution_id.clone(),
+            outcome: Outcome::Failed.into(),
+            error: reason,
+            finished_at: Some(clock::now_timestamp()),
+            ..Finished::default()
+        };
+        self.outbox.push(finished.clone());
+        finished
+    }
+
+    fn on_cancel(&mut self, cancel: &Cancel) {
+        match self.running.get_mut(&cancel.execution_id) {
+            Some(running) => {
+                info!(
+                    run_id = %cancel.run_id,
+                    execution_id = %cancel.execution_id,
+                    reason = %cancel.reason,
+                    "cancelling execution"
+                );
+                running.execution.cancel(&cancel.reason);
+            }
+            None => {
+                debug!(execution_id = %cancel.execution_id, "cancel for an execution that is not running")
+            }
+        }
+    }
+
+    /// Records an execution event; returns the message to send, if any.
+    fn on_event(&mut self, event: ExecutionEvent) -> Option<Outbound> {
+        match event {
+            ExecutionEvent::Progress(progress) => Some(Outbound::Progress(progress)),
+            ExecutionEvent::Finished(finished) => {
+                let report = self.running.remove(&finished.execution_id).is_none_or(|running| running.report);
+                if !report {
+                    info!(execution_id = %finished.execution_id, "stopped an execution unknown to the leader; not reporting it");
+                    return None;
+                }
+                self.outbox.push(finished.clone());
+                Some(Outbound::Finished(finished))
+            }
+        }
+    }
+
+    /// Drives `work` while disconnected, recording execution events (progress
+    /// is dropped, `Finished` goes to the outbox). `None` if shutdown was
+    /// requested first.
+    async fn offline<T, S: Future<Output = ()>>(&mut self, work: impl Future<Output = T>, shutdown: &mut Pin<&mut S>) -> Option<T> {
+        let mut work = pin!(work);
+        loop {
+            tokio::select! {
+                output = &mut work => return Some(output),
+                () = shutdown.as_mut() => return None,
+                Some(event) = self.events_rx.recv() => {
+                    if let Some(Outbound::Progress(progress)) = self.on_event(event) {
+                        debug!(execution_id = %progress.execution_id, "not connected; dropping progress");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Shutdown: cancels every execution, reports their `Finished` on
+    /// `connection` (if any) and waits, bounded, for the acknowledgements.
+    async fn shut_down(&mut self, mut connection: Option<Connection>) {
+        info!(running = self.running.len(), "shutting down: stopping running executions");
+        for running in self.running.values_mut() {
+            running.execution.cancel("runner shutting down");
+        }
+
+        let drain_deadline = Instant::now() + self.config.kill_grace + SHUTDOWN_DRAIN_SLACK;
+        let mut ack_deadline = None;
+        loop {
+            let deadline = if self.running.is_empty() {
+                if connection.is_none() || self.outbox.is_empty() {
+                    break;
+                }
+                *ack_deadline.get_or_insert_with(|| Instant::now() + SHUTDOWN_ACK_TIMEOUT)
+            } else {
+                drain_deadline
+            };
+            tokio::select! {
+                () = time::sleep_until(deadline) => break,
+                Some(event) = self.events_rx.recv() => {
+                    if let (Some(message), Some(open)) = (self.on_event(event), &connection)
+                        && open.send(message).await.is_err()
+                    {
+                        connection = None;
+                    }
+                },
+                inbound = next_message(&mut connection) => match inbound {
+                    Some(message) => self.on_control_while_stopping(message, &mut connection).await,
+                    None => connection = None,
+                },
+            }
+        }
+
+        if !self.running.is_empty() {
+            warn!(still_running = self.running.len(), "executions did not stop in time");
+        }
+        if !self.outbox.is_empty() {
+            warn!(unacknowledged = self.outbox.len(), "shutting down with Finished reports the control plane has not acknowledged");
+        }
+        info!("runner stopped");
+    }
+
+    /// During shutdown: record acks, refuse new assignments.
+    async fn on_control_while_stopping(&mut self, message: ControlMessage, connection: &mut Option<Connection>) {
+        match message.msg {
+            Some(Inbound::FinishedAck(ack)) => self.outbox.ack(&ack.execution_id),
+            Some(Inbound::Assign(assign)) if self.accept_token(&assign) => {
+                let finished = self.refuse(&assign, "runner is shutting down".to_owned());
+                if let Some(open) = connection
+                    && open.send(Outbound::Finished(finished)).await.is_err()
+                {
+                    *connection = None;
+                }
+            }
+            Some(Inbound::Reject(_)) => *connection = None,
+            _ => {}
+        }
+    }
+
+    /// The `Hello` describing this runner right now.
+    fn hello(&self) -> Hello {
+        Hello {
+            runner_id: self.config.runner_id.clone(),
+            agents: self.config.agents.ids().map(str::to_owned).collect(),
+            slots: self.config.slots,
+            labels: self.config.labels.clone().into_iter().collect(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            in_flight: self.running.values().map(|running| running.execution.in_flight()).collect(),
+            max_token_seen: self.max_token_seen,
+        }
+    }
+}
+
+/// Logs a `Reject` and decides where to go next.
+fn on_reject(address: &str, reason: &str, leader_address: String) -> SessionEnd {
+    if leader_address.is_empty() {
+        warn!(%address, %reason, "control plane rejected the runner");
+        SessionEnd::Lost
+    } else {
+        info!(%address, %reason, leader = %leader_address, "not the leader; redirected");
+        SessionEnd::Redirect(leader_address)
+    }
+}
+
+/// The next message of an optional stream; `None` when there is no stream
+/// or it ended or failed. Pending forever without a stream.
+async fn next_message(connection: &mut Option<Connection>) -> Option<ControlMessage> {
+    match connection {
+        Some(open) => open.inbound.message().await.ok().flatten(),
+        None => std::future::pending().await,
+    }
+}
+
+/// An open `RunnerService.Connect` stream.
+#[derive(Debug)]
+struct Connection {
+    address: String,
+    outbound: mpsc::Sender<RunnerMessage>,
+    inbound: Streaming<ControlMessage>,
+}
+
+impl Connection {
+    /// Dials `address`, opens the stream and sends `hello` first.
+    async fn open(address: String, hello: Hello) -> Result<Self, Error> {
+        let endpoint = Endpoint::from_shared(address.clone())
+            .map_err(|source| Error::InvalidAddress { address: address.clone(), source })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect().await.map_err(|source| Error::Connect { address: address.clone(), source })?;
+
+        let (outbound, queue) = mpsc::channel(QUEUE_CAPACITY);
+        // Cannot fail: the queue is empty and its receiver is alive.
+        let _ = outbound.try_send(RunnerMessage { msg: Some(Outbound::Hello(hello)) });
+        let response = RunnerServiceClient::new(channel)
+            .connect(ReceiverStream::new(queue))
+            .await
+            .map_err(|status| Error::Stream { address: address.clone(), status: Box::new(status) })?;
+        debug!(%address, "runner stream open");
+        Ok(Self { address, outbound, inbound: response.into_inner() })
+    }
+
+    /// Queues a message; `Err(SessionEnd::Lost)` if the stream is gone.
+    async fn send(&self, message: Outbound) -> Result<(), SessionEnd> {
+        self.outbound.send(RunnerMessage { msg: Some(message) }).await.map_err(|_| {
+            warn!(address = %self.address, "runner stream closed while sending");
+            SessionEnd::Lost
+        })
+    }
+}
+
+/// `Finished` reports not yet acknowledged, oldest first, at most one per
+/// execution id.
+#[derive(Debug, Default)]
+struct Outbox(Vec<Finished>);
+
+impl Outbox {
+    /// Adds `finished`, replacing an earlier report for the same execution.
+    fn push(&mut self, finished: Finished) {
+        self.ack(&finished.execution_id);
+        self.0.push(finished);
+    }
+
+    fn ack(&mut self, execution_id: &str) {
+        self.0.retain(|finished| finished.execution_id != execution_id);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Finished> {
+        self.0.iter()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Control-plane addresses, tried in turn; a redirect goes first.
+#[derive(Debug)]
+struct Addresses {
+    configured: Vec<String>,
+    next: usize,
+    redirect: Option<String>,
+}
+
+impl Addresses {
+    fn new(configured: &[String]) -> Self {
+        Self { configured: configured.iter().map(|address| normalize_address(address)).collect(), next: 0, redirect: None }
+    }
+
+    fn next(&mut self) -> String {
+        if let Some(leader) = self.redirect.take() {
+            return leader;
+        }
+        // `configured` is non-empty (RunnerConfig::validate).
+        let address = self.configured.get(self.next % self.configured.len().max(1)).cloned();
+        self.next = self.next.wrapping_add(1);
+        address.unwrap_or_default()
+    }
+
+    fn redirect(&mut self, leader: String) {
+        self.redirect = Some(normalize_address(&leader));
+    }
+}
+
+/// Reconnect delays: 100 ms doubling to 5 s, each with ±20 % jitter.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const INITIAL: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn next_delay(&mut self) -> Duration {
+        let base = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        base.mul_f64(rand::rng().random_range(0.8..=1.2))
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::INITIAL;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { next: Self::INITIAL }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_with_jitter_and_resets() {
+        let mut backoff = Backoff::default();
+        let within = |delay: Duration, base: Duration| delay >= base.mul_f64(0.8) && delay <= base.mul_f64(1.2);
+        for base_ms in [100, 200, 400, 800, 1600, 3200, 5000, 5000] {
+            let delay = backoff.next_delay();
+            assert!(within(delay, Duration::from_millis(base_ms)), "{delay:?} vs {base_ms} ms");
+        }
+        backoff.reset();
+        assert!(within(backoff.next_delay(), Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn addresses_rotate_and_redirect_goes_first() {
+        let mut addresses = Addresses::new(&["http://a:1".to_owned(), "b:2".to_owned()]);
+        assert_eq!(addresses.next(), "http://a:1");
+        assert_eq!(addresses.next(), "http://b:2");
+        addresses.redirect("leader:3".to_owned());
+        assert_eq!(addresses.next(), "http://leader:3");
+        assert_eq!(addresses.next(), "http://a:1");
+    }
+
+    #[test]
+    fn outbox_keeps_one_report_per_execution_until_acked() {
+        let finished = |id: &str, error: &str| Finished { execution_id: id.to_owned(), error: error.to_owned(), ..Finished::default() };
+        let mut outbox = Outbox::default();
+        outbox.push(finished("e1", "first"));
+        outbox.push(finished("e2", ""));
+        outbox.push(finished("e1", "second"));
+        let errors: Vec<_> = outbox.iter().map(|f| (f.execution_id.as_str(), f.error.as_str())).collect();
+        assert_eq!(errors, [("e2", ""), ("e1", "second")]);
+        outbox.ack("e2");
+        assert_eq!(outbox.len(), 1);
+        outbox.ack("e1");
+        assert!(outbox.is_empty());
+    }
+}

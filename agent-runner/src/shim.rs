@@ -1,0 +1,187 @@
+//! The agent shim: a minimal supervisor between the runner and an agent, so
+//! that nothing of the agent survives the runner being killed (even with
+//! SIGKILL).
+//!
+//! The runner spawns `<shim> __agent-shim -- <command...>` in a new process
+//! group (the shim is its leader). The shim:
+//!
+//! 1. blocks SIGCHLD, SIGTERM and SIGUSR2 and handles them synchronously
+//!    with `sigwait` (no async signal handlers; the blocked mask is reset for
+//!    the agent by `std::process::Command`, so the agent sees default
+//!    signal handling);
+//! 2. arms `prctl(PR_SET_PDEATHSIG, SIGUSR2)`, then compares `getppid()`
+//!    with the runner pid passed in `PUNCHCLOCK_SHIM_PARENT_PID`: if the
+//!    runner already died, it kills the group and exits;
+//! 3. spawns the agent (inheriting stdin, stdout, stderr, cwd and the
+//!    environment minus `PUNCHCLOCK_SHIM_PARENT_PID`), which stays in the
+//!    shim's process group;
+//! 4. loops: SIGCHLD → if the agent exited, exit with its exit code (128+N
+//!    if it was killed by signal N); SIGUSR2 (the runner died) →
+//!    `kill(0, SIGKILL)`, taking the whole group down; SIGTERM → ignored
+//!    (the runner signals the whole group, so the agent got it too, and the
+//!    runner escalates to SIGKILL after its grace period).
+//!
+//! The `punchclock` binary exposes this as a hidden `__agent-shim`
+//! subcommand and runs agents through it by passing
+//! `RunnerConfig::shim = Some(current_exe)`.
+
+use std::ffi::OsString;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus};
+
+/// The subcommand the runner puts before `--` when it spawns the shim.
+pub const SHIM_SUBCOMMAND: &str = "__agent-shim";
+
+/// Environment variable through which the runner passes its pid to the shim.
+pub(crate) const SHIM_PARENT_PID_ENV: &str = "PUNCHCLOCK_SHIM_PARENT_PID";
+
+/// Exit code when the shim is given no command (usage error).
+const EXIT_USAGE: i32 = 2;
+/// Exit code when the agent program cannot be executed (as in POSIX shells).
+const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// Exit code when the agent program does not exist (as in POSIX shells).
+const EXIT_NOT_FOUND: i32 = 127;
+
+/// Runs the shim and exits with the agent's exit code (128+N if the agent
+/// was killed by signal N; 126/127 if it could not be started; 2 if `argv`
+/// is empty).
+///
+/// `argv` is what follows the `__agent-shim` subcommand: the agent's program
+/// and arguments, optionally preceded by `--` (which is skipped).
+///
+/// Must be called early in `main`, **before any other thread is started**
+/// (no tokio runtime, no logging threads): the signal mask it sets only
+/// covers the calling thread, and a thread that does not block SIGUSR2 would
+/// let it kill the shim without taking the agent down. Never returns.
+pub fn shim_main(argv: Vec<OsString>) -> ! {
+    let mut argv = argv.into_iter().peekable();
+    if argv.peek().is_some_and(|arg| arg == "--") {
+        argv.next();
+    }
+    let Some(program) = argv.next() else {
+        fail(EXIT_USAGE, format_args!("usage: {SHIM_SUBCOMMAND} -- <command> [args...]"));
+    };
+
+    let signals = SignalSet::new(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGUSR2])
+        .and_then(|set| set.block().map(|()| set))
+        .unwrap_or_else(|err| fail(1, format_args!("cannot block signals: {err}")));
+
+    // SAFETY: prctl(PR_SET_PDEATHSIG) has no memory-safety preconditions.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR2) } == -1 {
+        let err = io::Error::last_os_error();
+        fail(1, format_args!("cannot set the parent-death signal: {err}"));
+    }
+    // The runner may have died before the parent-death signal was armed.
+    let expected_parent = std::env::var(SHIM_PARENT_PID_ENV).ok().and_then(|pid| pid.parse::<libc::pid_t>().ok());
+    // SAFETY: getppid() has no preconditions.
+    if expected_parent.is_some_and(|parent| parent != unsafe { libc::getppid() }) {
+        kill_group();
+    }
+
+    let mut agent = Command::new(&program).args(argv).env_remove(SHIM_PARENT_PID_ENV).spawn().unwrap_or_else(|err| {
+        let code = match err.kind() {
+            io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+            _ => EXIT_CANNOT_EXECUTE,
+        };
+        fail(code, format_args!("cannot start {}: {err}", program.to_string_lossy()))
+    });
+
+    loop {
+        match agent.try_wait() {
+            Ok(Some(status)) => std::process::exit(exit_code(status)),
+            Ok(None) => {}
+            Err(err) => {
+                eprintln!("punchclock agent shim: cannot wait for the agent: {err}");
+                kill_group();
+            }
+        }
+        match signals.wait() {
+            Ok(libc::SIGUSR2) => kill_group(),
+            // SIGCHLD: re-check the agent. SIGTERM: the agent got it too.
+            Ok(_) => {}
+            Err(err) => {
+                eprintln!("punchclock agent shim: sigwait failed: {err}");
+                kill_group();
+            }
+        }
+    }
+}
+
+/// The exit code that reports `status` to the runner.
+fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        (None, None) => 1,
+    }
+}
+
+/// SIGKILLs the shim's process group (the shim included).
+fn kill_group() -> ! {
+    // SAFETY: kill(2) has no memory-safety preconditions; pid 0 is our group.
+    unsafe { libc::kill(0, libc::SIGKILL) };
+    // Not reached: SIGKILL to ourselves is delivered before kill() returns.
+    std::process::exit(128 + libc::SIGKILL)
+}
+
+/// Reports a shim failure on stderr (which ends up in the agent's stderr
+/// tail) and exits.
+fn fail(code: i32, message: std::fmt::Arguments<'_>) -> ! {
+    eprintln!("punchclock agent shim: {message}");
+    std::process::exit(code)
+}
+
+/// A set of signals handled synchronously with `sigwait`.
+struct SignalSet(libc::sigset_t);
+
+impl SignalSet {
+    fn new(signals: &[libc::c_int]) -> io::Result<Self> {
+        let mut set = MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigemptyset initializes the set it is given.
+        if unsafe { libc::sigemptyset(set.as_mut_ptr()) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: initialized by sigemptyset above.
+        let mut set = unsafe { set.assume_init() };
+        for &signal in signals {
+            // SAFETY: `set` is an initialized sigset_t.
+            if unsafe { libc::sigaddset(&mut set, signal) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(Self(set))
+    }
+
+    /// Blocks the set in the calling thread, so its signals stay pending
+    /// until [`SignalSet::wait`] takes them.
+    fn block(&self) -> io::Result<()> {
+        // SAFETY: valid set; a null old-set pointer is allowed.
+        match unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &self.0, std::ptr::null_mut()) } {
+            0 => Ok(()),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+
+    /// Waits for one of the (blocked) signals and returns its number.
+    fn wait(&self) -> io::Result<libc::c_int> {
+        let mut signal = 0;
+        // SAFETY: valid set and out-pointer.
+        match unsafe { libc::sigwait(&self.0, &mut signal) } {
+            0 => Ok(signal),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_code_maps_signals_like_a_shell() {
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 128 + libc::SIGKILL);
+    }
+}

@@ -1,0 +1,228 @@
+//! The process executor against real processes (no shim).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::Utc;
+use common::{PATIENCE, dir_entries, sh_agent, wait_until_gone};
+use punchclock_agent_runner::executor::{self, ExecutionEvent, ExecutorSettings};
+use punchclock_agent_runner::{Error, Execution, ProcessAgent};
+use punchclock_proto::v1::{Assign, Finished, Outcome, ProgressReport};
+use tokio::sync::mpsc;
+
+fn settings(work_dir: &Path) -> ExecutorSettings {
+    ExecutorSettings { work_dir: work_dir.to_owned(), kill_grace: Duration::from_millis(300), shim: None }
+}
+
+fn timestamp(t: chrono::DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: t.timestamp(), nanos: i32::try_from(t.timestamp_subsec_nanos()).expect("nanos fit") }
+}
+
+fn assign(execution_id: &str, timeout: Duration) -> Assign {
+    let now = Utc::now();
+    Assign {
+        run_id: format!("run-{execution_id}"),
+        execution_id: execution_id.into(),
+        attempt: 2,
+        task_id: "task-1".into(),
+        agent_id: "agent".into(),
+        context_json: r#"{"params":{"n":1}}"#.into(),
+        checkpoint_json: r#"{"page":1}"#.into(),
+        deadline: Some(timestamp(now + timeout)),
+        timeout_seconds: timeout.as_secs(),
+        fencing_token: 1,
+        traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+        scheduled_at: Some(timestamp(now)),
+    }
+}
+
+struct Started {
+    execution: Execution,
+    events: mpsc::Receiver<ExecutionEvent>,
+}
+
+async fn start(agent: &ProcessAgent, assign: &Assign, work_dir: &Path) -> Started {
+    let (tx, events) = mpsc::channel(64);
+    let execution = executor::start(agent, assign, &settings(work_dir), tx).await.expect("agent starts");
+    Started { execution, events }
+}
+
+async fn next_event(events: &mut mpsc::Receiver<ExecutionEvent>) -> ExecutionEvent {
+    tokio::time::timeout(PATIENCE, events.recv()).await.expect("an event in time").expect("events channel open")
+}
+
+async fn next_progress(events: &mut mpsc::Receiver<ExecutionEvent>) -> ProgressReport {
+    match next_event(events).await {
+        ExecutionEvent::Progress(progress) => progress,
+        ExecutionEvent::Finished(finished) => panic!("expected progress, got {finished:?}"),
+    }
+}
+
+/// Collects events up to and including `Finished`.
+async fn until_finished(events: &mut mpsc::Receiver<ExecutionEvent>) -> (Vec<ProgressReport>, Finished) {
+    let mut progress = Vec::new();
+    loop {
+        match next_event(events).await {
+            ExecutionEvent::Progress(p) => progress.push(p),
+            ExecutionEvent::Finished(finished) => return (progress, finished),
+        }
+    }
+}
+
+#[tokio::test]
+async fn success_reports_progress_while_running_then_the_result() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let gate = work.path().join("gate");
+    let mut agent = sh_agent(
+        r#"
+        context=$(cat)
+        echo '{"percent": 10, "message": "starting"}' >> "$PUNCHCLOCK_PROGRESS_FILE"
+        while [ ! -e "$GATE" ]; do sleep 0.02; done
+        echo 'not json' >> "$PUNCHCLOCK_PROGRESS_FILE"
+        printf '{"percent": 100, "checkpoint": {"page": 2}}\n' >> "$PUNCHCLOCK_PROGRESS_FILE"
+        cat > "$PUNCHCLOCK_RESULT_FILE" <<JSON
+        {"context": $context, "checkpoint": $(cat "$PUNCHCLOCK_CHECKPOINT_FILE"),
+         "run": "$PUNCHCLOCK_RUN_ID", "execution": "$PUNCHCLOCK_EXECUTION_ID", "task": "$PUNCHCLOCK_TASK_ID",
+         "attempt": "$PUNCHCLOCK_ATTEMPT", "deadline": "$PUNCHCLOCK_DEADLINE",
+         "scheduled_at": "$PUNCHCLOCK_SCHEDULED_AT", "traceparent": "$TRACEPARENT", "cwd": "$(pwd)"}
+JSON
+        echo out
+        echo err >&2
+        "#,
+    );
+    agent.env.insert("GATE".into(), gate.display().to_string());
+    agent.working_dir = Some(work.path().to_owned());
+    let runs = work.path().join("runs");
+    let assign = assign("e-ok", Duration::from_secs(60));
+    let mut started = start(&agent, &assign, &runs).await;
+    assert!(started.execution.pid() > 0);
+    assert_eq!(started.execution.execution_id(), "e-ok");
+
+    // Progress arrives while the agent is still running (it waits for the gate).
+    let first = next_progress(&mut started.events).await;
+    assert_eq!(first.run_id, "run-e-ok");
+    assert_eq!(first.execution_id, "e-ok");
+    assert_eq!(first.percent, Some(10.0));
+    assert_eq!(first.message, "starting");
+    assert_eq!(first.checkpoint_json, "");
+    std::fs::write(&gate, "").expect("open the gate");
+
+    let (progress, finished) = until_finished(&mut started.events).await;
+    assert_eq!(progress.len(), 1, "the malformed line is skipped: {progress:?}");
+    assert_eq!(progress[0].percent, Some(100.0));
+    assert_eq!(progress[0].checkpoint_json, r#"{"page":2}"#);
+
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.exit_code, Some(0));
+    assert_eq!(finished.error, "");
+    assert_eq!(finished.stdout_tail, "out\n");
+    assert_eq!(finished.stderr_tail, "err\n");
+    assert!(finished.finished_at.is_some());
+    let result: serde_json::Value = serde_json::from_str(&finished.result_json).expect("result is JSON");
+    assert_eq!(result["context"], serde_json::json!({"params": {"n": 1}}));
+    assert_eq!(result["checkpoint"], serde_json::json!({"page": 1}));
+    assert_eq!(result["run"], "run-e-ok");
+    assert_eq!(result["execution"], "e-ok");
+    assert_eq!(result["task"], "task-1");
+    assert_eq!(result["attempt"], "2");
+    assert_eq!(result["traceparent"], assign.traceparent.as_str());
+    assert_eq!(result["cwd"], work.path().canonicalize().expect("cwd").display().to_string());
+    for field in ["deadline", "scheduled_at"] {
+        let text = result[field].as_str().expect("a string");
+        assert!(text.ends_with('Z'), "{field}: {text}");
+        chrono::DateTime::parse_from_rfc3339(text).expect("RFC 3339");
+    }
+
+    assert!(dir_entries(&runs).is_empty(), "execution directory removed");
+}
+
+#[tokio::test]
+async fn non_zero_exit_fails_with_the_exit_code_and_last_stderr_line() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let agent = sh_agent("echo 'first problem' >&2; echo 'it broke' >&2; exit 3");
+    let mut started = start(&agent, &assign("e-fail", Duration::from_secs(60)), work.path()).await;
+    let (_, finished) = until_finished(&mut started.events).await;
+    assert_eq!(finished.outcome(), Outcome::Failed);
+    assert_eq!(finished.exit_code, Some(3));
+    assert_eq!(finished.error, "exit code 3: it broke");
+    assert_eq!(finished.result_json, "");
+}
+
+#[tokio::test]
+async fn death_by_signal_fails_naming_the_signal() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let agent = sh_agent("kill -KILL $$");
+    let mut started = start(&agent, &assign("e-signal", Duration::from_secs(60)), work.path()).await;
+    let (_, finished) = until_finished(&mut started.events).await;
+    assert_eq!(finished.outcome(), Outcome::Failed);
+    assert_eq!(finished.exit_code, None);
+    assert_eq!(finished.error, "killed by signal 9");
+}
+
+#[tokio::test]
+async fn invalid_result_json_is_sent_as_a_string() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let agent = sh_agent(r#"printf 'plain text' > "$PUNCHCLOCK_RESULT_FILE""#);
+    let mut started = start(&agent, &assign("e-text", Duration::from_secs(60)), work.path()).await;
+    let (_, finished) = until_finished(&mut started.events).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded);
+    assert_eq!(finished.result_json, r#""plain text""#);
+    assert!(finished.error.contains("not valid JSON"), "{}", finished.error);
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_process_group() {
+    let work = tempfile::tempdir().expect("tempdir");
+    // Both the agent and its background child ignore SIGTERM: only the
+    // SIGKILL to the group after the grace period stops them.
+    let agent = sh_agent(
+        r#"
+        trap '' TERM
+        sleep 3600 &
+        echo "{\"message\": \"$!\"}" >> "$PUNCHCLOCK_PROGRESS_FILE"
+        wait
+        "#,
+    );
+    let began = tokio::time::Instant::now();
+    let mut started = start(&agent, &assign("e-timeout", Duration::from_secs(1)), work.path()).await;
+
+    let progress = next_progress(&mut started.events).await;
+    let grandchild: i32 = progress.message.parse().expect("the background child's pid");
+    let (_, finished) = until_finished(&mut started.events).await;
+
+    assert_eq!(finished.outcome(), Outcome::Timeout, "{finished:?}");
+    assert_eq!(finished.error, "timed out after 1 s");
+    assert!(began.elapsed() >= Duration::from_millis(900), "not before the deadline");
+    assert!(wait_until_gone(grandchild).await, "background child {grandchild} survived");
+    assert!(dir_entries(work.path()).is_empty(), "execution directory removed");
+}
+
+#[tokio::test]
+async fn cancel_stops_the_agent_and_reports_cancelled() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let agent = sh_agent(r#"echo '{"message": "ready"}' >> "$PUNCHCLOCK_PROGRESS_FILE"; exec sleep 3600"#);
+    let mut started = start(&agent, &assign("e-cancel", Duration::from_secs(60)), work.path()).await;
+    let pid = i32::try_from(started.execution.pid()).expect("pid fits");
+
+    assert_eq!(next_progress(&mut started.events).await.message, "ready");
+    started.execution.cancel("operator request");
+    started.execution.cancel("ignored: only the first cancel counts");
+    let (_, finished) = until_finished(&mut started.events).await;
+
+    assert_eq!(finished.outcome(), Outcome::Cancelled, "{finished:?}");
+    assert_eq!(finished.error, "cancelled: operator request");
+    assert!(wait_until_gone(pid).await, "agent {pid} survived");
+}
+
+#[tokio::test]
+async fn spawn_failure_is_an_error_and_leaves_nothing_behind() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let agent = ProcessAgent { command: vec!["/nonexistent/punchclock-agent".into()], ..sh_agent("") };
+    let (tx, _events) = mpsc::channel(1);
+    let err =
+        executor::start(&agent, &assign("e-missing", Duration::from_secs(60)), &settings(work.path()), tx).await.expect_err("cannot spawn");
+    assert!(matches!(err, Error::Spawn { .. }), "{err}");
+    assert!(dir_entries(work.path()).is_empty(), "execution directory removed");
+}

@@ -1,0 +1,157 @@
+//! The agent shim, end to end. This test binary has no libtest harness
+//! (`harness = false`) so that it can double as the shim binary: run as
+//! `shim __agent-shim -- <command...>` it *is* the shim, exactly like the
+//! `punchclock` binary's hidden subcommand; run as `shim fake-runner <dir>`
+//! it is a runner that the test kills with SIGKILL.
+
+mod common;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{PATIENCE, sh_agent, wait_until_gone};
+use punchclock_agent_runner::executor::{self, ExecutionEvent, ExecutorSettings};
+use punchclock_agent_runner::{ProcessAgent, SHIM_SUBCOMMAND, shim_main};
+use punchclock_proto::v1::{Assign, Finished, Outcome};
+use tokio::sync::mpsc;
+
+const FAKE_RUNNER: &str = "fake-runner";
+
+fn main() {
+    let mut args = std::env::args_os().skip(1);
+    match args.next() {
+        Some(arg) if arg == SHIM_SUBCOMMAND => shim_main(args.collect()),
+        Some(arg) if arg == FAKE_RUNNER => {
+            let dir = args.next().map(PathBuf::from).expect("fake-runner <dir>");
+            runtime().block_on(fake_runner(&dir));
+        }
+        // No arguments, or a test-name filter from `cargo test <filter>`.
+        _ => run_tests(),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime")
+}
+
+/// A named test taking a fresh temporary directory.
+type Test = (&'static str, fn(&Path));
+
+fn run_tests() {
+    let tests: [Test; 4] = [
+        ("success_passes_through_the_shim", |dir| runtime().block_on(success(dir))),
+        ("exit_code_passes_through_the_shim", |dir| runtime().block_on(exit_code(dir))),
+        ("timeout_kills_the_group_behind_the_shim", |dir| runtime().block_on(timeout(dir))),
+        ("killed_runner_leaves_no_agent_behind", killed_runner),
+    ];
+    for (name, test) in tests {
+        let dir = tempfile::tempdir().expect("tempdir");
+        test(dir.path());
+        println!("test {name} ... ok");
+    }
+    println!("test result: ok. {} passed", tests.len());
+}
+
+fn settings(work_dir: &Path) -> ExecutorSettings {
+    ExecutorSettings {
+        work_dir: work_dir.join("runs"),
+        kill_grace: Duration::from_millis(300),
+        shim: Some(std::env::current_exe().expect("current exe")),
+    }
+}
+
+fn assign(execution_id: &str, timeout_seconds: u64) -> Assign {
+    let deadline = chrono::Utc::now() + Duration::from_secs(timeout_seconds);
+    Assign {
+        run_id: format!("run-{execution_id}"),
+        execution_id: execution_id.into(),
+        attempt: 1,
+        agent_id: "agent".into(),
+        deadline: Some(prost_types::Timestamp { seconds: deadline.timestamp(), nanos: 0 }),
+        timeout_seconds,
+        ..Assign::default()
+    }
+}
+
+/// Runs `agent` through the shim; returns the pid of the process whose pid
+/// the agent writes as its first progress message (if any), and `Finished`.
+async fn run_agent(dir: &Path, agent: &ProcessAgent, assign: &Assign) -> (Option<i32>, Finished) {
+    let (tx, mut events) = mpsc::channel(16);
+    executor::start(agent, assign, &settings(dir), tx).await.expect("shim starts");
+    let mut reported_pid = None;
+    loop {
+        let event = tokio::time::timeout(PATIENCE, events.recv()).await.expect("event in time").expect("channel open");
+        match event {
+            ExecutionEvent::Progress(progress) => reported_pid = progress.message.parse().ok(),
+            ExecutionEvent::Finished(finished) => return (reported_pid, finished),
+        }
+    }
+}
+
+async fn success(dir: &Path) {
+    let agent = sh_agent(r#"[ -z "$PUNCHCLOCK_SHIM_PARENT_PID" ] && cat > "$PUNCHCLOCK_RESULT_FILE"; echo hi"#);
+    let mut assign = assign("e-ok", 60);
+    assign.context_json = r#"{"via":"shim"}"#.into();
+    let (_, finished) = run_agent(dir, &agent, &assign).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.result_json, r#"{"via":"shim"}"#, "stdin and env pass through");
+    assert_eq!(finished.stdout_tail, "hi\n");
+}
+
+async fn exit_code(dir: &Path) {
+    let agent = sh_agent("echo bad >&2; exit 7");
+    let (_, finished) = run_agent(dir, &agent, &assign("e-fail", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Failed);
+    assert_eq!(finished.exit_code, Some(7));
+    assert_eq!(finished.error, "exit code 7: bad");
+}
+
+/// Agent and child ignore SIGTERM (so does the shim): SIGKILL to the group
+/// after the grace period takes all three down.
+const STUBBORN_AGENT: &str = r#"
+    trap '' TERM
+    sleep 3600 &
+    echo "{\"message\": \"$!\"}" >> "$PUNCHCLOCK_PROGRESS_FILE"
+    wait
+"#;
+
+async fn timeout(dir: &Path) {
+    let (grandchild, finished) = run_agent(dir, &sh_agent(STUBBORN_AGENT), &assign("e-timeout", 1)).await;
+    assert_eq!(finished.outcome(), Outcome::Timeout, "{finished:?}");
+    let grandchild = grandchild.expect("the agent reported its child's pid");
+    assert!(wait_until_gone(grandchild).await, "background child {grandchild} survived");
+}
+
+/// The fake runner: starts the stubborn agent through the shim, writes the
+/// agent's child's pid to `<dir>/pid` and waits to be killed.
+async fn fake_runner(dir: &Path) {
+    let (tx, mut events) = mpsc::channel(16);
+    let _execution = executor::start(&sh_agent(STUBBORN_AGENT), &assign("e-orphan", 3600), &settings(dir), tx).await.expect("shim starts");
+    while let Some(event) = events.recv().await {
+        if let ExecutionEvent::Progress(progress) = event {
+            std::fs::write(dir.join("pid.tmp"), &progress.message).expect("write pid");
+            std::fs::rename(dir.join("pid.tmp"), dir.join("pid")).expect("publish pid");
+        }
+    }
+}
+
+fn killed_runner(dir: &Path) {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut runner = std::process::Command::new(exe)
+        .args([OsString::from(FAKE_RUNNER), dir.as_os_str().to_owned()])
+        .spawn()
+        .expect("fake runner starts");
+
+    let pid_file = dir.join("pid");
+    let started = std::time::Instant::now();
+    while !pid_file.exists() {
+        assert!(started.elapsed() < PATIENCE, "fake runner never reported the agent's child");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let grandchild: i32 = std::fs::read_to_string(&pid_file).expect("read pid").trim().parse().expect("a pid");
+
+    runner.kill().expect("SIGKILL the fake runner");
+    runner.wait().expect("reap the fake runner");
+    assert!(runtime().block_on(wait_until_gone(grandchild)), "agent child {grandchild} outlived the killed runner");
+}

@@ -1,0 +1,630 @@
+//! Command-line surface (clap) and what each command does.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use pb::cluster_service_client::ClusterServiceClient;
+use pb::run_service_client::RunServiceClient;
+use pb::task_service_client::TaskServiceClient;
+use punchclock_control_plane::bootstrap::{self, ServerConfig, StoreSpec};
+use punchclock_control_plane::clock::{Clock, SystemClock};
+use punchclock_control_plane::schedule::{CronSchedule, Schedule};
+use punchclock_control_plane::timing::Timing;
+use punchclock_proto::v1 as pb;
+use serde::Deserialize;
+use tokio_stream::StreamExt;
+
+use crate::client::{self, DEFAULT_ENDPOINT};
+use crate::output::{self, print_json, run_json, run_row, runner_json, table, task_json};
+
+/// punchclock: makes AI agents clock in on time.
+#[derive(Parser, Debug)]
+#[command(name = "punchclock", version, about)]
+pub struct Cli {
+    /// Control-plane API address(es), comma-separated.
+    #[arg(long, global = true, env = "PUNCHCLOCK_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
+    endpoint: String,
+    /// Output format of listings.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
+    output: Format,
+    /// Log filter (RUST_LOG syntax) for server, runner and dev.
+    #[arg(long, global = true, env = "PUNCHCLOCK_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// `-o` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Control plane on the embedded store plus one in-process runner.
+    Dev(DevArgs),
+    /// A control-plane replica.
+    Server(ServerArgs),
+    /// An agent runner connected to the control plane.
+    Runner(RunnerArgs),
+    /// Register and control tasks.
+    #[command(subcommand)]
+    Task(TaskCmd),
+    /// Inspect and cancel runs.
+    #[command(subcommand)]
+    Runs(RunsCmd),
+    /// Connected runners.
+    #[command(subcommand)]
+    Runners(RunnersCmd),
+    /// Fire times of a cron expression (no server needed).
+    Preview(PreviewArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct TimingArgs {
+    /// Runner heartbeat interval in milliseconds (runners are lost after 3).
+    #[arg(long, default_value_t = 2000)]
+    heartbeat_ms: u64,
+    /// TERM→KILL grace in milliseconds when an agent is stopped.
+    #[arg(long, default_value_t = 5000)]
+    kill_grace_ms: u64,
+}
+
+impl TimingArgs {
+    fn timing(&self) -> Timing {
+        Timing {
+            heartbeat_interval: Duration::from_millis(self.heartbeat_ms.max(100)),
+            kill_grace: Duration::from_millis(self.kill_grace_ms),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct DevArgs {
+    /// Data directory of the embedded store.
+    #[arg(long, default_value = ".punchclock")]
+    data_dir: PathBuf,
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// HTTP listen address (/healthz).
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    http_listen: SocketAddr,
+    /// Agents file of the in-process runner.
+    #[arg(long, default_value = "examples/agents.yaml")]
+    agents: PathBuf,
+    /// Slots of the in-process runner.
+    #[arg(long, default_value_t = 4)]
+    slots: u32,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+#[derive(Args, Debug)]
+struct ServerArgs {
+    /// `embedded:DIR`.
+    #[arg(long)]
+    store: String,
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// Address other processes reach this replica at (default: http://LISTEN).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// HTTP listen address (/healthz); off when not given.
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
+    /// Replica id (default: hostname-pid).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Key prefix in the store.
+    #[arg(long, default_value = "/punchclock/")]
+    key_prefix: String,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+#[derive(Args, Debug)]
+struct RunnerArgs {
+    /// Control-plane address(es), comma-separated.
+    #[arg(long)]
+    control_plane: String,
+    /// Agents file (YAML).
+    #[arg(long)]
+    agents: PathBuf,
+    /// Concurrent executions.
+    #[arg(long, default_value_t = 4)]
+    slots: u32,
+    /// Labels, `k=v` comma-separated.
+    #[arg(long, default_value = "")]
+    labels: String,
+    /// Runner id (default: hostname-pid).
+    #[arg(long)]
+    runner_id: Option<String>,
+    /// TERM→KILL grace in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    kill_grace_ms: u64,
+}
+
+#[derive(Subcommand, Debug)]
+enum TaskCmd {
+    /// Create or replace the tasks in a JSON or YAML file.
+    Apply {
+        /// Task file (`.json`: an object or an array; YAML: documents or lists).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// Validate only.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// List tasks.
+    List,
+    /// Show one task.
+    Get { task_id: String },
+    /// Delete a task (its runs are kept).
+    Delete { task_id: String },
+    /// Stop firing a task.
+    Pause { task_id: String },
+    /// Resume a paused task.
+    Resume { task_id: String },
+    /// Start a manual run.
+    Trigger {
+        task_id: String,
+        /// JSON object merged over context.params.
+        #[arg(long, default_value = "")]
+        params: String,
+        /// Seconds to wait before the run may start.
+        #[arg(long, default_value_t = 0)]
+        delay: u64,
+        /// Idempotency key: the same key never makes a second run.
+        #[arg(long, default_value = "")]
+        key: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RunsCmd {
+    /// List runs, newest first.
+    List {
+        #[arg(long, default_value = "")]
+        task: String,
+        /// PENDING, RUNNING, SUCCEEDED, FAILED, RETRYING, TIMEOUT, CANCELLED, SKIPPED.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show one run.
+    Get { run_id: String },
+    /// Cancel a run.
+    Cancel {
+        run_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Print runs as they change.
+    Watch {
+        #[arg(long, default_value = "")]
+        task: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RunnersCmd {
+    /// Runners known to the leader.
+    List,
+}
+
+#[derive(Args, Debug)]
+struct PreviewArgs {
+    /// Cron expression (5, 6 or 7 fields, or @alias).
+    expr: String,
+    /// IANA zone.
+    #[arg(long = "tz", default_value = "UTC")]
+    tz: String,
+    /// Fire times strictly after this instant (RFC 3339; default now).
+    #[arg(long)]
+    after: Option<DateTime<Utc>>,
+    /// How many.
+    #[arg(long, default_value_t = 5)]
+    count: u32,
+}
+
+/// Sets up `tracing` for the long-running commands.
+pub fn init_tracing(cli: &Cli) {
+    if matches!(cli.cmd, Cmd::Dev(_) | Cmd::Server(_) | Cmd::Runner(_)) {
+        let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
+}
+
+type Res = Result<(), String>;
+
+fn grpc(e: tonic::Status) -> String {
+    format!("{} ({:?})", e.message(), e.code())
+}
+
+/// Dispatches a parsed command line.
+pub async fn run(cli: Cli) -> Res {
+    let fmt = cli.output;
+    match cli.cmd {
+        Cmd::Dev(a) => dev(a).await,
+        Cmd::Server(a) => server(a).await,
+        Cmd::Runner(a) => runner(a).await,
+        Cmd::Preview(a) => preview(a, fmt),
+        Cmd::Task(c) => task(&cli.endpoint, c, fmt).await,
+        Cmd::Runs(c) => runs(&cli.endpoint, c, fmt).await,
+        Cmd::Runners(RunnersCmd::List) => {
+            let mut c = ClusterServiceClient::new(client::connect(&cli.endpoint).await?);
+            let r = c.list_runners(pb::ListRunnersRequest {}).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::Value::Array(r.runners.iter().map(runner_json).collect()));
+            } else {
+                table(
+                    &["RUNNER", "AGENTS", "SLOTS", "BUSY", "LAST_SEEN"],
+                    r.runners
+                        .iter()
+                        .map(|x| {
+                            vec![
+                                x.runner_id.clone(),
+                                x.agents.join(","),
+                                x.slots.to_string(),
+                                x.busy_slots.to_string(),
+                                output::t(&x.last_seen).as_str().unwrap_or("-").to_string(),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => futures_pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+}
+
+async fn futures_pending() {
+    std::future::pending::<()>().await
+}
+
+fn default_id(kind: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into());
+    format!("{kind}-{host}-{}", std::process::id())
+}
+
+fn runner_config(
+    runner_id: String,
+    control_plane: Vec<String>,
+    agents: &Path,
+    slots: u32,
+    labels: BTreeMap<String, String>,
+    kill_grace: Duration,
+) -> Result<punchclock_agent_runner::RunnerConfig, String> {
+    let agents = punchclock_agent_runner::AgentsFile::load(agents).map_err(|e| format!("{}: {e}", agents.display()))?;
+    let mut cfg = punchclock_agent_runner::RunnerConfig::new(runner_id, control_plane, agents);
+    cfg.slots = slots;
+    cfg.labels = labels;
+    cfg.kill_grace = kill_grace;
+    cfg.shim = std::env::current_exe().ok();
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+async fn dev(a: DevArgs) -> Res {
+    let timing = a.timing.timing();
+    let cfg = ServerConfig {
+        listen: a.listen,
+        advertise: None,
+        http_listen: Some(a.http_listen),
+        store: StoreSpec::Embedded(a.data_dir.clone()),
+        key_prefix: "/punchclock/".into(),
+        node_id: "dev".into(),
+        timing,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut srv_stop = stop_rx.clone();
+    let server = bootstrap::start(cfg, Arc::new(SystemClock), async move {
+        let _ = srv_stop.wait_for(|s| *s).await;
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let rcfg = runner_config(
+        "dev-runner".into(),
+        vec![format!("http://{}", server.addr)],
+        &a.agents,
+        a.slots,
+        BTreeMap::new(),
+        timing.kill_grace,
+    )?;
+    eprintln!(
+        "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
+        server.addr,
+        a.http_listen,
+        a.data_dir.display(),
+        a.agents.display()
+    );
+    let mut run_stop = stop_rx.clone();
+    let runner = tokio::spawn(punchclock_agent_runner::run(rcfg, async move {
+        let _ = run_stop.wait_for(|s| *s).await;
+    }));
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    if let Ok(Err(e)) = runner.await {
+        eprintln!("runner: {e}");
+    }
+    server.wait().await.map_err(|e| e.to_string())
+}
+
+async fn server(a: ServerArgs) -> Res {
+    let store: StoreSpec = a.store.parse().map_err(|e: punchclock_control_plane::Error| e.to_string())?;
+    let cfg = ServerConfig {
+        listen: a.listen,
+        advertise: a.advertise,
+        http_listen: a.http_listen,
+        store,
+        key_prefix: a.key_prefix,
+        node_id: a.node_id.unwrap_or_else(|| default_id("cp")),
+        timing: a.timing.timing(),
+    };
+    let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
+    eprintln!("punchclock server: API on http://{}", server.addr);
+    server.wait().await.map_err(|e| e.to_string())
+}
+
+fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| format!("--labels: {p:?} is not k=v"))
+        })
+        .collect()
+}
+
+async fn runner(a: RunnerArgs) -> Res {
+    let cps: Vec<String> = a.control_plane.split(',').filter(|s| !s.trim().is_empty()).map(client::normalize).collect();
+    let cfg = runner_config(
+        a.runner_id.unwrap_or_else(|| default_id("runner")),
+        cps,
+        &a.agents,
+        a.slots,
+        parse_labels(&a.labels)?,
+        Duration::from_millis(a.kill_grace_ms),
+    )?;
+    punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string())
+}
+
+fn preview(a: PreviewArgs, fmt: Format) -> Res {
+    let s = CronSchedule::parse(&a.expr, &a.tz, 0).map_err(|e| e.to_string())?;
+    let zone = s.timezone();
+    let after = a.after.unwrap_or_else(|| SystemClock.now());
+    let times =
+        punchclock_control_plane::api::preview_times(&[Schedule::Cron(s)], after, a.count.min(punchclock_control_plane::api::MAX_PREVIEW));
+    let local: Vec<String> = times.iter().map(|t| t.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::AutoSi, true)).collect();
+    if fmt == Format::Json {
+        print_json(&serde_json::json!(local));
+    } else {
+        for l in local {
+            println!("{l}");
+        }
+    }
+    Ok(())
+}
+
+/// Reads a task file: JSON (object or array) or YAML (documents, each an
+/// object or a list). Returns each task as a JSON document.
+fn read_task_file(path: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut values: Vec<serde_json::Value> = Vec::new();
+    if path.extension().is_some_and(|e| e == "json") {
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        values.push(v);
+    } else {
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v = serde_json::Value::deserialize(doc).map_err(|e| format!("{}: {e}", path.display()))?;
+            if !v.is_null() {
+                values.push(v);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for v in values {
+        match v {
+            serde_json::Value::Array(items) => out.extend(items.iter().map(|i| i.to_string())),
+            other => out.push(other.to_string()),
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("{}: no task in the file", path.display()));
+    }
+    Ok(out)
+}
+
+async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
+    let specs = match &c {
+        TaskCmd::Apply { file, .. } => Some(read_task_file(file)?),
+        _ => None,
+    };
+    let mut tc = TaskServiceClient::new(client::connect(endpoint).await?);
+    let show = |t: &pb::Task| {
+        if fmt == Format::Json {
+            print_json(&task_json(t));
+        } else {
+            let j = task_json(t);
+            println!(
+                "task {} (agent {}) paused={} next_fire_at={} last_slot_at={}",
+                t.task_id, t.agent_id, t.paused, j["next_fire_at"], j["last_slot_at"]
+            );
+        }
+    };
+    match c {
+        TaskCmd::Apply { dry_run, .. } => {
+            let mut failed = 0;
+            let mut applied = Vec::new();
+            for spec in specs.unwrap_or_default() {
+                let id = serde_json::from_str::<serde_json::Value>(&spec)
+                    .ok()
+                    .and_then(|v| v["task_id"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| "?".into());
+                match tc.apply_task(pb::ApplyTaskRequest { spec_json: spec, dry_run }).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        if let Some(t) = &r.task {
+                            applied.push(task_json(t));
+                        }
+                        if fmt == Format::Table {
+                            let verb = match (dry_run, r.created) {
+                                (true, _) => "valid",
+                                (false, true) => "created",
+                                (false, false) => "updated",
+                            };
+                            println!("task {id} {verb}");
+                        }
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("task {id}: {}", grpc(e));
+                    }
+                }
+            }
+            if fmt == Format::Json {
+                print_json(&serde_json::Value::Array(applied));
+            }
+            if failed > 0 { Err(format!("{failed} task(s) rejected")) } else { Ok(()) }
+        }
+        TaskCmd::List => {
+            let r = tc.list_tasks(pb::ListTasksRequest {}).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
+            } else {
+                table(
+                    &["TASK", "AGENT", "PAUSED", "NEXT_FIRE_AT", "LAST_SLOT_AT"],
+                    r.tasks
+                        .iter()
+                        .map(|t| {
+                            let j = task_json(t);
+                            vec![
+                                t.task_id.clone(),
+                                t.agent_id.clone(),
+                                t.paused.to_string(),
+                                j["next_fire_at"].as_str().unwrap_or("-").into(),
+                                j["last_slot_at"].as_str().unwrap_or("-").into(),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+            Ok(())
+        }
+        TaskCmd::Get { task_id } => {
+            show(&tc.get_task(pb::GetTaskRequest { task_id }).await.map_err(grpc)?.into_inner());
+            Ok(())
+        }
+        TaskCmd::Delete { task_id } => {
+            tc.delete_task(pb::DeleteTaskRequest { task_id: task_id.clone() }).await.map_err(grpc)?;
+            println!("task {task_id} deleted");
+            Ok(())
+        }
+        TaskCmd::Pause { task_id } => {
+            show(&tc.pause_task(pb::PauseTaskRequest { task_id }).await.map_err(grpc)?.into_inner());
+            Ok(())
+        }
+        TaskCmd::Resume { task_id } => {
+            show(&tc.resume_task(pb::ResumeTaskRequest { task_id }).await.map_err(grpc)?.into_inner());
+            Ok(())
+        }
+        TaskCmd::Trigger { task_id, params, delay, key } => {
+            let r = tc
+                .trigger_task(pb::TriggerTaskRequest {
+                    task_id,
+                    params_json: params,
+                    delay_seconds: delay,
+                    not_before: None,
+                    idempotency_key: key,
+                })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::json!({"run_id": r.run_id, "scheduled_at": output::t(&r.scheduled_at), "created": r.created}));
+            } else {
+                println!(
+                    "run {} scheduled at {}{}",
+                    r.run_id,
+                    output::t(&r.scheduled_at).as_str().unwrap_or("-"),
+                    if r.created { "" } else { " (already existed)" }
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
+    let mut rc = RunServiceClient::new(client::connect(endpoint).await?);
+    let header = ["RUN", "STATUS", "SCHEDULED_AT", "ATTEMPTS", "FINISHED_AT", "INFO"];
+    match c {
+        RunsCmd::List { task, status, limit } => {
+            let status = match status {
+                None => pb::RunStatus::Unspecified,
+                Some(s) => pb::RunStatus::from_str_name(&s.to_ascii_uppercase())
+                    .filter(|s| *s != pb::RunStatus::Unspecified)
+                    .ok_or_else(|| format!("--status: unknown status {s:?}"))?,
+            };
+            let r = rc.list_runs(pb::ListRunsRequest { task_id: task, status: status as i32, limit }).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::Value::Array(r.runs.iter().map(run_json).collect()));
+            } else {
+                table(&header, r.runs.iter().map(run_row).collect());
+            }
+            Ok(())
+        }
+        RunsCmd::Get { run_id } => {
+            let r = rc.get_run(pb::GetRunRequest { run_id }).await.map_err(grpc)?.into_inner();
+            print_json(&run_json(&r));
+            Ok(())
+        }
+        RunsCmd::Cancel { run_id, reason } => {
+            let r = rc.cancel_run(pb::CancelRunRequest { run_id, reason }).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&run_json(&r));
+            } else {
+                println!("run {} {}", r.run_id, output::status_name(r.status));
+            }
+            Ok(())
+        }
+        RunsCmd::Watch { task } => {
+            let mut s = rc.watch_runs(pb::WatchRunsRequest { task_id: task, run_id: String::new() }).await.map_err(grpc)?.into_inner();
+            while let Some(r) = s.next().await {
+                let r = r.map_err(grpc)?;
+                if fmt == Format::Json {
+                    println!("{}", run_json(&r));
+                } else {
+                    println!("{}", run_row(&r).join("  "));
+                }
+            }
+            Ok(())
+        }
+    }
+}

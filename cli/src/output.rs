@@ -1,0 +1,161 @@
+//! Rendering API messages for people (tables) and programs (`-o json`).
+//! Run JSON uses DESIGN's field names; times are RFC 3339 UTC.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use prost_types::Timestamp;
+use punchclock_proto::v1 as pb;
+use serde_json::{Value, json};
+
+/// Timestamp → RFC 3339 UTC (`null` when absent).
+pub fn t(ts: &Option<Timestamp>) -> Value {
+    match ts.as_ref().and_then(|t| DateTime::<Utc>::from_timestamp(t.seconds, t.nanos.max(0) as u32)) {
+        Some(d) => Value::String(d.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+        None => Value::Null,
+    }
+}
+
+fn json_field(s: &str) -> Value {
+    if s.is_empty() { Value::Null } else { serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_string())) }
+}
+
+fn opt_str(s: &str) -> Value {
+    if s.is_empty() { Value::Null } else { Value::String(s.to_string()) }
+}
+
+/// `PENDING`, `RUNNING`, ...
+pub fn status_name(s: i32) -> &'static str {
+    match pb::RunStatus::try_from(s).unwrap_or(pb::RunStatus::Unspecified) {
+        pb::RunStatus::Unspecified => "UNSPECIFIED",
+        pb::RunStatus::Pending => "PENDING",
+        pb::RunStatus::Running => "RUNNING",
+        pb::RunStatus::Succeeded => "SUCCEEDED",
+        pb::RunStatus::Failed => "FAILED",
+        pb::RunStatus::Retrying => "RETRYING",
+        pb::RunStatus::Timeout => "TIMEOUT",
+        pb::RunStatus::Cancelled => "CANCELLED",
+        pb::RunStatus::Skipped => "SKIPPED",
+    }
+}
+
+/// A run as JSON with DESIGN's field names.
+pub fn run_json(r: &pb::Run) -> Value {
+    let params = json_field(&r.context_json).get("params").cloned().unwrap_or(Value::Null);
+    json!({
+        "run_id": r.run_id,
+        "task_id": r.task_id,
+        "agent_id": r.agent_id,
+        "trigger": r.trigger_kind,
+        "status": status_name(r.status),
+        "scheduled_at": t(&r.scheduled_at),
+        "dispatched_at": t(&r.dispatched_at),
+        "actual_started_at": t(&r.actual_started_at),
+        "finished_at": t(&r.finished_at),
+        "attempts": r.attempts.iter().map(|a| json!({
+            "attempt": a.attempt,
+            "execution_id": a.execution_id,
+            "runner_id": a.runner_id,
+            "dispatched_at": t(&a.dispatched_at),
+            "started_at": t(&a.started_at),
+            "finished_at": t(&a.finished_at),
+            "outcome": opt_str(&a.outcome),
+            "error": opt_str(&a.error),
+            "exit_code": a.exit_code,
+        })).collect::<Vec<_>>(),
+        "result": json_field(&r.result_json),
+        "progress": r.progress.as_ref().map(|p| json!({
+            "percent": p.percent,
+            "message": p.message,
+            "checkpoint": json_field(&p.checkpoint_json),
+            "updated_at": t(&p.updated_at),
+        })),
+        "skip_reason": opt_str(&r.skip_reason),
+        "missed_count": if r.missed_count == 0 { Value::Null } else { json!(r.missed_count) },
+        "missed_from": t(&r.missed_from),
+        "missed_until": t(&r.missed_until),
+        "pending_reason": opt_str(&r.pending_reason),
+        "next_attempt_at": t(&r.next_attempt_at),
+        "error": opt_str(&r.error),
+        "params": params,
+        "stdout_tail": r.stdout_tail,
+        "stderr_tail": r.stderr_tail,
+        "fencing_token": r.fencing_token,
+        "updated_at": t(&r.updated_at),
+    })
+}
+
+/// A task as JSON.
+pub fn task_json(tk: &pb::Task) -> Value {
+    json!({
+        "task_id": tk.task_id,
+        "agent_id": tk.agent_id,
+        "paused": tk.paused,
+        "next_fire_at": t(&tk.next_fire_at),
+        "last_slot_at": t(&tk.last_slot_at),
+        "created_at": t(&tk.created_at),
+        "updated_at": t(&tk.updated_at),
+        "spec": json_field(&tk.spec_json),
+    })
+}
+
+/// A runner as JSON.
+pub fn runner_json(r: &pb::Runner) -> Value {
+    json!({
+        "runner_id": r.runner_id,
+        "agents": r.agents,
+        "slots": r.slots,
+        "busy_slots": r.busy_slots,
+        "labels": r.labels,
+        "version": r.version,
+        "connected_at": t(&r.connected_at),
+        "last_seen": t(&r.last_seen),
+        "running": r.running,
+    })
+}
+
+fn short(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Prints rows as an aligned table.
+pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<width$}", width = w[i])).collect();
+        println!("{}", s.join("  ").trim_end());
+    };
+    line(header.iter().map(|s| s.to_string()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+/// One table row of a run.
+pub fn run_row(r: &pb::Run) -> Vec<String> {
+    let j = run_json(r);
+    let info = if !r.skip_reason.is_empty() {
+        format!("{}{}", r.skip_reason, if r.missed_count > 1 { format!(" ({} slots)", r.missed_count) } else { String::new() })
+    } else if !r.error.is_empty() {
+        r.error.chars().take(60).collect()
+    } else if !r.pending_reason.is_empty() {
+        r.pending_reason.chars().take(60).collect()
+    } else if let Some(p) = &r.progress {
+        format!("{}% {}", p.percent.unwrap_or(0.0), p.message).chars().take(60).collect()
+    } else {
+        String::new()
+    };
+    vec![short(&j["run_id"]), short(&j["status"]), short(&j["scheduled_at"]), r.attempts.len().to_string(), short(&j["finished_at"]), info]
+}
+
+/// Prints a JSON value, pretty.
+pub fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
