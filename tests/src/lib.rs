@@ -1,3 +1,257 @@
 //! Helpers for punchclock's end-to-end tests: start real `punchclock`
 //! processes on free loopback ports, talk to them over real gRPC, and wait
-//! on events (not on sleeps).
+//! on events (WatchRuns streams, process exits), not on sleeps.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pb::run_service_client::RunServiceClient;
+use pb::task_service_client::TaskServiceClient;
+use punchclock_proto::v1 as pb;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+/// The repository root (where the tests run punchclock, so relative agent
+/// paths in `tests/agents.yaml` resolve).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Path of the `punchclock` binary, built once per test process (a no-op
+/// when it is up to date, as after `make build`).
+pub fn bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("PUNCHCLOCK_BIN") {
+            return PathBuf::from(p);
+        }
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--quiet", "-p", "punchclock", "--bin", "punchclock"])
+            .current_dir(repo_root())
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "cargo build of the punchclock binary failed");
+        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| repo_root().join("target"));
+        target.join("debug").join("punchclock")
+    })
+    .clone()
+}
+
+/// A running `punchclock` process (dev, server or runner) that is killed
+/// (SIGKILL, whole process group) when dropped.
+pub struct Proc {
+    /// The child.
+    pub child: Child,
+    /// gRPC address (`http://127.0.0.1:PORT`) when the process serves one.
+    pub addr: String,
+    /// File the process's stderr is copied to.
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `punchclock ARGS` in the repo root; when `serves` is true,
+    /// waits for its "API on http://ADDR" line (at most 60 s).
+    pub fn start(args: &[&str], log: &Path, serves: bool) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(bin())
+            .args(args)
+            .current_dir(repo_root())
+            .env("PUNCHCLOCK_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn punchclock");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let log_path = log.to_path_buf();
+        std::thread::spawn(move || {
+            let mut out = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).ok();
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = out.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                if !sent {
+                    if let Some(i) = line.find("API on http://") {
+                        let rest = &line[i + "API on ".len()..];
+                        let addr = rest.split([' ', ',', ')']).next().unwrap_or("").to_string();
+                        let _ = tx.send(addr);
+                        sent = true;
+                    }
+                }
+            }
+        });
+        let addr = if serves {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(a) => a,
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("punchclock {args:?} did not start serving; log: {}", std::fs::read_to_string(log).unwrap_or_default());
+                }
+            }
+        } else {
+            String::new()
+        };
+        Proc { child, addr, log: log.to_path_buf() }
+    }
+
+    /// `punchclock dev` on a data dir, free ports, the test agents, fast heartbeats.
+    pub fn dev(data_dir: &Path) -> Proc {
+        let d = data_dir.to_string_lossy().to_string();
+        Proc::start(
+            &[
+                "dev",
+                "--data-dir",
+                &d,
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--agents",
+                "tests/agents.yaml",
+                "--heartbeat-ms",
+                "500",
+                "--kill-grace-ms",
+                "1000",
+                "--slots",
+                "8",
+            ],
+            &data_dir.with_extension("log"),
+            true,
+        )
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// SIGKILL to this process only (not its group): a crash.
+    pub fn kill9(&mut self) {
+        unsafe_kill(self.pid(), libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        unsafe_kill(-self.pid(), libc::SIGKILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_kill(pid: i32, sig: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Whether a process is gone (no such pid, or a zombie nobody reaped).
+pub fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')).unwrap_or(false),
+    }
+}
+
+/// Waits (bounded) until `pid` is gone.
+pub async fn wait_gone(pid: i32, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if process_gone(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    process_gone(pid)
+}
+
+/// A gRPC channel to `addr`.
+pub async fn channel(addr: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(addr.to_string()).expect("endpoint").connect().await.expect("connect")
+}
+
+/// Task service client.
+pub async fn tasks(addr: &str) -> TaskServiceClient<Channel> {
+    TaskServiceClient::new(channel(addr).await)
+}
+
+/// Run service client.
+pub async fn runs(addr: &str) -> RunServiceClient<Channel> {
+    RunServiceClient::new(channel(addr).await)
+}
+
+/// Applies one task given as JSON; panics with the server's message on error.
+pub async fn apply(addr: &str, spec: serde_json::Value) -> pb::Task {
+    tasks(addr)
+        .await
+        .apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false })
+        .await
+        .expect("apply task")
+        .into_inner()
+        .task
+        .expect("task")
+}
+
+/// Waits for the first run (current or future, of `task_id` or all when
+/// empty) matching `pred`, via WatchRuns. Panics after `within`.
+pub async fn wait_run(addr: &str, task_id: &str, within: Duration, pred: impl Fn(&pb::Run) -> bool) -> pb::Run {
+    let mut s = runs(addr)
+        .await
+        .watch_runs(pb::WatchRunsRequest { task_id: task_id.into(), run_id: String::new() })
+        .await
+        .expect("watch")
+        .into_inner();
+    let r = tokio::time::timeout(within, async {
+        while let Some(r) = s.next().await {
+            let r = r.expect("watch item");
+            if pred(&r) {
+                return Some(r);
+            }
+        }
+        None
+    })
+    .await;
+    match r {
+        Ok(Some(r)) => r,
+        _ => {
+            let all = list_runs(addr, task_id).await;
+            panic!("no run of {task_id:?} matched within {within:?}; runs now: {all:#?}")
+        }
+    }
+}
+
+/// Every run of a task (or all), newest first.
+pub async fn list_runs(addr: &str, task_id: &str) -> Vec<pb::Run> {
+    runs(addr)
+        .await
+        .list_runs(pb::ListRunsRequest { task_id: task_id.into(), status: 0, limit: 10_000 })
+        .await
+        .expect("list runs")
+        .into_inner()
+        .runs
+}
+
+/// Status of a run.
+pub fn status(r: &pb::Run) -> pb::RunStatus {
+    pb::RunStatus::try_from(r.status).unwrap_or(pb::RunStatus::Unspecified)
+}
+
+/// Protobuf timestamp → chrono.
+pub fn at(t: &Option<prost_types::Timestamp>) -> Option<chrono::DateTime<chrono::Utc>> {
+    t.as_ref().and_then(|t| chrono::DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32))
+}
+
+/// Runs the CLI (`punchclock ARGS`) against `addr`; returns stdout, panics on failure.
+pub fn cli(addr: &str, args: &[&str]) -> String {
+    let out = Command::new(bin()).args(args).env("PUNCHCLOCK_ENDPOINT", addr).current_dir(repo_root()).output().expect("run cli");
+    assert!(out.status.success(), "punchclock {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
