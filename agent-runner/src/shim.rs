@@ -28,6 +28,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus};
 
@@ -80,7 +81,24 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
         kill_group();
     }
 
-    let mut agent = Command::new(&program).args(argv).env_remove(SHIM_PARENT_PID_ENV).spawn().unwrap_or_else(|err| {
+    let mut command = Command::new(&program);
+    command.args(argv).env_remove(SHIM_PARENT_PID_ENV);
+    // The blocked mask is inherited across fork and exec: the agent must
+    // start with every signal unblocked, or it would never see SIGTERM and a
+    // shell's `wait` would never see SIGCHLD.
+    // SAFETY: only async-signal-safe calls (sigemptyset, sigprocmask) run
+    // between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let mut empty = MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(empty.as_mut_ptr());
+            if libc::sigprocmask(libc::SIG_SETMASK, empty.as_ptr(), std::ptr::null_mut()) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut agent = command.spawn().unwrap_or_else(|err| {
         let code = match err.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
             _ => EXIT_CANNOT_EXECUTE,

@@ -39,8 +39,10 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 4] = [
+    let tests: [Test; 6] = [
         ("success_passes_through_the_shim", |dir| runtime().block_on(success(dir))),
+        ("agent_starts_with_no_blocked_signals", |dir| runtime().block_on(no_blocked_signals(dir))),
+        ("shell_wait_returns_behind_the_shim", |dir| runtime().block_on(shell_wait(dir))),
         ("exit_code_passes_through_the_shim", |dir| runtime().block_on(exit_code(dir))),
         ("timeout_kills_the_group_behind_the_shim", |dir| runtime().block_on(timeout(dir))),
         ("killed_runner_leaves_no_agent_behind", killed_runner),
@@ -97,6 +99,23 @@ async fn success(dir: &Path) {
     assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
     assert_eq!(finished.result_json, r#"{"via":"shim"}"#, "stdin and env pass through");
     assert_eq!(finished.stdout_tail, "hi\n");
+}
+
+/// The shim blocks signals for `sigwait`; the agent must not inherit that
+/// mask (it would never see SIGTERM, and `wait` in a shell would hang).
+async fn no_blocked_signals(dir: &Path) {
+    let agent = sh_agent(r#"grep SigBlk /proc/self/status"#);
+    let (_, finished) = run_agent(dir, &agent, &assign("e-mask", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.stdout_tail.split_whitespace().nth(1), Some("0000000000000000"), "{}", finished.stdout_tail);
+}
+
+/// Regression: `sleep 1 & wait $!` hung forever behind the shim.
+async fn shell_wait(dir: &Path) {
+    let agent = sh_agent(r#"sleep 0.2 & wait "$!"; echo waited"#);
+    let (_, finished) = run_agent(dir, &agent, &assign("e-wait", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.stdout_tail, "waited\n");
 }
 
 async fn exit_code(dir: &Path) {
