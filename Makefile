@@ -34,7 +34,7 @@ demo: build
 
 # Acceptance 4 of issue 2: idle CPU and memory with 10,000 cron tasks (prints figures).
 bench-idle: build
-	$(CARGO) run --quiet -p punchclock-tests --bin bench-idle
+	$(CARGO) run --quiet -p punchclock-tests --bin bench-idle -- 10000 20
 
 fmt:
 	$(CARGO) fmt --all

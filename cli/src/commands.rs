@@ -514,7 +514,17 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             if failed > 0 { Err(format!("{failed} task(s) rejected")) } else { Ok(()) }
         }
         TaskCmd::List => {
-            let r = tc.list_tasks(pb::ListTasksRequest {}).await.map_err(grpc)?.into_inner();
+            let mut all = Vec::new();
+            let mut token = String::new();
+            loop {
+                let r = tc.list_tasks(pb::ListTasksRequest { page_size: 0, page_token: token }).await.map_err(grpc)?.into_inner();
+                all.extend(r.tasks);
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                token = r.next_page_token;
+            }
+            let r = pb::ListTasksResponse { tasks: all, next_page_token: String::new() };
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
             } else {

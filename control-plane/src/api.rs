@@ -17,7 +17,11 @@ use crate::store::{Compare, Keys, KvStore, Txn, TxnOp, WatchEvent};
 
 /// Most fire times one preview returns.
 pub const MAX_PREVIEW: u32 = 1000;
-/// Default and maximum page of `ListRuns`.
+/// Default page of `ListTasks`.
+pub const DEFAULT_TASK_PAGE: u32 = 500;
+/// Largest page of `ListTasks`.
+pub const MAX_TASK_PAGE: u32 = 1000;
+/// Default page of `ListRuns`.
 pub const DEFAULT_RUN_LIMIT: u32 = 100;
 /// Attempts of an optimistic read-modify-write before giving up.
 const CAS_ATTEMPTS: usize = 5;
@@ -182,6 +186,17 @@ impl Core {
         let rec: TaskRecord = decode("task", &kv.value)?;
         let cursor = self.store.get(&self.keys.cursor(task_id)).await?.map(|kv| decode("cursor", &kv.value)).transpose()?;
         Ok(self.view(rec, cursor))
+    }
+
+    /// Tasks by id, `limit` of them after `page_token` (a task id; empty =
+    /// from the start). Returns the page and the next token (empty at the end).
+    pub async fn list_tasks_page(&self, page_token: &str, limit: u32) -> Result<(Vec<TaskView>, String)> {
+        let limit = if limit == 0 { DEFAULT_TASK_PAGE } else { limit.min(MAX_TASK_PAGE) } as usize;
+        let mut all = self.list_tasks().await?;
+        all.retain(|v| v.record.spec.task_id.as_str() > page_token);
+        let next = if all.len() > limit { all[limit - 1].record.spec.task_id.clone() } else { String::new() };
+        all.truncate(limit);
+        Ok((all, next))
     }
 
     /// Every task, by id.

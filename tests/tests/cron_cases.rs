@@ -126,7 +126,13 @@ async fn every_invalid_cron_case_is_rejected_naming_the_problem() {
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id}: {e}");
         assert!(e.message().starts_with(&format!("trigger.{field}:")), "{id}: apply error must name trigger.{field}: {}", e.message());
     }
-    let listed = tasks(&addr).await.list_tasks(pb::ListTasksRequest {}).await.expect("list").into_inner().tasks;
+    let listed = tasks(&addr)
+        .await
+        .list_tasks(pb::ListTasksRequest { page_size: 1000, page_token: String::new() })
+        .await
+        .expect("list")
+        .into_inner()
+        .tasks;
     assert!(listed.is_empty(), "rejected definitions must not be written: {listed:?}");
     let _ = stop.send(());
     srv.wait().await.expect("server stops");

@@ -30,7 +30,6 @@ use crate::dispatch::registry::RunnerEntry;
 use crate::election::Leadership;
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, TaskRecord};
-use crate::schedule::Schedule;
 use crate::store::{Keys, KvStore, WatchEvent, WatchStream};
 use crate::timing::Timing;
 
@@ -184,7 +183,6 @@ enum Timer {
 /// A task the engine tracks.
 struct TaskEntry {
     record: TaskRecord,
-    schedules: Vec<Schedule>,
     cursor: Option<Cursor>,
     /// Bumped on every change; stale `Fire` timers are ignored.
     generation: u64,

@@ -13,6 +13,13 @@ use crate::store::{Txn, TxnOp};
 const WRITE_RETRY: chrono::Duration = chrono::Duration::seconds(1);
 
 impl TaskEntry {
+    /// The compiled triggers. Compiled when needed rather than kept: a
+    /// parsed cron holds a year bitmap of ~5 KB, and re-parsing is
+    /// microseconds at each fire (see the bench-idle memory figure).
+    fn schedules(&self) -> Vec<Schedule> {
+        self.record.spec.schedules().unwrap_or_default()
+    }
+
     /// Slots strictly after this instant are still to come.
     fn baseline(&self) -> DateTime<Utc> {
         self.cursor.as_ref().and_then(|c| c.last_slot).unwrap_or(self.record.created_at)
@@ -23,18 +30,15 @@ impl Engine {
     /// Starts tracking a task (new or changed definition, pause, resume).
     pub(super) async fn upsert_task(&mut self, rec: TaskRecord, cursor: Option<Cursor>) {
         let id = rec.spec.task_id.clone();
-        let schedules = match rec.spec.schedules() {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");
-                return;
-            }
-        };
+        if let Err(e) = rec.spec.schedules() {
+            tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");
+            return;
+        }
         let (cursor, generation) = match self.tasks.remove(&id) {
             Some(prev) => (prev.cursor, prev.generation + 1),
             None => (cursor, 1),
         };
-        self.tasks.insert(id.clone(), TaskEntry { record: rec, schedules, cursor, generation, next: None });
+        self.tasks.insert(id.clone(), TaskEntry { record: rec, cursor, generation, next: None });
         self.run_past_once(&id).await;
         self.cover_paused_slots(&id).await;
         self.arm(&id);
@@ -60,7 +64,7 @@ impl Engine {
         }
         let created = e.record.created_at;
         let past: Vec<DateTime<Utc>> = e
-            .schedules
+            .schedules()
             .iter()
             .filter_map(|s| match s {
                 Schedule::Once { at } if *at <= created => Some(*at),
@@ -84,9 +88,9 @@ impl Engine {
         if e.record.paused || resumed_at <= e.baseline() {
             return;
         }
-        if let Some(range) = count_slots(&e.schedules, e.baseline(), resumed_at) {
+        if let Some(range) = count_slots(&e.schedules(), e.baseline(), resumed_at) {
             let rec = &e.record;
-            let kind = e.schedules.first().map_or("cron", Schedule::kind);
+            let kind = e.schedules().first().map_or("cron", Schedule::kind);
             let now = self.now();
             let mut run = RunRecord::skipped(
                 slot_run_id(task_id, range.1),
@@ -115,7 +119,8 @@ impl Engine {
         if e.record.paused {
             return;
         }
-        let Some((slot, sched)) = next_slot(&e.schedules, e.baseline()) else { return };
+        let schedules = e.schedules();
+        let Some((slot, sched)) = next_slot(&schedules, e.baseline()) else { return };
         let fire_at = slot + jitter_for(task_id, slot, sched.jitter_ms());
         e.next = Some((slot, fire_at));
         let generation = e.generation;
@@ -132,9 +137,9 @@ impl Engine {
         let ex = &e.record.spec.execution;
         let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
         let window = SlotWindow { after: e.baseline(), now };
-        let plan = plan_due_slots(&e.schedules, window, policy, grace);
+        let plan = plan_due_slots(&e.schedules(), window, policy, grace);
         let agent = e.record.spec.agent_id.clone();
-        let kind = e.schedules.first().map_or("cron", Schedule::kind);
+        let kind = e.schedules().first().map_or("cron", Schedule::kind);
         if let Some(range) = plan.skipped {
             let why = match policy {
                 MisfirePolicy::Skip => "misfire_policy skip".to_string(),

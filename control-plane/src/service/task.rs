@@ -34,9 +34,10 @@ impl TaskService for TaskSvc {
         Ok(Response::new(task_to_pb(&v)))
     }
 
-    async fn list_tasks(&self, _req: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
-        let tasks = self.0.list_tasks().await.map_err(status)?;
-        Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(task_to_pb).collect() }))
+    async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let r = req.into_inner();
+        let (tasks, next_page_token) = self.0.list_tasks_page(&r.page_token, r.page_size).await.map_err(status)?;
+        Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(task_to_pb).collect(), next_page_token }))
     }
 
     async fn delete_task(&self, req: Request<pb::DeleteTaskRequest>) -> Result<Response<pb::DeleteTaskResponse>, Status> {

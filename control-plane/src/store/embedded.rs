@@ -28,6 +28,10 @@ const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
 const HEADER: usize = 32;
 
+/// redb's page cache (its default is 1 GiB, which an idle control plane
+/// would grow into as the file grows).
+const CACHE_BYTES: usize = 32 * 1024 * 1024;
+
 /// Events broadcast per commit; a watcher that falls this far behind gets an error.
 const WATCH_BUFFER: usize = 16_384;
 
@@ -96,7 +100,7 @@ impl EmbeddedStore {
         std::fs::create_dir_all(dir).map_err(|e| Error::Store(format!("create {}: {e}", dir.display())))?;
         let path = dir.join("punchclock.redb");
         let p = path.clone();
-        let db = tokio::task::spawn_blocking(move || Database::create(&p))
+        let db = tokio::task::spawn_blocking(move || Database::builder().set_cache_size(CACHE_BYTES).create(&p))
             .await
             .map_err(store_err)?
             .map_err(|e| Error::Store(format!("open {}: {e}", path.display())))?;
