@@ -2,6 +2,8 @@
 //! processes on free loopback ports, talk to them over real gRPC, and wait
 //! on events (WatchRuns streams, process exits), not on sleeps.
 
+pub mod etcd;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

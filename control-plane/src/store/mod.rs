@@ -7,6 +7,7 @@
 
 pub mod conformance;
 pub mod embedded;
+pub mod etcd;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;

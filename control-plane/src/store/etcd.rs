@@ -1,0 +1,179 @@
+//! The etcd store (etcd v3 API through `etcd-client`): the production
+//! backend for any number of control-plane replicas. Keys are used as given
+//! (the [`super::Keys`] prefix namespaces them). Every request has a
+//! deadline, so a cluster without quorum answers with an error instead of
+//! hanging the caller (etcd blocks writes and linearizable reads without
+//! quorum: etcd docs, "Failure modes").
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
+use futures::StreamExt;
+
+use super::{CompareOp, CompareTarget, KeyValue, KvStore, LeaseId, Revision, Txn, TxnOp, TxnResult, WatchEvent, WatchStream};
+use crate::error::{Error, Result};
+
+/// Deadline of one etcd request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn err(e: etcd_client::Error) -> Error {
+    Error::Store(format!("etcd: {e}"))
+}
+
+fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        version: kv.version(),
+        lease: kv.lease(),
+    }
+}
+
+/// The etcd-backed [`KvStore`].
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    endpoints: Vec<String>,
+}
+
+impl EtcdStore {
+    /// Connects to `endpoints` (`host:port` or `http://host:port`).
+    ///
+    /// Errors: [`Error::Store`] when no endpoint answers within the timeout.
+    pub async fn connect(endpoints: &[String]) -> Result<Self> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(REQUEST_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let client = Client::connect(endpoints, Some(opts)).await.map_err(err)?;
+        let store = EtcdStore { client, endpoints: endpoints.to_vec() };
+        // Fail fast when etcd is not there at all.
+        store.get("/punchclock-probe").await?;
+        Ok(store)
+    }
+
+    /// A clone of the underlying client (for the election).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+}
+
+fn compare(c: &super::Compare) -> etcd_client::Compare {
+    use etcd_client::CompareOp as Op;
+    let op = match c.op {
+        CompareOp::Equal => Op::Equal,
+        CompareOp::NotEqual => Op::NotEqual,
+        CompareOp::Less => Op::Less,
+        CompareOp::Greater => Op::Greater,
+    };
+    let key = c.key.as_bytes().to_vec();
+    match &c.target {
+        CompareTarget::CreateRevision(r) => etcd_client::Compare::create_revision(key, op, *r),
+        CompareTarget::ModRevision(r) => etcd_client::Compare::mod_revision(key, op, *r),
+        CompareTarget::Version(v) => etcd_client::Compare::version(key, op, *v),
+        CompareTarget::Value(v) => etcd_client::Compare::value(key, op, v.clone()),
+    }
+}
+
+fn op(o: &TxnOp) -> etcd_client::TxnOp {
+    match o {
+        TxnOp::Put { key, value, lease } => {
+            let opts = (*lease != 0).then(|| etcd_client::PutOptions::new().with_lease(*lease));
+            etcd_client::TxnOp::put(key.as_bytes().to_vec(), value.clone(), opts)
+        }
+        TxnOp::Delete { key } => etcd_client::TxnOp::delete(key.as_bytes().to_vec(), None),
+        TxnOp::Get { key } => etcd_client::TxnOp::get(key.as_bytes().to_vec(), None),
+    }
+}
+
+#[async_trait]
+impl KvStore for EtcdStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        let r = self.client.kv_client().get(key, None).await.map_err(err)?;
+        Ok(r.kvs().first().map(kv_of))
+    }
+
+    async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let r = self.client.kv_client().get(prefix, Some(GetOptions::new().with_prefix())).await.map_err(err)?;
+        let rev = r.header().map_or(0, |h| h.revision());
+        Ok((r.kvs().iter().map(kv_of).collect(), rev))
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult> {
+        let t = etcd_client::Txn::new()
+            .when(txn.compares.iter().map(compare).collect::<Vec<_>>())
+            .and_then(txn.success.iter().map(op).collect::<Vec<_>>())
+            .or_else(txn.failure.iter().map(op).collect::<Vec<_>>());
+        let r = self.client.kv_client().txn(t).await.map_err(err)?;
+        let gets = r
+            .op_responses()
+            .into_iter()
+            .filter_map(|resp| match resp {
+                etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().first().map(kv_of)),
+                _ => None,
+            })
+            .collect();
+        Ok(TxnResult { succeeded: r.succeeded(), revision: r.header().map_or(0, |h| h.revision()), gets })
+    }
+
+    async fn watch(&self, prefix: &str) -> Result<WatchStream> {
+        let stream = self.client.watch_client().watch(prefix, Some(WatchOptions::new().with_prefix())).await.map_err(err)?;
+        let s = futures::stream::unfold(Some(stream), |state| async move {
+            let mut stream = state?;
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    if resp.canceled() {
+                        let reason = resp.cancel_reason().to_string();
+                        return Some((vec![Err(Error::Store(format!("etcd watch cancelled: {reason}")))], None));
+                    }
+                    let evs: Vec<Result<WatchEvent>> = resp
+                        .events()
+                        .iter()
+                        .filter_map(|e| {
+                            let kv = e.kv()?;
+                            Some(Ok(match e.event_type() {
+                                EventType::Put => WatchEvent::Put(kv_of(kv)),
+                                EventType::Delete => WatchEvent::Delete {
+                                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                                    mod_revision: kv.mod_revision(),
+                                },
+                            }))
+                        })
+                        .collect();
+                    Some((evs, Some(stream)))
+                }
+                Ok(None) => Some((vec![Err(Error::Store("etcd watch ended".into()))], None)),
+                Err(e) => Some((vec![Err(err(e))], None)),
+            }
+        })
+        .flat_map(futures::stream::iter);
+        Ok(s.boxed())
+    }
+
+    async fn grant_lease(&self, ttl_seconds: i64) -> Result<LeaseId> {
+        Ok(self.client.lease_client().grant(ttl_seconds, None).await.map_err(err)?.id())
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
+        let (mut keeper, mut stream) = self.client.lease_client().keep_alive(lease).await.map_err(err)?;
+        keeper.keep_alive().await.map_err(err)?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, stream.message()).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => Ok(r.ttl()),
+            Ok(Ok(_)) => Err(Error::Store(format!("lease {lease} expired"))),
+            Ok(Err(e)) => Err(err(e)),
+            Err(_) => Err(Error::Store(format!("lease {lease} keep-alive timed out"))),
+        }
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        self.client.lease_client().revoke(lease).await.map_err(err)?;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("etcd://{}", self.endpoints.join(","))
+    }
+}

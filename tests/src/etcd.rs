@@ -1,0 +1,120 @@
+//! Real etcd processes for tests: one member or a cluster on loopback ports,
+//! in a temporary directory, stopped when dropped.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use punchclock_control_plane::store::etcd::EtcdStore;
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// One etcd member.
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+/// A running etcd cluster.
+pub struct Etcd {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+    initial_cluster: String,
+}
+
+impl Etcd {
+    /// Starts `n` members and waits until the cluster answers.
+    pub async fn start(n: usize) -> Etcd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let members: Vec<Member> =
+            (0..n).map(|i| Member { name: format!("m{i}"), client_port: free_port(), peer_port: free_port(), child: None }).collect();
+        let initial_cluster = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port)).collect::<Vec<_>>().join(",");
+        let mut etcd = Etcd { members, dir, initial_cluster };
+        for i in 0..n {
+            etcd.spawn(i, "new");
+        }
+        etcd.wait_ready().await;
+        etcd
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let data: PathBuf = self.dir.path().join(&self.members[i].name);
+        let m = &mut self.members[i];
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name))).expect("log file");
+        let child = Command::new("etcd")
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(&data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--initial-cluster",
+                &self.initial_cluster,
+                "--initial-cluster-state",
+                state,
+                "--initial-cluster-token",
+                "punchclock-test",
+            ])
+            .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn etcd (install etcd-server)");
+        m.child = Some(child);
+    }
+
+    /// Client endpoints, `http://127.0.0.1:PORT`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client_port)).collect()
+    }
+
+    /// `etcd://127.0.0.1:A,127.0.0.1:B` for `punchclock server --store`.
+    pub fn store_url(&self) -> String {
+        format!("etcd://{}", self.members.iter().map(|m| format!("127.0.0.1:{}", m.client_port)).collect::<Vec<_>>().join(","))
+    }
+
+    /// Waits until a write succeeds (at most 30 s).
+    pub async fn wait_ready(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(s) = EtcdStore::connect(&self.endpoints()).await {
+                use punchclock_control_plane::store::KvStore;
+                if s.put("/test/ready", b"1".to_vec()).await.is_ok() {
+                    return;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "etcd did not become ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills member `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Restarts a killed member on its data dir.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i, "existing");
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
