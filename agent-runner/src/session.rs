@@ -61,6 +61,9 @@ const QUEUE_CAPACITY: usize = 1024;
 const SHUTDOWN_DRAIN_SLACK: Duration = Duration::from_secs(5);
 /// Shutdown: how long to wait for the last `FinishedAck`s.
 const SHUTDOWN_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Metadata key in which a follower names the leader's address on
+/// `UNAVAILABLE` (set by the control plane's `service::status`).
+pub const LEADER_METADATA: &str = "punchclock-leader";
 
 /// Runs the runner until `shutdown` completes.
 ///
@@ -133,12 +136,18 @@ impl Runner {
         let mut backoff = Backoff::default();
         loop {
             let address = addresses.next();
-            match self.session(address, &mut shutdown, &mut backoff).await {
+            let delay = match self.session(address, &mut shutdown, &mut backoff).await {
                 SessionEnd::Shutdown => return,
-                SessionEnd::Redirect(leader) => addresses.redirect(leader),
-                SessionEnd::Lost => {}
-            }
-            let delay = backoff.next_delay();
+                // Follow a redirect at once: it names the leader.
+                SessionEnd::Redirect(leader) => {
+                    addresses.redirect(leader);
+                    Duration::ZERO
+                }
+                // Back off once per round over the configured addresses, so a
+                // dead address does not delay trying the live ones.
+                SessionEnd::Lost if !addresses.round_done() => Backoff::INITIAL,
+                SessionEnd::Lost => backoff.next_delay(),
+            };
             debug!(delay_ms = delay.as_millis(), "reconnecting after backoff");
             if self.offline(time::sleep(delay), &mut shutdown).await.is_none() {
                 self.shut_down(None).await;
@@ -158,6 +167,13 @@ impl Runner {
             }
             Some(Ok(connection)) => connection,
             Some(Err(err)) => {
+                // A follower answers UNAVAILABLE with the leader's address in
+                // the `punchclock-leader` metadata: go there next.
+                if let Error::Stream { status, .. } = &err {
+                    if let Some(leader) = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok()).filter(|l| !l.is_empty()) {
+                        return on_reject(&address, status.message(), leader.to_string());
+                    }
+                }
                 warn!(error = %err, "cannot open the runner stream");
                 return SessionEnd::Lost;
             }
@@ -605,11 +621,13 @@ struct Addresses {
     configured: Vec<String>,
     next: usize,
     redirect: Option<String>,
+    /// Configured addresses tried since the last full round.
+    tried: usize,
 }
 
 impl Addresses {
     fn new(configured: &[String]) -> Self {
-        Self { configured: configured.iter().map(|address| normalize_address(address)).collect(), next: 0, redirect: None }
+        Self { configured: configured.iter().map(|address| normalize_address(address)).collect(), next: 0, redirect: None, tried: 0 }
     }
 
     fn next(&mut self) -> String {
@@ -619,7 +637,18 @@ impl Addresses {
         // `configured` is non-empty (RunnerConfig::validate).
         let address = self.configured.get(self.next % self.configured.len().max(1)).cloned();
         self.next = self.next.wrapping_add(1);
+        self.tried += 1;
         address.unwrap_or_default()
+    }
+
+    /// True (once) when every configured address was tried since the last round.
+    fn round_done(&mut self) -> bool {
+        if self.tried >= self.configured.len() {
+            self.tried = 0;
+            true
+        } else {
+            false
+        }
     }
 
     fn redirect(&mut self, leader: String) {
@@ -627,7 +656,8 @@ impl Addresses {
     }
 }
 
-/// Reconnect delays: 100 ms doubling to 5 s, each with ±20 % jitter.
+/// Reconnect delays: 100 ms doubling to 2 s, each with ±20 % jitter (2 s:
+/// a runner finds a new leader well within a lease TTL after it is elected).
 #[derive(Debug)]
 struct Backoff {
     next: Duration,
@@ -635,7 +665,7 @@ struct Backoff {
 
 impl Backoff {
     const INITIAL: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(5);
+    const MAX: Duration = Duration::from_secs(2);
 
     fn next_delay(&mut self) -> Duration {
         let base = self.next;
@@ -662,7 +692,7 @@ mod tests {
     fn backoff_doubles_to_the_cap_with_jitter_and_resets() {
         let mut backoff = Backoff::default();
         let within = |delay: Duration, base: Duration| delay >= base.mul_f64(0.8) && delay <= base.mul_f64(1.2);
-        for base_ms in [100, 200, 400, 800, 1600, 3200, 5000, 5000] {
+        for base_ms in [100, 200, 400, 800, 1600, 2000, 2000] {
             let delay = backoff.next_delay();
             assert!(within(delay, Duration::from_millis(base_ms)), "{delay:?} vs {base_ms} ms");
         }

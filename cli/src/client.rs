@@ -33,3 +33,19 @@ pub async fn connect(endpoints: &str) -> Result<Channel, String> {
     }
     Err(last)
 }
+
+/// Connects to the leader: asks the first reachable endpoint who leads and
+/// follows its advertised address (leader-only calls: trigger, cancel,
+/// runners). Falls back to the reachable endpoint when no leader is known.
+pub async fn connect_leader(endpoints: &str) -> Result<Channel, String> {
+    use punchclock_proto::v1::cluster_service_client::ClusterServiceClient;
+    let ch = connect(endpoints).await?;
+    let leader = ClusterServiceClient::new(ch.clone()).get_leader(punchclock_proto::v1::GetLeaderRequest {}).await;
+    match leader {
+        Ok(r) => {
+            let r = r.into_inner();
+            if r.is_self || r.advertise_address.is_empty() { Ok(ch) } else { connect(&r.advertise_address).await }
+        }
+        Err(_) => Ok(ch),
+    }
+}

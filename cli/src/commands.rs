@@ -65,6 +65,15 @@ enum Cmd {
     Runners(RunnersCmd),
     /// Fire times of a cron expression (no server needed).
     Preview(PreviewArgs),
+    /// Cluster membership and leadership.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Members, the leader's advertised address and its fencing token.
+    Status,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -75,6 +84,9 @@ struct TimingArgs {
     /// TERM→KILL grace in milliseconds when an agent is stopped.
     #[arg(long, default_value_t = 5000)]
     kill_grace_ms: u64,
+    /// TTL in milliseconds of the leader's etcd lease (renewed every TTL/3).
+    #[arg(long, default_value_t = 5000)]
+    lease_ttl_ms: u64,
 }
 
 impl TimingArgs {
@@ -82,6 +94,7 @@ impl TimingArgs {
         Timing {
             heartbeat_interval: Duration::from_millis(self.heartbeat_ms.max(100)),
             kill_grace: Duration::from_millis(self.kill_grace_ms),
+            lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(1000)),
         }
     }
 }
@@ -109,7 +122,7 @@ struct DevArgs {
 
 #[derive(Args, Debug)]
 struct ServerArgs {
-    /// `embedded:DIR`.
+    /// `embedded:DIR` (single node) or `etcd://host:port[,host:port...]`.
     #[arg(long)]
     store: String,
     /// gRPC listen address.
@@ -261,8 +274,30 @@ pub async fn run(cli: Cli) -> Res {
         Cmd::Preview(a) => preview(a, fmt),
         Cmd::Task(c) => task(&cli.endpoint, c, fmt).await,
         Cmd::Runs(c) => runs(&cli.endpoint, c, fmt).await,
-        Cmd::Runners(RunnersCmd::List) => {
+        Cmd::Cluster(ClusterCmd::Status) => {
             let mut c = ClusterServiceClient::new(client::connect(&cli.endpoint).await?);
+            let s = c.get_cluster_status(pb::GetClusterStatusRequest {}).await.map_err(grpc)?.into_inner();
+            let j = serde_json::json!({
+                "members": s.members.iter().map(|m| serde_json::json!({"id": m.id, "advertise_address": m.advertise_address, "is_leader": m.is_leader})).collect::<Vec<_>>(),
+                "leader_id": s.leader_id,
+                "leader_address": s.leader_address,
+                "fencing_token": s.fencing_token,
+                "store": s.store,
+                "answered_by": s.answered_by,
+            });
+            if fmt == Format::Json {
+                print_json(&j);
+            } else {
+                println!("store: {}\nleader: {} at {} (fencing token {})", s.store, s.leader_id, s.leader_address, s.fencing_token);
+                table(
+                    &["MEMBER", "ADDRESS", "LEADER"],
+                    s.members.iter().map(|m| vec![m.id.clone(), m.advertise_address.clone(), m.is_leader.to_string()]).collect(),
+                );
+            }
+            Ok(())
+        }
+        Cmd::Runners(RunnersCmd::List) => {
+            let mut c = ClusterServiceClient::new(client::connect_leader(&cli.endpoint).await?);
             let r = c.list_runners(pb::ListRunnersRequest {}).await.map_err(grpc)?.into_inner();
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(r.runners.iter().map(runner_json).collect()));
@@ -466,7 +501,10 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
         TaskCmd::Apply { file, .. } => Some(read_task_file(file)?),
         _ => None,
     };
-    let mut tc = TaskServiceClient::new(client::connect(endpoint).await?);
+    // Triggers create runs: the leader's job. Everything else any replica serves.
+    let channel =
+        if matches!(c, TaskCmd::Trigger { .. }) { client::connect_leader(endpoint).await? } else { client::connect(endpoint).await? };
+    let mut tc = TaskServiceClient::new(channel);
     let show = |t: &pb::Task| {
         if fmt == Format::Json {
             print_json(&task_json(t));
@@ -592,7 +630,9 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
 }
 
 async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
-    let mut rc = RunServiceClient::new(client::connect(endpoint).await?);
+    let channel =
+        if matches!(c, RunsCmd::Cancel { .. }) { client::connect_leader(endpoint).await? } else { client::connect(endpoint).await? };
+    let mut rc = RunServiceClient::new(channel);
     let header = ["RUN", "STATUS", "SCHEDULED_AT", "ATTEMPTS", "FINISHED_AT", "INFO"];
     match c {
         RunsCmd::List { task, status, limit } => {

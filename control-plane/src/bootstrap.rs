@@ -19,27 +19,38 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::api::Core;
 use crate::clock::SharedClock;
 use crate::election::Election;
+use crate::election::etcd::EtcdElection;
 use crate::election::single::SingleNode;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::service::{ClusterSvc, RunSvc, RunnerSvc, TaskSvc};
 use crate::store::embedded::EmbeddedStore;
+use crate::store::etcd::EtcdStore;
 use crate::store::{Keys, KvStore};
 use crate::timing::Timing;
 
-/// Where state lives: `embedded:DIR`.
+/// Where state lives: `embedded:DIR` or `etcd://host:port[,host:port...]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreSpec {
-    /// redb file in this directory.
+    /// redb file in this directory; single node.
     Embedded(PathBuf),
+    /// etcd cluster endpoints (`http://host:port`); any number of replicas.
+    Etcd(Vec<String>),
 }
 
 impl std::str::FromStr for StoreSpec {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
+        if let Some(rest) = s.strip_prefix("etcd://") {
+            let eps: Vec<String> = rest.split(',').map(str::trim).filter(|e| !e.is_empty()).map(|e| format!("http://{e}")).collect();
+            if eps.is_empty() {
+                return Err(Error::invalid("store", format!("{s:?}: expected etcd://host:port[,host:port...]")));
+            }
+            return Ok(StoreSpec::Etcd(eps));
+        }
         match s.split_once(':') {
             Some(("embedded", dir)) if !dir.is_empty() => Ok(StoreSpec::Embedded(PathBuf::from(dir))),
-            _ => Err(Error::invalid("store", format!("{s:?}: expected embedded:DIR"))),
+            _ => Err(Error::invalid("store", format!("{s:?}: expected embedded:DIR or etcd://host:port[,host:port...]"))),
         }
     }
 }
@@ -88,20 +99,19 @@ impl RunningServer {
 pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<RunningServer> {
     let store: Arc<dyn KvStore> = match &cfg.store {
         StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
+        StoreSpec::Etcd(endpoints) => Arc::new(EtcdStore::connect(endpoints).await?),
     };
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| Error::Unavailable { reason: format!("bind {}: {e}", cfg.listen), leader: None })?;
     let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
-    let election: Arc<dyn Election> = Arc::new(SingleNode::new(cfg.node_id.clone(), advertise));
-    let core = Arc::new(Core {
-        store: store.clone(),
-        keys: Keys::new(&cfg.key_prefix),
-        clock: clock.clone(),
-        election: election.clone(),
-        engine: RwLock::new(None),
-    });
+    let keys = Keys::new(&cfg.key_prefix);
+    let election: Arc<dyn Election> = match &cfg.store {
+        StoreSpec::Embedded(_) => Arc::new(SingleNode::new(cfg.node_id.clone(), advertise)),
+        StoreSpec::Etcd(_) => EtcdElection::start(store.clone(), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing),
+    };
+    let core = Arc::new(Core { store: store.clone(), keys, clock: clock.clone(), election: election.clone(), engine: RwLock::new(None) });
 
     let http_addr = match cfg.http_listen {
         Some(a) => Some(crate::http::serve(a, core.clone()).await?),
@@ -156,6 +166,10 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
     let mut running: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let current = lead.borrow_and_update().clone();
+        // An engine that stopped by itself (fenced) no longer counts.
+        if running.as_ref().is_some_and(|j| j.is_finished()) {
+            stop_engine(&core, &mut running).await;
+        }
         match (current, running.is_some()) {
             (Some(l), false) => {
                 let cfg = EngineConfig {
@@ -164,6 +178,7 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                     clock: core.clock.clone(),
                     timing,
                     leadership: l.clone(),
+                    leader_id: core.election.id(),
                 };
                 match Engine::start(cfg).await {
                     Ok((handle, join)) => {

@@ -6,6 +6,7 @@
 //! The fencing token is the create revision of the leader's election key: it
 //! only grows, rides on every assignment and guards every leader write.
 
+pub mod etcd;
 pub mod single;
 
 use async_trait::async_trait;
@@ -44,4 +45,6 @@ pub trait Election: Send + Sync + 'static {
     fn id(&self) -> String;
     /// Gives up leadership at once (on shutdown), so another replica takes over.
     async fn resign(&self);
+    /// Live members as `(id, advertised address)`.
+    async fn members(&self) -> Vec<(String, String)>;
 }

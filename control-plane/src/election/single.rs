@@ -40,4 +40,8 @@ impl Election for SingleNode {
     async fn resign(&self) {
         self.tx.send_replace(None);
     }
+
+    async fn members(&self) -> Vec<(String, String)> {
+        vec![(self.id.clone(), self.advertise.clone())]
+    }
 }

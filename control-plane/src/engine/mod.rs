@@ -197,6 +197,7 @@ pub struct Engine {
     clock: SharedClock,
     timing: Timing,
     leadership: Leadership,
+    leader_id: String,
     tasks: HashMap<String, TaskEntry>,
     /// Non-terminal runs.
     runs: HashMap<String, RunRecord>,
@@ -220,6 +221,8 @@ pub struct EngineConfig {
     pub timing: Timing,
     /// The leadership this engine runs under (token and fence).
     pub leadership: Leadership,
+    /// This replica's id (told to runners in Welcome).
+    pub leader_id: String,
 }
 
 impl Engine {
@@ -234,6 +237,7 @@ impl Engine {
             clock: cfg.clock,
             timing: cfg.timing,
             leadership: cfg.leadership,
+            leader_id: cfg.leader_id,
             tasks: HashMap::new(),
             runs: HashMap::new(),
             runners: HashMap::new(),

@@ -44,7 +44,7 @@ impl Engine {
             msg: Some(control_message::Msg::Welcome(Welcome {
                 fencing_token: self.leadership.token,
                 heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u32,
-                leader_id: String::new(),
+                leader_id: self.leader_id.clone(),
                 unknown: unknown.clone(),
             })),
         };

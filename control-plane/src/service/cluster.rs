@@ -27,6 +27,27 @@ impl ClusterService for ClusterSvc {
         }))
     }
 
+    async fn get_cluster_status(&self, _req: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        let l = self.0.leader().await.unwrap_or_default();
+        let mut members: Vec<pb::Member> = self
+            .0
+            .election
+            .members()
+            .await
+            .into_iter()
+            .map(|(id, advertise_address)| pb::Member { is_leader: id == l.leader_id, id, advertise_address })
+            .collect();
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(Response::new(pb::ClusterStatus {
+            members,
+            leader_id: l.leader_id,
+            leader_address: l.advertise_address,
+            fencing_token: l.token,
+            store: self.0.store.describe(),
+            answered_by: self.0.election.id(),
+        }))
+    }
+
     async fn list_runners(&self, _req: Request<pb::ListRunnersRequest>) -> Result<Response<pb::ListRunnersResponse>, Status> {
         let runners = self.0.list_runners().await.map_err(status)?;
         Ok(Response::new(pb::ListRunnersResponse { runners: runners.iter().map(runner_to_pb).collect() }))

@@ -174,6 +174,6 @@ impl KvStore for EtcdStore {
     }
 
     fn describe(&self) -> String {
-        format!("etcd://{}", self.endpoints.join(","))
+        format!("etcd://{}", self.endpoints.iter().map(|e| e.trim_start_matches("http://")).collect::<Vec<_>>().join(","))
     }
 }
