@@ -61,6 +61,9 @@ const QUEUE_CAPACITY: usize = 1024;
 const SHUTDOWN_DRAIN_SLACK: Duration = Duration::from_secs(5);
 /// Shutdown: how long to wait for the last `FinishedAck`s.
 const SHUTDOWN_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Heartbeat intervals without any message from the control plane after
+/// which the stream is treated as dead (DESIGN: 3 intervals, both ways).
+const SILENT_HEARTBEATS: u32 = 3;
 /// Metadata key in which a follower names the leader's address on
 /// `UNAVAILABLE` (set by the control plane's `service::status`).
 pub const LEADER_METADATA: &str = "punchclock-leader";
@@ -265,11 +268,18 @@ impl Runner {
     ) -> SessionEnd {
         let mut heartbeat = time::interval_at(Instant::now() + heartbeat_every, heartbeat_every);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The leader answers every heartbeat; silence this long means it is
+        // paused, partitioned or gone even if TCP still looks open.
+        let silent_after = heartbeat_every * SILENT_HEARTBEATS;
+        let mut last_inbound = Instant::now();
         loop {
             let step = tokio::select! {
                 () = shutdown.as_mut() => return SessionEnd::Shutdown,
                 inbound = connection.inbound.message() => match inbound {
-                    Ok(Some(message)) => self.on_control(message, connection).await,
+                    Ok(Some(message)) => {
+                        last_inbound = Instant::now();
+                        self.on_control(message, connection).await
+                    }
                     Ok(None) => {
                         info!(address = %connection.address, "control plane closed the runner stream");
                         Err(SessionEnd::Lost)
@@ -285,6 +295,10 @@ impl Runner {
                     None => Ok(()),
                 },
                 _ = heartbeat.tick() => {
+                    if last_inbound.elapsed() > silent_after {
+                        warn!(address = %connection.address, silent_ms = last_inbound.elapsed().as_millis(), "control plane silent; reconnecting");
+                        return SessionEnd::Lost;
+                    }
                     let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
                     connection.send(Outbound::Heartbeat(Heartbeat { running })).await
                 }
@@ -309,6 +323,18 @@ impl Runner {
                 Ok(())
             }
             Some(Inbound::Reject(reject)) => Err(on_reject(&connection.address, &reject.reason, reject.leader_address)),
+            Some(Inbound::HeartbeatAck(ack)) => {
+                if ack.fencing_token < self.max_token_seen {
+                    // A deposed leader still answering: find the new one.
+                    warn!(
+                        ack_token = ack.fencing_token,
+                        max_token_seen = self.max_token_seen,
+                        "heartbeat answered by a stale leader; reconnecting"
+                    );
+                    return Err(SessionEnd::Lost);
+                }
+                Ok(())
+            }
             Some(Inbound::Welcome(welcome)) => {
                 warn!(fencing_token = welcome.fencing_token, "unexpected second Welcome; ignoring it");
                 self.max_token_seen = self.max_token_seen.max(welcome.fencing_token);

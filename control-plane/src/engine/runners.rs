@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use tokio::sync::mpsc;
 
-use punchclock_proto::v1::{ControlMessage, FinishedAck, Hello, InFlight, Welcome, control_message, runner_message};
+use punchclock_proto::v1::{ControlMessage, FinishedAck, HeartbeatAck, Hello, InFlight, Welcome, control_message, runner_message};
 
 use super::runs::AttemptEnd;
 use super::{Engine, RunnerSnapshot, Timer};
@@ -83,7 +83,14 @@ impl Engine {
         }
         r.last_seen = now;
         match msg {
-            runner_message::Msg::Heartbeat(_) | runner_message::Msg::Hello(_) => {}
+            runner_message::Msg::Heartbeat(_) => {
+                let ack =
+                    ControlMessage { msg: Some(control_message::Msg::HeartbeatAck(HeartbeatAck { fencing_token: self.leadership.token })) };
+                if let Some(tx) = self.runners.get(runner_id).and_then(|r| r.tx.clone()) {
+                    let _ = tx.try_send(ack);
+                }
+            }
+            runner_message::Msg::Hello(_) => {}
             runner_message::Msg::Started(s) => self.on_started(s).await,
             runner_message::Msg::Progress(p) => self.on_progress(p).await,
             runner_message::Msg::Finished(f) => {

@@ -82,16 +82,20 @@ impl Engine {
         Err(Error::Fenced(format!("run {} not written: fencing token {} is stale", run.run_id, self.leadership.token)))
     }
 
-    /// Persists a run already in memory and keeps the in-memory copy in step.
-    async fn save(&mut self, mut run: RunRecord) {
+    /// Persists a run already in memory; on success keeps the in-memory copy
+    /// in step. Returns whether it was stored. A failed write leaves memory
+    /// as it was, so memory never runs ahead of the store.
+    async fn save(&mut self, mut run: RunRecord) -> bool {
         if let Err(e) = self.store_run(&mut run, false).await {
             tracing::error!(run_id = %run.run_id, error = %e, "cannot write run");
+            return false;
         }
         if run.status.is_terminal() {
             self.runs.remove(&run.run_id);
         } else {
             self.runs.insert(run.run_id.clone(), run);
         }
+        true
     }
 
     /// Creates a run under its task's overlap policy, then dispatches.
@@ -304,7 +308,10 @@ impl Engine {
                 scheduled_at: Some(pts(run.scheduled_at)),
             })),
         };
-        self.save(run).await;
+        if !self.save(run).await {
+            // Not recorded (fenced or store down): never send what is not stored.
+            return;
+        }
         let Some(runner) = self.runners.get_mut(runner_id) else { return };
         runner.running.insert(execution_id.clone(), run_id.to_string());
         let sent = match &runner.tx {
