@@ -128,6 +128,62 @@ impl Proc {
         )
     }
 
+    /// `punchclock server` on etcd: `--listen 127.0.0.1:PORT`, fast
+    /// heartbeats (500 ms), a 3 s lease and a 1 s kill grace.
+    pub fn server(store_url: &str, node_id: &str, port: u16, dir: &Path) -> Proc {
+        let listen = format!("127.0.0.1:{port}");
+        Proc::start(
+            &[
+                "server",
+                "--store",
+                store_url,
+                "--listen",
+                &listen,
+                "--node-id",
+                node_id,
+                "--heartbeat-ms",
+                "500",
+                "--lease-ttl-ms",
+                "3000",
+                "--kill-grace-ms",
+                "1000",
+            ],
+            &dir.join(format!("{node_id}.log")),
+            true,
+        )
+    }
+
+    /// `punchclock runner` with the test agents, following `control_planes` (comma-separated).
+    pub fn runner(control_planes: &str, runner_id: &str, dir: &Path) -> Proc {
+        Proc::start(
+            &[
+                "runner",
+                "--control-plane",
+                control_planes,
+                "--agents",
+                "tests/agents.yaml",
+                "--runner-id",
+                runner_id,
+                "--slots",
+                "16",
+                "--kill-grace-ms",
+                "1000",
+            ],
+            &dir.join(format!("{runner_id}.log")),
+            false,
+        )
+    }
+
+    /// Sends `sig` to this process only.
+    pub fn signal(&self, sig: i32) {
+        unsafe_kill(self.pid(), sig);
+    }
+
+    /// The process's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// Process id.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
@@ -256,4 +312,50 @@ pub fn cli(addr: &str, args: &[&str]) -> String {
     let out = Command::new(bin()).args(args).env("PUNCHCLOCK_ENDPOINT", addr).current_dir(repo_root()).output().expect("run cli");
     assert!(out.status.success(), "punchclock {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The cluster as `addr` sees it.
+pub async fn cluster_status(addr: &str) -> Option<pb::ClusterStatus> {
+    let ch = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .ok()?
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .ok()?;
+    pb::cluster_service_client::ClusterServiceClient::new(ch)
+        .get_cluster_status(pb::GetClusterStatusRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// Waits until some replica in `addrs` reports a leader for which `pred`
+/// holds; returns that status. Polls every 50 ms (the leader is a fact in
+/// etcd, not an event any process pushes to the test).
+pub async fn wait_leader(addrs: &[String], within: Duration, pred: impl Fn(&pb::ClusterStatus) -> bool) -> pb::ClusterStatus {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        for a in addrs {
+            if let Some(s) = cluster_status(a).await {
+                if !s.leader_id.is_empty() && pred(&s) {
+                    return s;
+                }
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader as expected within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded, polling a file) until `proc`'s log contains `needle`.
+pub async fn wait_log(proc: &Proc, needle: &str, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if proc.log_text().contains(needle) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proc.log_text().contains(needle)
 }

@@ -13,6 +13,8 @@
 
 mod runners;
 mod runs;
+
+pub use runs::write_run;
 mod tasks;
 
 use std::cmp::Reverse;

@@ -7,11 +7,12 @@ use punchclock_proto::v1::{Assign, Cancel, ControlMessage, Finished, Outcome, Pr
 
 use super::{Engine, Timer, TriggerRequest};
 use crate::dispatch::backoff;
+use crate::election::Leadership;
 use crate::error::{Error, Result};
 use crate::model::run::{manual_run_id, outcome, skip_reason};
 use crate::model::task::OverlapPolicy;
 use crate::model::{Attempt, Progress, RunRecord, RunStatus};
-use crate::store::{Compare, Txn, TxnOp};
+use crate::store::{Compare, Keys, KvStore, Txn, TxnOp};
 
 /// How a finished attempt ended, as the engine records it.
 pub(super) struct AttemptEnd {
@@ -57,29 +58,13 @@ impl Engine {
         self.rx.close();
     }
 
-    /// Writes a run (and its active-index entry) under the fence. With
-    /// `create`, only if absent: `Ok(false)` means the slot is taken.
+    /// Writes a run under this leader's fence; see [`write_run`].
     pub(super) async fn store_run(&mut self, run: &mut RunRecord, create: bool) -> Result<bool> {
-        run.fencing_token = self.leadership.token;
-        run.updated_at = self.now();
-        let key = self.keys.run(&run.run_id);
-        let value = serde_json::to_vec(&run).map_err(|e| Error::Internal(e.to_string()))?;
-        let active = self.keys.active_run(&run.run_id);
-        let index = if run.status.is_terminal() { TxnOp::delete(active) } else { TxnOp::put(active, Vec::new()) };
-        let mut compares = Vec::new();
-        if create {
-            compares.push(Compare::absent(&key));
+        let r = write_run(&*self.store, &self.keys, &self.leadership, self.clock.now(), run, create).await;
+        if matches!(r, Err(Error::Fenced(_))) {
+            self.on_fenced("run write");
         }
-        let txn = self.fenced(Txn { compares, success: vec![TxnOp::put(&key, value), index], failure: vec![TxnOp::get(&key)] });
-        let r = self.store.txn(txn).await?;
-        if r.succeeded {
-            return Ok(true);
-        }
-        if create && r.gets.first().is_some_and(Option::is_some) {
-            return Ok(false);
-        }
-        self.on_fenced("run write");
-        Err(Error::Fenced(format!("run {} not written: fencing token {} is stale", run.run_id, self.leadership.token)))
+        r
     }
 
     /// Persists a run already in memory; on success keeps the in-memory copy
@@ -552,4 +537,47 @@ impl Engine {
             self.save(run).await;
         }
     }
+}
+
+/// Writes a run record (and its `active/` index entry) in one transaction
+/// guarded by the leader's fence. With `create`, only if the run does not
+/// exist yet: `Ok(false)` means the slot is already taken (by another
+/// replica, or by this leader before a failover). Sets `fencing_token` and
+/// `updated_at` (UTC) on the record.
+///
+/// Errors: [`Error::Fenced`] when the fence fails (a newer leader exists);
+/// store errors as they come.
+pub async fn write_run(
+    store: &dyn KvStore,
+    keys: &Keys,
+    leadership: &Leadership,
+    now: DateTime<Utc>,
+    run: &mut RunRecord,
+    create: bool,
+) -> Result<bool> {
+    run.fencing_token = leadership.token;
+    run.updated_at = now;
+    let key = keys.run(&run.run_id);
+    let value = serde_json::to_vec(&run).map_err(|e| Error::Internal(e.to_string()))?;
+    let active = keys.active_run(&run.run_id);
+    let index = if run.status.is_terminal() { TxnOp::delete(active) } else { TxnOp::put(active, Vec::new()) };
+    let mut compares = leadership.fence.clone();
+    if create {
+        compares.push(Compare::absent(&key));
+    }
+    let txn = Txn { compares, success: vec![TxnOp::put(&key, value), index], failure: vec![TxnOp::get(&key)] };
+    let r = store.txn(txn).await?;
+    if r.succeeded {
+        return Ok(true);
+    }
+    // The failure branch read the run: present means the slot is taken; the
+    // fence, if any, is checked again to tell the two apart.
+    let fence_holds = match leadership.fence.first() {
+        None => true,
+        Some(c) => c.holds(store.get(&c.key).await?.as_ref()),
+    };
+    if create && fence_holds && r.gets.first().is_some_and(Option::is_some) {
+        return Ok(false);
+    }
+    Err(Error::Fenced(format!("run {} not written: fencing token {} is stale", run.run_id, leadership.token)))
 }
