@@ -49,7 +49,7 @@ use crate::{Error, time as clock};
 /// Timeout for establishing the TCP/HTTP2 connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the control plane has to answer `Hello`.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// HTTP/2 keep-alive, to notice a control plane that vanished silently.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -162,7 +162,16 @@ impl Runner {
     /// One connection: connect, handshake, serve until it ends. Performs the
     /// shutdown if it is requested meanwhile.
     async fn session<S: Future<Output = ()>>(&mut self, address: String, shutdown: &mut Pin<&mut S>, backoff: &mut Backoff) -> SessionEnd {
-        let opened = self.offline(Connection::open(address.clone(), self.hello()), shutdown).await;
+        // Bounded: a paused control plane accepts TCP but never answers.
+        let opened = self.offline(time::timeout(HANDSHAKE_TIMEOUT, Connection::open(address.clone(), self.hello())), shutdown).await;
+        let opened = match opened {
+            Some(Err(_elapsed)) => {
+                warn!(%address, timeout_s = HANDSHAKE_TIMEOUT.as_secs(), "control plane did not answer the runner stream in time");
+                return SessionEnd::Lost;
+            }
+            Some(Ok(r)) => Some(r),
+            None => None,
+        };
         let mut connection = match opened {
             None => {
                 self.shut_down(None).await;

@@ -1,0 +1,74 @@
+//! Acceptance 2 (issue 3): the leader is SIGSTOPped past its lease while a
+//! runner is connected. Another replica takes over within lease TTL + 2 s.
+//! When the old leader is resumed, it writes nothing (its fenced writes are
+//! rejected), the runner takes no assignment from it, and it steps down by
+//! itself.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use punchclock_proto::v1 as pb;
+use punchclock_tests::etcd::{Etcd, free_port};
+use punchclock_tests::{Proc, apply, at, list_runs, status, wait_leader, wait_log, wait_run};
+use serde_json::json;
+
+const LEASE_TTL: Duration = Duration::from_secs(3);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_leader_is_replaced_and_fenced_when_it_resumes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start(1).await;
+    let ports = [free_port(), free_port()];
+    let servers =
+        [Proc::server(&etcd.store_url(), "cp0", ports[0], dir.path()), Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path())];
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let runner = Proc::runner(&addrs.join(","), "r1", dir.path());
+    let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
+    apply(&addrs[0], json!({"task_id": "tick", "agent_id": "ok_agent", "trigger": {"type": "interval", "every": "1s"}})).await;
+    wait_run(&addrs[0], "tick", Duration::from_secs(30), |r| status(r) == pb::RunStatus::Succeeded).await;
+
+    let old = servers.iter().position(|s| s.addr == first.leader_address).expect("leader is ours");
+    let other = addrs[1 - old].clone();
+    let t0 = Instant::now();
+    servers[old].signal(libc::SIGSTOP);
+    let next = wait_leader(&[other.clone()], Duration::from_secs(20), |s| s.leader_id != first.leader_id).await;
+    let takeover = t0.elapsed();
+    let took_over_at = Utc::now();
+    println!("takeover after SIGSTOP: {} ms (lease TTL {} ms)", takeover.as_millis(), LEASE_TTL.as_millis());
+    assert!(takeover <= LEASE_TTL + Duration::from_secs(2), "takeover took {takeover:?}");
+    assert!(next.fencing_token > first.fencing_token);
+
+    // The runner follows the new leader.
+    wait_run(&other, "tick", Duration::from_secs(30), |r| status(r) == pb::RunStatus::Succeeded && r.fencing_token == next.fencing_token)
+        .await;
+
+    // Resume the old leader: its timers are all overdue; whatever it tries is fenced.
+    servers[old].signal(libc::SIGCONT);
+    assert!(
+        wait_log(&servers[old], "stepped down", Duration::from_secs(10)).await,
+        "old leader did not step down: {}",
+        servers[old].log_text()
+    );
+    // Let the schedule run a few more slots under the new leader.
+    let later = Utc::now() + chrono::Duration::seconds(3);
+    wait_run(&other, "tick", Duration::from_secs(30), |r| {
+        at(&r.scheduled_at).is_some_and(|t| t > later) && status(r) == pb::RunStatus::Succeeded
+    })
+    .await;
+    let still = wait_leader(&[other.clone()], Duration::from_secs(5), |_| true).await;
+    assert_eq!(still.leader_id, next.leader_id, "the resumed replica did not take leadership back");
+
+    let runs = list_runs(&other, "tick").await;
+    let stale: Vec<&pb::Run> =
+        runs.iter().filter(|r| r.fencing_token == first.fencing_token && at(&r.updated_at).is_some_and(|t| t > took_over_at)).collect();
+    assert!(stale.is_empty(), "the old leader wrote after the takeover: {stale:#?}");
+    let mut ids: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), runs.len(), "one record per slot");
+    let log = servers[old].log_text();
+    let started_after_resume = runner.log_text().matches("refusing an assignment from a stale leader").count();
+    println!(
+        "old leader: fenced writes rejected = {}, runner refusals = {started_after_resume}",
+        log.matches("rejected by fencing token").count()
+    );
+}
