@@ -67,9 +67,11 @@ impl Timing {
         self.heartbeat_interval * 3
     }
 
-    /// How long a new leader waits for runners to re-declare in-flight runs.
+    /// How long a new leader waits for runners to re-declare in-flight runs:
+    /// a lease TTL (runners may take that long to learn who leads) plus the
+    /// silence that would declare a connected runner lost.
     pub fn redeclare_wait(&self) -> Duration {
-        self.runner_lost_after()
+        self.lease_ttl + self.runner_lost_after()
     }
 
     /// Extra time past an attempt's deadline before the control plane marks

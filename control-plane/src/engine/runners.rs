@@ -151,6 +151,8 @@ impl Engine {
     pub(super) fn recover_runs(&mut self) {
         let now = self.now();
         let slack = chrono::Duration::from_std(self.timing.deadline_slack()).unwrap_or_default();
+        let redeclare_extra =
+            chrono::Duration::from_std(self.timing.redeclare_wait().saturating_sub(self.timing.runner_lost_after())).unwrap_or_default();
         let mut timers = Vec::new();
         for run in self.runs.values() {
             if let Some(a) = run.attempts.last().filter(|a| a.outcome.is_none()) {
@@ -164,7 +166,8 @@ impl Engine {
                     version: String::new(),
                     running: HashMap::new(),
                     connected_at: now,
-                    last_seen: now,
+                    // Expires `redeclare_wait` from now (expiry is `last_seen + runner_lost_after`).
+                    last_seen: now + redeclare_extra,
                 });
                 entry.running.insert(a.execution_id.clone(), run.run_id.clone());
                 let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds);

@@ -46,6 +46,34 @@ fn parse_json(s: &str) -> Option<serde_json::Value> {
 }
 
 impl Engine {
+    /// If `f`'s execution is the run's latest attempt, ended `lost`, and the
+    /// run has not moved on to another attempt, reopens that attempt (in
+    /// memory) so its real outcome can be recorded. Returns whether it did.
+    async fn revive_presumed_lost(&mut self, f: &Finished) -> bool {
+        let run = match self.runs.get(&f.run_id) {
+            Some(r) => Some(r.clone()),
+            None => match self.store.get(&self.keys.run(&f.run_id)).await {
+                Ok(Some(kv)) => serde_json::from_slice::<RunRecord>(&kv.value).ok(),
+                _ => None,
+            },
+        };
+        let Some(mut run) = run else { return false };
+        let revivable = matches!(run.status, RunStatus::Retrying | RunStatus::Failed)
+            && run.attempts.last().is_some_and(|a| a.execution_id == f.execution_id && a.outcome.as_deref() == Some(outcome::LOST));
+        if !revivable {
+            return false;
+        }
+        if let Some(a) = run.attempts.last_mut() {
+            a.outcome = None;
+            a.finished_at = None;
+        }
+        run.status = RunStatus::Running;
+        run.finished_at = None;
+        run.next_attempt_at = None;
+        self.runs.insert(run.run_id.clone(), run);
+        true
+    }
+
     /// Adds the leader's fence to a transaction.
     pub(super) fn fenced(&self, mut txn: Txn) -> Txn {
         txn.compares.extend(self.leadership.fence.iter().cloned());
@@ -505,6 +533,22 @@ impl Engine {
                 stdout_tail: Some(f.stdout_tail),
                 stderr_tail: Some(f.stderr_tail),
             };
+            self.end_attempt(&f.run_id, &f.execution_id, end).await;
+            return;
+        }
+        // The leader presumed this execution lost (its runner was silent too
+        // long, e.g. across a failover) but it was the latest attempt and no
+        // retry has started: the real outcome wins over the presumption.
+        if self.revive_presumed_lost(&f).await {
+            let end = AttemptEnd {
+                outcome,
+                error: (!f.error.is_empty()).then(|| f.error.clone()),
+                exit_code: f.exit_code,
+                result: parse_json(&f.result_json),
+                stdout_tail: Some(f.stdout_tail),
+                stderr_tail: Some(f.stderr_tail),
+            };
+            tracing::info!(run_id = %f.run_id, execution_id = %f.execution_id, outcome, "late report of an attempt presumed lost; recording its real outcome");
             self.end_attempt(&f.run_id, &f.execution_id, end).await;
             return;
         }
