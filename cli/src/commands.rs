@@ -254,7 +254,8 @@ struct PreviewArgs {
 pub fn init_tracing(cli: &Cli) {
     if matches!(cli.cmd, Cmd::Dev(_) | Cmd::Server(_) | Cmd::Runner(_)) {
         let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+        use std::io::IsTerminal;
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).init();
     }
 }
 

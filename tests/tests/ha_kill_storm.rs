@@ -1,0 +1,126 @@
+//! Acceptance 3 (issue 3): kill -9 of the leader every few seconds, 20
+//! times, with 20 tasks firing every second (light `sleep 2` agents, and
+//! some runs longer than the kill interval). After the storm: zero duplicate
+//! runs per slot, zero slots without a record (a run or a SKIPPED record
+//! with a reason), and every run a runner finished has its result recorded
+//! once.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use punchclock_proto::v1 as pb;
+use punchclock_tests::etcd::{Etcd, free_port};
+use punchclock_tests::{Proc, apply, at, list_runs, status, tasks, wait_leader};
+use serde_json::json;
+
+const TASKS: usize = 20;
+const KILLS: usize = 20;
+
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let i = line.find(&format!("{name}="))? + name.len() + 1;
+    let rest = &line[i..];
+    let v = rest.split_whitespace().next()?;
+    Some(v.trim_matches('"'))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_storm_loses_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start(1).await;
+    let ports = [free_port(), free_port(), free_port()];
+    let start = |i: usize| Proc::server(&etcd.store_url(), &format!("cp{i}"), ports[i], dir.path());
+    let mut servers: Vec<Proc> = (0..3).map(start).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let runner = Proc::runner(&addrs.join(","), "r1", dir.path());
+    wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
+    for i in 0..TASKS {
+        let agent = if i % 5 == 0 { "slow_agent" } else { "light_agent" };
+        apply(
+            &addrs[0],
+            json!({"task_id": format!("storm_{i:02}"), "agent_id": agent, "trigger": {"type": "interval", "every": "1s"},
+            "execution": {"concurrency_limit": 8}}),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    for k in 0..KILLS {
+        let s = wait_leader(&addrs, Duration::from_secs(30), |_| true).await;
+        let i = addrs.iter().position(|a| *a == s.leader_address).expect("leader is ours");
+        servers[i].kill9();
+        servers[i] = start(i);
+        println!("kill {k}: cp{i} (token {})", s.fencing_token);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let end = wait_leader(&addrs, Duration::from_secs(30), |_| true).await;
+    let storm_over = Utc::now();
+    // Let the runs in flight finish and their reports land.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let leader = end.leader_address.clone();
+
+    let mut all: Vec<pb::Run> = Vec::new();
+    for i in 0..TASKS {
+        let id = format!("storm_{i:02}");
+        let runs = list_runs(&leader, &id).await;
+        let task = tasks(&leader).await.get_task(pb::GetTaskRequest { task_id: id.clone() }).await.expect("task").into_inner();
+        let created = at(&task.created_at).expect("created");
+        let last = at(&task.last_slot_at).expect("the task fired");
+        // Every slot from the first after creation to the last handled one has a record.
+        let exact: HashSet<DateTime<Utc>> = runs.iter().filter_map(|r| at(&r.scheduled_at)).collect();
+        let ranges: Vec<(DateTime<Utc>, DateTime<Utc>)> = runs
+            .iter()
+            .filter(|r| status(r) == pb::RunStatus::Skipped)
+            .filter_map(|r| Some((at(&r.missed_from)?, at(&r.missed_until)?)))
+            .collect();
+        let mut slot = DateTime::<Utc>::from_timestamp(created.timestamp() + 1, 0).expect("slot");
+        let mut missing = Vec::new();
+        while slot <= last {
+            if !exact.contains(&slot) && !ranges.iter().any(|(f, u)| *f <= slot && slot <= *u) {
+                missing.push(slot);
+            }
+            slot += chrono::Duration::seconds(1);
+        }
+        assert!(missing.is_empty(), "{id}: slots without a record: {missing:?}");
+        for r in &runs {
+            if status(r) == pb::RunStatus::Skipped {
+                assert!(!r.skip_reason.is_empty(), "SKIPPED without a reason: {r:#?}");
+            }
+            let ok = r.attempts.iter().filter(|a| a.outcome == "succeeded").count();
+            assert!(ok <= 1, "{}: more than one successful execution of one slot", r.run_id);
+            if at(&r.scheduled_at).is_some_and(|t| t < storm_over - chrono::Duration::seconds(5)) {
+                assert!(
+                    !matches!(status(r), pb::RunStatus::Running | pb::RunStatus::Pending | pb::RunStatus::Retrying),
+                    "stuck run: {r:#?}"
+                );
+            }
+        }
+        all.extend(runs);
+    }
+
+    // Every execution the runner finished is recorded, once, with its outcome.
+    let mut attempts: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for r in &all {
+        for a in &r.attempts {
+            attempts.entry(a.execution_id.clone()).or_default().push((r.run_id.clone(), a.outcome.clone()));
+        }
+    }
+    let log = runner.log_text();
+    let mut finished = 0;
+    for line in log.lines().filter(|l| l.contains("execution finished")) {
+        let (Some(run_id), Some(exec), Some(outcome)) = (field(line, "run_id"), field(line, "execution_id"), field(line, "outcome")) else {
+            continue;
+        };
+        if !run_id.starts_with("storm_") {
+            continue;
+        }
+        finished += 1;
+        let recorded = attempts.get(exec).unwrap_or_else(|| panic!("finished execution {exec} of {run_id} is not in any run record"));
+        assert_eq!(recorded.len(), 1, "execution {exec} recorded more than once: {recorded:?}");
+        let want = outcome.trim_start_matches("OUTCOME_").to_ascii_lowercase();
+        assert_eq!(recorded[0].1, want, "execution {exec} of {run_id}: the runner's outcome is the recorded one");
+    }
+    let skipped = all.iter().filter(|r| status(r) == pb::RunStatus::Skipped).count();
+    println!("storm: {} records, {finished} executions finished by the runner, {skipped} SKIPPED records", all.len());
+    assert!(finished > 100, "the storm ran real work ({finished} executions)");
+}
