@@ -86,7 +86,12 @@ const PROGRESS_POLL_INTERVAL: Duration = Duration::from_millis(200);
 const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest progress line accepted; longer ones are dropped.
-const MAX_PROGRESS_LINE_BYTES: usize = 1024 * 1024;
+const MAX_PROGRESS_LINE_BYTES: usize = 256 * 1024;
+/// Most progress-file bytes read per poll (the rest waits for the next poll).
+const MAX_PROGRESS_READ_BYTES: u64 = 4 * 1024 * 1024;
+/// Largest result file accepted: 1 MiB (it travels in one gRPC message and
+/// is stored with the run). A larger one is replaced by an error object.
+pub const MAX_RESULT_BYTES: u64 = 1024 * 1024;
 
 /// File names inside the per-execution directory.
 const PROGRESS_FILE: &str = "progress.jsonl";
@@ -161,7 +166,18 @@ impl Execution {
             let _ = cancel.send(reason.to_owned());
         }
     }
+
+    /// Stops the execution like [`Execution::cancel`], but reports it as
+    /// `OUTCOME_FAILED` with `error` "interrupted: reason": the run did not
+    /// choose to stop (the runner is shutting down), so the control plane
+    /// retries it per the task's policy instead of treating it as cancelled.
+    pub fn interrupt(&mut self, reason: &str) {
+        self.cancel(&format!("{INTERRUPT_MARK}{reason}"));
+    }
 }
+
+/// Marks a stop request as an interruption (see [`Execution::interrupt`]).
+const INTERRUPT_MARK: &str = "\u{0}interrupt:";
 
 /// Starts `assign` with `agent`: creates the execution directory, spawns the
 /// process, and supervises it in a background task that sends its events to
@@ -510,6 +526,9 @@ impl Supervisor {
         let exit_code = status.as_ref().ok().and_then(ExitStatus::code);
         let (outcome, error) = match (stop, status) {
             (Some(StopReason::Timeout), _) => (Outcome::Timeout, format!("timed out after {} s", self.timeout_secs)),
+            (Some(StopReason::Cancelled(reason)), _) if reason.starts_with(INTERRUPT_MARK) => {
+                (Outcome::Failed, format!("interrupted: {}", &reason[INTERRUPT_MARK.len()..]))
+            }
             (Some(StopReason::Cancelled(reason)), _) if reason.is_empty() => (Outcome::Cancelled, "cancelled".to_owned()),
             (Some(StopReason::Cancelled(reason)), _) => (Outcome::Cancelled, format!("cancelled: {reason}")),
             (None, Err(err)) => (Outcome::Failed, format!("cannot wait for the agent process: {err}")),
@@ -546,6 +565,14 @@ impl Supervisor {
 /// JSON if valid; otherwise the raw text as a JSON string plus a problem
 /// description for `Finished.error`.
 async fn read_result(path: &Path) -> (String, Option<String>) {
+    // Results ride in one gRPC message and in the run record: bounded.
+    match tokio::fs::metadata(path).await {
+        Ok(m) if m.len() > MAX_RESULT_BYTES => {
+            let problem = format!("result file is {} bytes, over the {MAX_RESULT_BYTES}-byte limit; dropped", m.len());
+            return (serde_json::json!({ "error": problem }).to_string(), Some(problem));
+        }
+        _ => {}
+    }
     let raw = match tokio::fs::read(path).await {
         Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(err) if err.kind() == io::ErrorKind::NotFound => return (String::new(), None),
@@ -729,7 +756,18 @@ impl ProgressFile {
             warn!(bytes = self.partial.len(), "progress line too long; dropped");
             self.partial.clear();
         }
-        lines.iter().filter_map(|line| parse_progress_line(line)).collect()
+        let updates: Vec<ProgressUpdate> = lines
+            .iter()
+            .filter(|line| {
+                let ok = line.len() <= MAX_PROGRESS_LINE_BYTES;
+                if !ok {
+                    warn!(bytes = line.len(), "progress line too long; dropped");
+                }
+                ok
+            })
+            .filter_map(|line| parse_progress_line(line))
+            .collect();
+        coalesce(updates).into_iter().collect()
     }
 
     async fn read_appended(&mut self, path: &Path) -> io::Result<Vec<u8>> {
@@ -742,10 +780,30 @@ impl ProgressFile {
         }
         file.seek(io::SeekFrom::Start(self.offset)).await?;
         let mut appended = Vec::new();
-        file.read_to_end(&mut appended).await?;
+        file.take(MAX_PROGRESS_READ_BYTES).read_to_end(&mut appended).await?;
         self.offset += appended.len() as u64;
         Ok(appended)
     }
+}
+
+/// The updates of one poll as one: the latest percent and message, and the
+/// latest checkpoint given in any of them. A burst of lines costs one
+/// report, not one per line.
+fn coalesce(updates: Vec<ProgressUpdate>) -> Option<ProgressUpdate> {
+    let mut checkpoint = None;
+    let mut last = None;
+    for u in updates {
+        if u.checkpoint.is_some() {
+            checkpoint = u.checkpoint.clone();
+        }
+        last = Some(u);
+    }
+    last.map(|mut u| {
+        if u.checkpoint.is_none() {
+            u.checkpoint = checkpoint;
+        }
+        u
+    })
 }
 
 /// Parses one progress line; blank lines are skipped silently, malformed

@@ -32,7 +32,8 @@ use std::time::Duration;
 use punchclock_proto::v1::runner_message::Msg as Outbound;
 use punchclock_proto::v1::runner_service_client::RunnerServiceClient;
 use punchclock_proto::v1::{
-    Assign, Cancel, ControlMessage, Finished, Heartbeat, Hello, Outcome, RunnerMessage, Started, Welcome, control_message::Msg as Inbound,
+    Assign, Cancel, ControlMessage, Finished, Heartbeat, Hello, InFlight, Outcome, RunnerMessage, Started, Welcome,
+    control_message::Msg as Inbound,
 };
 use rand::Rng;
 use tokio::sync::mpsc;
@@ -492,7 +493,7 @@ impl Runner {
     async fn shut_down(&mut self, mut connection: Option<Connection>) {
         info!(running = self.running.len(), "shutting down: stopping running executions");
         for running in self.running.values_mut() {
-            running.execution.cancel("runner shutting down");
+            running.execution.interrupt("runner shutting down");
         }
 
         let drain_deadline = Instant::now() + self.config.kill_grace + SHUTDOWN_DRAIN_SLACK;
@@ -556,7 +557,15 @@ impl Runner {
             slots: self.config.slots,
             labels: self.config.labels.clone().into_iter().collect(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            in_flight: self.running.values().map(|running| running.execution.in_flight()).collect(),
+            // Executions still running, and those finished but not yet
+            // acknowledged: a new leader must not declare either lost before
+            // the outbox is re-sent right after Welcome.
+            in_flight: self
+                .running
+                .values()
+                .map(|running| running.execution.in_flight())
+                .chain(self.outbox.iter().map(|f| InFlight { run_id: f.run_id.clone(), execution_id: f.execution_id.clone(), attempt: 0 }))
+                .collect(),
             max_token_seen: self.max_token_seen,
         }
     }

@@ -258,9 +258,12 @@ async fn reconnects_redeclares_in_flight_and_resends_finished_until_acked() {
     assert_eq!(finished.result_json, r#"{"done":true}"#);
     drop(conn); // without acknowledging it
 
-    // 3rd stream: the unacknowledged Finished is sent again right after Welcome.
+    // 3rd stream: the finished-but-unacknowledged execution is still
+    // declared in Hello (so a new leader does not presume it lost), and its
+    // Finished is sent again right after Welcome.
     let mut conn = accept(&mut accepted).await;
-    assert!(conn.hello().await.in_flight.is_empty());
+    let declared = conn.hello().await.in_flight;
+    assert_eq!(declared.iter().map(|f| f.execution_id.as_str()).collect::<Vec<_>>(), ["e-slow"]);
     conn.welcome(3, vec![]).await;
     assert_eq!(conn.finished().await, finished);
     conn.ack(&finished).await;
@@ -329,7 +332,9 @@ async fn cancels_and_stops_executions_unknown_to_the_leader() {
 }
 
 #[tokio::test]
-async fn shutdown_cancels_running_executions_and_reports_them() {
+/// Shutdown interrupts executions and reports them FAILED ("interrupted"),
+/// so the control plane retries them; CANCELLED would end the run for good.
+async fn shutdown_interrupts_running_executions_and_reports_them() {
     let work = tempfile::tempdir().expect("tempdir");
     let (address, mut accepted) = fake_control_plane().await;
     let (stop, runner) = spawn_runner(config(address, work.path(), vec![("sleeper", sh_agent("exec sleep 3600"))]));
@@ -343,7 +348,8 @@ async fn shutdown_cancels_running_executions_and_reports_them() {
     stop.send(()).expect("runner running");
     let finished = conn.finished().await;
     assert_eq!(finished.execution_id, "e-long");
-    assert_eq!(finished.outcome(), Outcome::Cancelled);
+    assert_eq!(finished.outcome(), Outcome::Failed);
+    assert_eq!(finished.error, "interrupted: runner shutting down");
     conn.ack(&finished).await;
     tokio::time::timeout(PATIENCE, runner).await.expect("runner stops in time").expect("runner did not panic");
     assert!(wait_until_gone(i32::try_from(started.pid).expect("pid fits")).await);

@@ -261,6 +261,9 @@ pub fn init_tracing(cli: &Cli) {
 
 type Res = Result<(), String>;
 
+/// Largest response the CLI accepts (a page of big run records).
+const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+
 fn grpc(e: tonic::Status) -> String {
     format!("{} ({:?})", e.message(), e.code())
 }
@@ -276,7 +279,7 @@ pub async fn run(cli: Cli) -> Res {
         Cmd::Task(c) => task(&cli.endpoint, c, fmt).await,
         Cmd::Runs(c) => runs(&cli.endpoint, c, fmt).await,
         Cmd::Cluster(ClusterCmd::Status) => {
-            let mut c = ClusterServiceClient::new(client::connect(&cli.endpoint).await?);
+            let mut c = ClusterServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
             let s = c.get_cluster_status(pb::GetClusterStatusRequest {}).await.map_err(grpc)?.into_inner();
             let j = serde_json::json!({
                 "members": s.members.iter().map(|m| serde_json::json!({"id": m.id, "advertise_address": m.advertise_address, "is_leader": m.is_leader})).collect::<Vec<_>>(),
@@ -298,7 +301,7 @@ pub async fn run(cli: Cli) -> Res {
             Ok(())
         }
         Cmd::Runners(RunnersCmd::List) => {
-            let mut c = ClusterServiceClient::new(client::connect_leader(&cli.endpoint).await?);
+            let mut c = ClusterServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
             let r = c.list_runners(pb::ListRunnersRequest {}).await.map_err(grpc)?.into_inner();
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(r.runners.iter().map(runner_json).collect()));
@@ -367,6 +370,8 @@ fn runner_config(
 }
 
 async fn dev(a: DevArgs) -> Res {
+    // Check the agents file before touching the data dir or binding ports.
+    punchclock_agent_runner::AgentsFile::load(&a.agents).map_err(|e| format!("{}: {e}", a.agents.display()))?;
     let timing = a.timing.timing();
     let cfg = ServerConfig {
         listen: a.listen,
@@ -505,7 +510,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
     // Triggers create runs: the leader's job. Everything else any replica serves.
     let channel =
         if matches!(c, TaskCmd::Trigger { .. }) { client::connect_leader(endpoint).await? } else { client::connect(endpoint).await? };
-    let mut tc = TaskServiceClient::new(channel);
+    let mut tc = TaskServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let show = |t: &pb::Task| {
         if fmt == Format::Json {
             print_json(&task_json(t));
@@ -519,38 +524,57 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
     };
     match c {
         TaskCmd::Apply { dry_run, .. } => {
-            let mut failed = 0;
-            let mut applied = Vec::new();
-            for spec in specs.unwrap_or_default() {
-                let id = serde_json::from_str::<serde_json::Value>(&spec)
+            let specs = specs.unwrap_or_default();
+            let id_of = |spec: &str| {
+                serde_json::from_str::<serde_json::Value>(spec)
                     .ok()
                     .and_then(|v| v["task_id"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| "?".into());
-                match tc.apply_task(pb::ApplyTaskRequest { spec_json: spec, dry_run }).await {
-                    Ok(r) => {
-                        let r = r.into_inner();
-                        if let Some(t) = &r.task {
-                            applied.push(task_json(t));
-                        }
-                        if fmt == Format::Table {
-                            let verb = match (dry_run, r.created) {
-                                (true, _) => "valid",
-                                (false, true) => "created",
-                                (false, false) => "updated",
-                            };
-                            println!("task {id} {verb}");
-                        }
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        eprintln!("task {id}: {}", grpc(e));
-                    }
+                    .unwrap_or_else(|| "?".into())
+            };
+            // All or nothing: validate every task (and reject repeated ids)
+            // before writing any, so a bad file leaves the cluster as it was.
+            let mut problems = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for (n, spec) in specs.iter().enumerate() {
+                let id = id_of(spec);
+                if id != "?" && !seen.insert(id.clone()) {
+                    problems.push(format!("task #{} ({id}): task_id: appears more than once in the file", n + 1));
+                    continue;
+                }
+                if let Err(e) = tc.apply_task(pb::ApplyTaskRequest { spec_json: spec.clone(), dry_run: true }).await {
+                    problems.push(format!("task #{} ({id}): {}", n + 1, grpc(e)));
+                }
+            }
+            if !problems.is_empty() {
+                for p in &problems {
+                    eprintln!("{p}");
+                }
+                return Err(format!("{} problem(s); nothing applied", problems.len()));
+            }
+            let mut applied = Vec::new();
+            for spec in specs {
+                let id = id_of(&spec);
+                let r = tc
+                    .apply_task(pb::ApplyTaskRequest { spec_json: spec, dry_run })
+                    .await
+                    .map_err(|e| format!("task {id}: {}", grpc(e)))?
+                    .into_inner();
+                if let Some(t) = &r.task {
+                    applied.push(task_json(t));
+                }
+                if fmt == Format::Table {
+                    let verb = match (dry_run, r.created) {
+                        (true, _) => "valid",
+                        (false, true) => "created",
+                        (false, false) => "updated",
+                    };
+                    println!("task {id} {verb}");
                 }
             }
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(applied));
             }
-            if failed > 0 { Err(format!("{failed} task(s) rejected")) } else { Ok(()) }
+            Ok(())
         }
         TaskCmd::List => {
             let mut all = Vec::new();
@@ -633,7 +657,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
 async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
     let channel =
         if matches!(c, RunsCmd::Cancel { .. }) { client::connect_leader(endpoint).await? } else { client::connect(endpoint).await? };
-    let mut rc = RunServiceClient::new(channel);
+    let mut rc = RunServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let header = ["RUN", "STATUS", "SCHEDULED_AT", "ATTEMPTS", "FINISHED_AT", "INFO"];
     match c {
         RunsCmd::List { task, status, limit } => {

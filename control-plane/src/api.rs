@@ -272,6 +272,11 @@ impl Core {
         runs.retain(|r| status.is_none_or(|s| r.status == s));
         runs.sort_by(|a, b| b.scheduled_at.cmp(&a.scheduled_at).then_with(|| b.run_id.cmp(&a.run_id)));
         runs.truncate(if limit == 0 { DEFAULT_RUN_LIMIT } else { limit } as usize);
+        // Listings leave out the output tails (up to 64 KiB each); GetRun has them.
+        for r in &mut runs {
+            r.stdout_tail.clear();
+            r.stderr_tail.clear();
+        }
         Ok(runs)
     }
 

@@ -166,10 +166,6 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
     let mut running: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let current = lead.borrow_and_update().clone();
-        // An engine that stopped by itself (fenced) no longer counts.
-        if running.as_ref().is_some_and(|j| j.is_finished()) {
-            stop_engine(&core, &mut running).await;
-        }
         match (current, running.is_some()) {
             (Some(l), false) => {
                 let cfg = EngineConfig {
@@ -196,13 +192,36 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
             }
             _ => {}
         }
+        let engine_done = async {
+            match running.as_mut() {
+                Some(j) => j.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = lead.changed() => if changed.is_err() { break },
-            _ = stop.wait_for(|s| *s) => break,
+            _ = async { let _ = stop.wait_for(|s| *s).await.map(|_| ()); } => break,
+            ended = engine_done => {
+                // The engine stopped while this replica still leads: fenced
+                // (a newer leader exists; the election will notice) or a bug.
+                // Restart it after a pause rather than leading with no engine.
+                running = None;
+                if let Ok(mut g) = core.engine.write() {
+                    *g = None;
+                }
+                match ended {
+                    Err(e) if e.is_panic() => tracing::error!(error = %e, "engine panicked; restarting it"),
+                    _ => tracing::warn!("engine stopped while leading; restarting it"),
+                }
+                tokio::time::sleep(ENGINE_RESTART_PAUSE).await;
+            }
         }
     }
     stop_engine(&core, &mut running).await;
 }
+
+/// Pause before restarting an engine that stopped on its own.
+const ENGINE_RESTART_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn stop_engine(core: &Core, running: &mut Option<tokio::task::JoinHandle<()>>) {
     if let Ok(mut g) = core.engine.write() {

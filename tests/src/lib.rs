@@ -238,12 +238,12 @@ pub async fn channel(addr: &str) -> Channel {
 
 /// Task service client.
 pub async fn tasks(addr: &str) -> TaskServiceClient<Channel> {
-    TaskServiceClient::new(channel(addr).await)
+    TaskServiceClient::new(channel(addr).await).max_decoding_message_size(64 << 20)
 }
 
 /// Run service client.
 pub async fn runs(addr: &str) -> RunServiceClient<Channel> {
-    RunServiceClient::new(channel(addr).await)
+    RunServiceClient::new(channel(addr).await).max_decoding_message_size(64 << 20)
 }
 
 /// Applies one task given as JSON; panics with the server's message on error.
@@ -358,4 +358,36 @@ pub async fn wait_log(proc: &Proc, needle: &str, within: Duration) -> bool {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     proc.log_text().contains(needle)
+}
+
+/// Copies every `*.log` of `dir` to `target/test-logs/NAME/` if the test
+/// panics (the temp dir itself is deleted), so a failure can be read.
+pub struct KeepLogsOnPanic {
+    dir: PathBuf,
+    name: String,
+}
+
+impl KeepLogsOnPanic {
+    /// Guards `dir` for the test `name`.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        KeepLogsOnPanic { dir: dir.to_path_buf(), name: name.to_string() }
+    }
+}
+
+impl Drop for KeepLogsOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let out = repo_root().join("target").join("test-logs").join(&self.name);
+        let _ = std::fs::create_dir_all(&out);
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(e.path(), out.join(e.file_name()));
+                }
+            }
+        }
+        eprintln!("logs kept in {}", out.display());
+    }
 }

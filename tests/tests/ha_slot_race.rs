@@ -43,7 +43,7 @@ async fn two_replicas_racing_on_a_slot_make_exactly_one_run() {
                 let slot = base + Duration::seconds(i);
                 let mut run = RunRecord::pending(slot_run_id("race", slot), "race", "agent", "interval", slot, Utc::now());
                 run.params.insert("writer".into(), name.into());
-                won.push(write_run(&*store, &keys, &lead, Utc::now(), &mut run, true).await.expect("write"));
+                won.push(write_run(&*store, &keys, &lead, Utc::now(), &mut run, true, Vec::new()).await.expect("write"));
             }
             won
         })
@@ -63,7 +63,7 @@ async fn two_replicas_racing_on_a_slot_make_exactly_one_run() {
     let stale = Leadership { token: token as u64 - 1, fence: vec![Compare::create_revision(election_key, token - 1)] };
     let slot = base + Duration::seconds(SLOTS + 1);
     let mut run = RunRecord::pending(slot_run_id("race", slot), "race", "agent", "interval", slot, Utc::now());
-    let r = write_run(&*b, &keys, &stale, Utc::now(), &mut run, true).await;
+    let r = write_run(&*b, &keys, &stale, Utc::now(), &mut run, true, Vec::new()).await;
     assert!(matches!(r, Err(Error::Fenced(_))), "stale token must be rejected: {r:?}");
     assert!(b.get(&keys.run(&run.run_id)).await.expect("get").is_none(), "nothing written by the stale replica");
 }

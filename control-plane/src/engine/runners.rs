@@ -3,6 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
+
 use tokio::sync::mpsc;
 
 use punchclock_proto::v1::{ControlMessage, FinishedAck, HeartbeatAck, Hello, InFlight, Welcome, control_message, runner_message};
@@ -13,6 +15,9 @@ use crate::dispatch::registry::{RunnerEntry, expired};
 use crate::error::{Error, Result};
 use crate::model::run::outcome;
 
+/// Runs read per transaction when a new leader loads (etcd allows 128 ops).
+const LOAD_BATCH: usize = 100;
+
 impl Engine {
     /// Registers a runner stream, matches its in-flight executions against
     /// the runs this leader knows, and welcomes it. Executions the leader
@@ -22,6 +27,19 @@ impl Engine {
             return Err(Error::invalid("hello.runner_id", "must not be empty"));
         }
         let now = self.now();
+        let lost_after = chrono::Duration::from_std(self.timing.runner_lost_after()).unwrap_or_default();
+        if let Some(existing) = self.runners.get(&hello.runner_id) {
+            let live = existing.tx.as_ref().is_some_and(|tx| !tx.is_closed()) && now - existing.last_seen <= lost_after;
+            if live {
+                // Two processes with one id would take the session from each
+                // other and lose each other's runs.
+                return Err(Error::FailedPrecondition(format!(
+                    "runner id {:?} is already connected (last heard {} ms ago); give each runner its own --runner-id",
+                    hello.runner_id,
+                    (now - existing.last_seen).num_milliseconds()
+                )));
+            }
+        }
         self.next_session += 1;
         let session = self.next_session;
         let previous = self.runners.remove(&hello.runner_id);
@@ -172,7 +190,13 @@ impl Engine {
                 entry.running.insert(a.execution_id.clone(), run.run_id.clone());
                 let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds);
                 timers.push((
-                    a.dispatched_at + chrono::Duration::seconds(timeout_s) + slack,
+                    // Never before the runners had their chance to re-declare and report.
+                    std::cmp::max(
+                        a.dispatched_at
+                            .checked_add_signed(chrono::Duration::seconds(timeout_s.min(i64::MAX / 1000)) + slack)
+                            .unwrap_or(DateTime::<Utc>::MAX_UTC),
+                        now + redeclare_extra + chrono::Duration::from_std(self.timing.runner_lost_after()).unwrap_or_default(),
+                    ),
                     Timer::Deadline { run_id: run.run_id.clone(), execution_id: a.execution_id.clone() },
                 ));
             } else if let Some(at) = run.next_attempt_at {
@@ -185,20 +209,28 @@ impl Engine {
         self.arm_runner_check();
     }
 
-    /// Reads every non-terminal run through the `active/` index.
+    /// Reads every non-terminal run through the `active/` index, in batched
+    /// transactions of reads (one round trip per 100 runs, not per run: a
+    /// new leader must be up quickly even with a backlog).
     pub(super) async fn load_active_runs(&mut self) -> Result<()> {
         let (index, _) = self.store.range(&self.keys.active_runs()).await?;
-        for kv in index {
-            let Some(run_id) = self.keys.id_after(&self.keys.active_runs(), &kv.key) else { continue };
-            match self.store.get(&self.keys.run(run_id)).await? {
-                Some(kv) => match serde_json::from_slice::<crate::model::RunRecord>(&kv.value) {
-                    Ok(run) if !run.status.is_terminal() => {
+        let ids: Vec<String> =
+            index.iter().filter_map(|kv| self.keys.id_after(&self.keys.active_runs(), &kv.key).map(str::to_string)).collect();
+        for chunk in ids.chunks(LOAD_BATCH) {
+            let txn = crate::store::Txn {
+                success: chunk.iter().map(|id| crate::store::TxnOp::get(self.keys.run(id))).collect(),
+                ..Default::default()
+            };
+            let r = self.store.txn(txn).await?;
+            for (id, kv) in chunk.iter().zip(r.gets) {
+                match kv.map(|kv| serde_json::from_slice::<crate::model::RunRecord>(&kv.value)) {
+                    Some(Ok(run)) if !run.status.is_terminal() => {
                         self.runs.insert(run.run_id.clone(), run);
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::error!(run_id, error = %e, "unreadable run"),
-                },
-                None => tracing::warn!(run_id, "active index names a missing run"),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => tracing::error!(run_id = %id, error = %e, "unreadable run"),
+                    None => tracing::warn!(run_id = %id, "active index names a missing run"),
+                }
             }
         }
         Ok(())

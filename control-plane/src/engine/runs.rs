@@ -14,6 +14,12 @@ use crate::model::task::OverlapPolicy;
 use crate::model::{Attempt, Progress, RunRecord, RunStatus};
 use crate::store::{Compare, Keys, KvStore, Txn, TxnOp};
 
+/// Start of the error of an attempt the control plane timed out itself.
+const NO_RESULT: &str = "no result from runner";
+
+/// Longest manual-trigger delay: one year.
+pub const MAX_DELAY_SECONDS: u64 = 365 * 86_400;
+
 /// How a finished attempt ended, as the engine records it.
 pub(super) struct AttemptEnd {
     pub outcome: &'static str,
@@ -58,8 +64,14 @@ impl Engine {
             },
         };
         let Some(mut run) = run else { return false };
-        let revivable = matches!(run.status, RunStatus::Retrying | RunStatus::Failed)
-            && run.attempts.last().is_some_and(|a| a.execution_id == f.execution_id && a.outcome.as_deref() == Some(outcome::LOST));
+        // Presumptions of the control plane, not reports of the runner: lost
+        // (runner silent) and the control plane's own deadline backstop.
+        let presumed = |a: &Attempt| {
+            a.outcome.as_deref() == Some(outcome::LOST)
+                || (a.outcome.as_deref() == Some(outcome::TIMEOUT) && a.error.as_deref().is_some_and(|e| e.starts_with(NO_RESULT)))
+        };
+        let revivable = matches!(run.status, RunStatus::Retrying | RunStatus::Failed | RunStatus::Timeout)
+            && run.attempts.last().is_some_and(|a| a.execution_id == f.execution_id && presumed(a));
         if !revivable {
             return false;
         }
@@ -88,7 +100,13 @@ impl Engine {
 
     /// Writes a run under this leader's fence; see [`write_run`].
     pub(super) async fn store_run(&mut self, run: &mut RunRecord, create: bool) -> Result<bool> {
-        let r = write_run(&*self.store, &self.keys, &self.leadership, self.clock.now(), run, create).await;
+        self.store_run_with(run, create, Vec::new()).await
+    }
+
+    /// [`Engine::store_run`] with extra ops in the same transaction (a slot's
+    /// record and the cursor that says it is handled commit together).
+    pub(super) async fn store_run_with(&mut self, run: &mut RunRecord, create: bool, extra: Vec<TxnOp>) -> Result<bool> {
+        let r = write_run(&*self.store, &self.keys, &self.leadership, self.clock.now(), run, create, extra).await;
         if matches!(r, Err(Error::Fenced(_))) {
             self.on_fenced("run write");
         }
@@ -113,7 +131,12 @@ impl Engine {
 
     /// Creates a run under its task's overlap policy, then dispatches.
     /// Returns whether it was created (false: the slot was already taken).
-    pub(super) async fn admit(&mut self, mut run: RunRecord) -> bool {
+    pub(super) async fn admit(&mut self, run: RunRecord) -> bool {
+        self.admit_with(run, Vec::new()).await
+    }
+
+    /// [`Engine::admit`] with extra ops committed with the run's creation.
+    pub(super) async fn admit_with(&mut self, mut run: RunRecord, extra: Vec<TxnOp>) -> bool {
         let now = self.now();
         if let Some(e) = self.tasks.get(&run.task_id) {
             let ex = &e.record.spec.execution;
@@ -121,7 +144,8 @@ impl Engine {
             let mut active: Vec<(DateTime<Utc>, String)> = self
                 .runs
                 .values()
-                .filter(|r| r.task_id == run.task_id && r.run_id != run.run_id)
+                // A manual run still waiting out its delay does not hold a slot.
+                .filter(|r| r.task_id == run.task_id && r.run_id != run.run_id && !r.is_delayed(now))
                 .map(|r| (r.scheduled_at, r.run_id.clone()))
                 .collect();
             if active.len() >= limit {
@@ -157,7 +181,7 @@ impl Engine {
                 }
             }
         }
-        match self.store_run(&mut run, true).await {
+        match self.store_run_with(&mut run, true, extra).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!(run_id = %run.run_id, "slot already has a record");
@@ -192,7 +216,13 @@ impl Engine {
             None => uuid::Uuid::new_v4().simple().to_string(),
         };
         let run_id = manual_run_id(&req.task_id, &key);
-        let at = req.not_before.unwrap_or_else(|| now + chrono::Duration::seconds(req.delay_seconds.min(10 * 365 * 86_400) as i64));
+        if req.delay_seconds > MAX_DELAY_SECONDS {
+            return Err(Error::invalid("delay_seconds", format!("must be at most {MAX_DELAY_SECONDS} (1 year)")));
+        }
+        let at = req.not_before.unwrap_or_else(|| now + chrono::Duration::seconds(req.delay_seconds as i64));
+        if at > now + chrono::Duration::seconds(MAX_DELAY_SECONDS as i64) {
+            return Err(Error::invalid("not_before", "must be within 1 year from now"));
+        }
         let mut run = RunRecord::pending(run_id.clone(), &req.task_id, &spec.agent_id, "manual", at, now);
         let mut params = spec.params();
         params.extend(req.params);
@@ -253,8 +283,14 @@ impl Engine {
                         self.assign(&run_id, &runner_id).await;
                         continue;
                     }
-                    None if self.runners.values().any(|r| r.tx.is_some() && r.agents.contains(&run.agent_id)) => {
+                    None if self.runners.values().any(|r| {
+                        r.tx.is_some() && r.agents.contains(&run.agent_id) && selector.iter().all(|(k, v)| r.labels.get(k) == Some(v))
+                    }) =>
+                    {
                         Some(format!("waiting for a free slot on runners serving agent {:?}", run.agent_id))
+                    }
+                    None if !selector.is_empty() && self.runners.values().any(|r| r.tx.is_some() && r.agents.contains(&run.agent_id)) => {
+                        Some(format!("no connected runner serving agent {:?} has the labels {selector:?}", run.agent_id))
                     }
                     None => Some(format!(
                         "no connected runner serves agent {:?}{}",
@@ -304,7 +340,7 @@ impl Engine {
         run.dispatched_at = Some(now);
         run.pending_reason = None;
         run.next_attempt_at = None;
-        let deadline = now + chrono::Duration::seconds(timeout_s);
+        let deadline = now.checked_add_signed(chrono::Duration::seconds(timeout_s)).unwrap_or(DateTime::<Utc>::MAX_UTC);
         let msg = ControlMessage {
             msg: Some(control_message::Msg::Assign(Assign {
                 run_id: run.run_id.clone(),
@@ -332,7 +368,10 @@ impl Engine {
             None => false,
         };
         let slack = chrono::Duration::from_std(self.timing.deadline_slack()).unwrap_or_default();
-        self.push_timer(deadline + slack, Timer::Deadline { run_id: run_id.to_string(), execution_id: execution_id.clone() });
+        self.push_timer(
+            deadline.checked_add_signed(slack).unwrap_or(DateTime::<Utc>::MAX_UTC),
+            Timer::Deadline { run_id: run_id.to_string(), execution_id: execution_id.clone() },
+        );
         if sent {
             tracing::info!(run_id, runner_id, execution_id = %execution_id, attempt, "assigned");
         } else {
@@ -391,7 +430,7 @@ impl Engine {
                 run.finished_at = Some(now);
             }
             o if attempts <= max_retries => {
-                let at = now + backoff(&backoff_spec, attempts);
+                let at = now.checked_add_signed(backoff(&backoff_spec, attempts)).unwrap_or(DateTime::<Utc>::MAX_UTC);
                 run.status = RunStatus::Retrying;
                 run.next_attempt_at = Some(at);
                 tracing::info!(run_id, outcome = o, attempt = attempts, retry_at = %at, "attempt failed; retrying");
@@ -435,7 +474,7 @@ impl Engine {
         self.end_attempt(
             run_id,
             execution_id,
-            AttemptEnd::simple(outcome::TIMEOUT, format!("no result from runner {runner_id} by {slack} s after the deadline")),
+            AttemptEnd::simple(outcome::TIMEOUT, format!("{NO_RESULT} {runner_id} by {slack} s after the deadline")),
         )
         .await;
     }
@@ -568,6 +607,10 @@ impl Engine {
             return;
         }
         a.exit_code = f.exit_code;
+        if run.stdout_tail.is_empty() && run.stderr_tail.is_empty() {
+            run.stdout_tail = f.stdout_tail.clone();
+            run.stderr_tail = f.stderr_tail.clone();
+        }
         let note = format!("late report from the runner: {outcome}");
         a.error = Some(match a.error.take() {
             Some(e) => format!("{e}; {note}"),
@@ -586,7 +629,8 @@ impl Engine {
 /// Writes a run record (and its `active/` index entry) in one transaction
 /// guarded by the leader's fence. With `create`, only if the run does not
 /// exist yet: `Ok(false)` means the slot is already taken (by another
-/// replica, or by this leader before a failover). Sets `fencing_token` and
+/// replica, or by this leader before a failover). `extra` ops commit in the
+/// same transaction (the scheduler's cursor). Sets `fencing_token` and
 /// `updated_at` (UTC) on the record.
 ///
 /// Errors: [`Error::Fenced`] when the fence fails (a newer leader exists);
@@ -598,6 +642,7 @@ pub async fn write_run(
     now: DateTime<Utc>,
     run: &mut RunRecord,
     create: bool,
+    extra: Vec<TxnOp>,
 ) -> Result<bool> {
     run.fencing_token = leadership.token;
     run.updated_at = now;
@@ -609,7 +654,9 @@ pub async fn write_run(
     if create {
         compares.push(Compare::absent(&key));
     }
-    let txn = Txn { compares, success: vec![TxnOp::put(&key, value), index], failure: vec![TxnOp::get(&key)] };
+    let mut success = vec![TxnOp::put(&key, value), index];
+    success.extend(extra);
+    let txn = Txn { compares, success, failure: vec![TxnOp::get(&key)] };
     let r = store.txn(txn).await?;
     if r.succeeded {
         return Ok(true);

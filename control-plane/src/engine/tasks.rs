@@ -44,9 +44,17 @@ impl Engine {
         self.arm(&id);
     }
 
-    /// Stops tracking a deleted task; its runs finish on their own.
+    /// Stops tracking a deleted task: runs that have not started are
+    /// cancelled; running ones finish on their own.
     pub(super) async fn remove_task(&mut self, task_id: &str) {
         if self.tasks.remove(task_id).is_some() {
+            let waiting: Vec<String> =
+                self.runs.values().filter(|r| r.task_id == task_id && r.current_execution().is_none()).map(|r| r.run_id.clone()).collect();
+            for run_id in waiting {
+                if let Err(e) = self.cancel_run(&run_id, "task deleted").await {
+                    tracing::warn!(run_id = %run_id, error = %e, "cannot cancel a run of a deleted task");
+                }
+            }
             let txn = self.fenced(Txn { success: vec![TxnOp::delete(self.keys.cursor(task_id))], ..Txn::default() });
             if let Err(e) = self.store.txn(txn).await {
                 tracing::warn!(task_id, error = %e, "cannot delete cursor");
@@ -102,7 +110,8 @@ impl Engine {
                 format!("{} slot(s) due while the task was paused", range.0),
                 now,
             );
-            if let Err(err) = self.store_run(&mut run, true).await {
+            let cursor = self.cursor_op(task_id, resumed_at);
+            if let Err(err) = self.store_run_with(&mut run, true, cursor).await {
                 tracing::error!(task_id, error = %err, "cannot write paused record");
                 return;
             }
@@ -121,7 +130,7 @@ impl Engine {
         }
         let schedules = e.schedules();
         let Some((slot, sched)) = next_slot(&schedules, e.baseline()) else { return };
-        let fire_at = slot + jitter_for(task_id, slot, sched.jitter_ms());
+        let fire_at = slot.checked_add_signed(jitter_for(task_id, slot, sched.jitter_ms())).unwrap_or(slot);
         e.next = Some((slot, fire_at));
         let generation = e.generation;
         self.push_timer(fire_at, Timer::Fire { task_id: task_id.to_string(), generation });
@@ -155,7 +164,8 @@ impl Engine {
                 format!("{} slot(s) missed while no scheduler ran: {why}", range.0),
                 now,
             );
-            if let Err(err) = self.store_run(&mut run, true).await {
+            let cursor = self.cursor_op(task_id, range.2);
+            if let Err(err) = self.store_run_with(&mut run, true, cursor).await {
                 tracing::error!(task_id, error = %err, "cannot write misfire record; retrying");
                 self.push_timer(now + WRITE_RETRY, Timer::Fire { task_id: task_id.to_string(), generation });
                 return;
@@ -179,7 +189,20 @@ impl Engine {
         let mut run = RunRecord::pending(slot_run_id(task_id, slot), task_id, &spec.agent_id, kind, slot, now);
         run.params = spec.params();
         run.priority = spec.execution.priority;
-        self.admit(run).await;
+        let cursor = self.cursor_op(task_id, slot);
+        self.admit_with(run, cursor).await;
+    }
+
+    /// The op that records "every slot up to `last` is handled", to commit
+    /// with the record of that slot: a slot's record and the cursor moving
+    /// past it are never apart, so a later leader's coalesced record (whose
+    /// id is its first slot's) can never collide with an existing one.
+    fn cursor_op(&self, task_id: &str, last: DateTime<Utc>) -> Vec<TxnOp> {
+        let cursor = Cursor { last_slot: Some(last), updated_at: Some(self.now()) };
+        match serde_json::to_vec(&cursor) {
+            Ok(v) => vec![TxnOp::put(self.keys.cursor(task_id), v)],
+            Err(_) => Vec::new(),
+        }
     }
 
     /// Records that every slot up to `last` is handled.

@@ -252,6 +252,12 @@ impl RunRecord {
         r
     }
 
+    /// A PENDING run that may not start before a later instant (a delayed
+    /// manual trigger) and has never been dispatched.
+    pub fn is_delayed(&self, now: DateTime<Utc>) -> bool {
+        self.status == RunStatus::Pending && self.attempts.is_empty() && self.next_attempt_at.is_some_and(|t| t > now)
+    }
+
     /// The open (latest, unfinished) attempt.
     pub fn current_attempt_mut(&mut self) -> Option<&mut Attempt> {
         self.attempts.last_mut().filter(|a| a.outcome.is_none())

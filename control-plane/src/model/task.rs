@@ -13,6 +13,18 @@ use crate::schedule::{self, Schedule};
 
 /// Longest accepted `task_id`, in characters.
 pub const MAX_TASK_ID_LEN: usize = 128;
+/// Largest `execution.timeout_seconds`: one year.
+pub const MAX_TIMEOUT_SECONDS: i64 = 365 * 86_400;
+/// Largest `execution.misfire_grace_seconds`: one year.
+pub const MAX_GRACE_SECONDS: u64 = 365 * 86_400;
+/// Largest `retry_backoff` value in seconds: seven days.
+pub const MAX_BACKOFF_SECONDS: f64 = 7.0 * 86_400.0;
+/// Largest `jitter_seconds` of a trigger: one day.
+pub const MAX_JITTER_SECONDS: u64 = 86_400;
+/// Largest `execution.concurrency_limit`.
+pub const MAX_CONCURRENCY: u32 = 10_000;
+/// Largest task definition, as JSON: 256 KiB (it rides in every run's context).
+pub const MAX_SPEC_BYTES: usize = 256 * 1024;
 
 /// One task definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,8 +54,10 @@ pub struct TaskSpec {
     pub notify: Option<NotifySpec>,
 }
 
-/// A time trigger, tagged by `type`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A time trigger, tagged by `type`. Deserialized by hand (below) so that
+/// errors inside a trigger keep their field path (`trigger.every_seconds`),
+/// which serde's internally tagged enums lose.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TriggerSpec {
     /// Cron expression in an IANA zone.
@@ -52,6 +66,38 @@ pub enum TriggerSpec {
     Interval(IntervalTrigger),
     /// A single instant.
     Once(OnceTrigger),
+}
+
+/// Separates a nested field path from its message inside a serde error.
+const PATH_MARK: char = '\u{1}';
+
+impl<'de> Deserialize<'de> for TriggerSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let v = serde_json::Value::deserialize(d)?;
+        let serde_json::Value::Object(mut obj) = v else {
+            return Err(D::Error::custom("must be an object with a \"type\" (cron, interval or once)"));
+        };
+        let ty = match obj.remove("type") {
+            Some(serde_json::Value::String(t)) => t,
+            Some(_) => return Err(D::Error::custom(format!("{PATH_MARK}type{PATH_MARK}must be a string"))),
+            None => return Err(D::Error::custom(format!("{PATH_MARK}type{PATH_MARK}missing (cron, interval or once)"))),
+        };
+        fn inner<T: serde::de::DeserializeOwned>(obj: serde_json::Map<String, serde_json::Value>) -> std::result::Result<T, String> {
+            serde_path_to_error::deserialize(serde_json::Value::Object(obj)).map_err(|e| {
+                let path = e.path().to_string();
+                let msg = clean_serde_message(&e.inner().to_string());
+                if path == "." { msg } else { format!("{PATH_MARK}{path}{PATH_MARK}{msg}") }
+            })
+        }
+        let r = match ty.as_str() {
+            "cron" => inner(obj).map(TriggerSpec::Cron),
+            "interval" => inner(obj).map(TriggerSpec::Interval),
+            "once" => inner(obj).map(TriggerSpec::Once),
+            other => Err(format!("{PATH_MARK}type{PATH_MARK}unknown trigger type {other:?} (cron, interval or once)")),
+        };
+        r.map_err(D::Error::custom)
+    }
 }
 
 /// `{type: cron, expr, timezone, jitter_seconds}`.
@@ -212,11 +258,19 @@ impl TaskSpec {
     /// Errors: [`Error::InvalidArgument`] naming the field (`execution.timeout_seconds`,
     /// `trigger.expr`, `trigger.timezone`, an unknown field's path, ...).
     pub fn from_json(text: &str) -> Result<TaskSpec> {
+        if text.len() > MAX_SPEC_BYTES {
+            return Err(Error::invalid("task", format!("definition is {} bytes; at most {MAX_SPEC_BYTES}", text.len())));
+        }
         let de = &mut serde_json::Deserializer::from_str(text);
         let spec: TaskSpec = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let field = if path == "." { "task".to_string() } else { path };
-            Error::invalid(field, clean_serde_message(&e.inner().to_string()))
+            let msg = clean_serde_message(&e.inner().to_string());
+            // A trigger's own error carries its inner path: `trigger` + `every_seconds`.
+            match msg.strip_prefix(PATH_MARK).and_then(|m| m.split_once(PATH_MARK)) {
+                Some((sub, reason)) => Error::invalid(format!("{field}.{sub}"), reason),
+                None => Error::invalid(field, msg),
+            }
         })?;
         spec.validate()?;
         Ok(spec)
@@ -243,19 +297,28 @@ impl TaskSpec {
         validate_id("task_id", &self.task_id)?;
         validate_id("agent_id", &self.agent_id)?;
         let ex = &self.execution;
-        if ex.timeout_seconds <= 0 {
-            return Err(Error::invalid("execution.timeout_seconds", format!("must be > 0 (got {})", ex.timeout_seconds)));
+        if ex.timeout_seconds <= 0 || ex.timeout_seconds > MAX_TIMEOUT_SECONDS {
+            return Err(Error::invalid(
+                "execution.timeout_seconds",
+                format!("must be in 1..={MAX_TIMEOUT_SECONDS} (got {})", ex.timeout_seconds),
+            ));
         }
-        if ex.concurrency_limit == 0 {
-            return Err(Error::invalid("execution.concurrency_limit", "must be >= 1"));
+        if ex.concurrency_limit == 0 || ex.concurrency_limit > MAX_CONCURRENCY {
+            return Err(Error::invalid("execution.concurrency_limit", format!("must be in 1..={MAX_CONCURRENCY}")));
+        }
+        if ex.misfire_grace_seconds > MAX_GRACE_SECONDS {
+            return Err(Error::invalid("execution.misfire_grace_seconds", format!("must be at most {MAX_GRACE_SECONDS} (1 year)")));
         }
         if ex.max_retries > 1000 {
             return Err(Error::invalid("execution.max_retries", "must be <= 1000"));
         }
         let b = &ex.retry_backoff;
         for (name, v) in [("base_seconds", b.base_seconds), ("cap_seconds", b.cap_seconds), ("jitter_seconds", b.jitter_seconds)] {
-            if !v.is_finite() || v < 0.0 {
-                return Err(Error::invalid(format!("execution.retry_backoff.{name}"), "must be a finite number >= 0"));
+            if !v.is_finite() || !(0.0..=MAX_BACKOFF_SECONDS).contains(&v) {
+                return Err(Error::invalid(
+                    format!("execution.retry_backoff.{name}"),
+                    format!("must be a number in 0..={MAX_BACKOFF_SECONDS} (7 days)"),
+                ));
             }
         }
         if b.cap_seconds < b.base_seconds {
@@ -280,8 +343,24 @@ impl TaskSpec {
                 }
             }
         }
-        for (i, _) in self.all_triggers().iter().enumerate() {
-            self.compile_trigger(i)?;
+        if self.trigger.is_some() && !self.triggers.is_empty() {
+            return Err(Error::invalid("triggers", "give either trigger or triggers, not both"));
+        }
+        for (i, t) in self.all_triggers().iter().enumerate() {
+            let path = self.trigger_path(i);
+            let jitter = match t {
+                TriggerSpec::Cron(c) => c.jitter_seconds,
+                TriggerSpec::Interval(iv) => iv.jitter_seconds,
+                TriggerSpec::Once(_) => 0,
+            };
+            if jitter > MAX_JITTER_SECONDS {
+                return Err(Error::invalid(format!("{path}.jitter_seconds"), format!("must be at most {MAX_JITTER_SECONDS} (1 day)")));
+            }
+            if let Schedule::Interval { period_ms, .. } = self.compile_trigger(i)? {
+                if (jitter as i64) * 1000 >= period_ms {
+                    return Err(Error::invalid(format!("{path}.jitter_seconds"), "must be shorter than the interval"));
+                }
+            }
         }
         Ok(())
     }
@@ -382,6 +461,12 @@ mod tests {
         assert_eq!(err_field(&j), "execution.max_retrys");
         let j = SEED.replace("\"notify\"", "\"notifyy\"");
         assert_eq!(err_field(&j), "notifyy");
+        let j = SEED.replace("\"timezone\": \"Asia/Shanghai\"", "\"timezone\": \"Asia/Shanghai\", \"foo\": 1");
+        assert_eq!(err_field(&j), "trigger.foo");
+        let interval = |t: &str| SEED.replace(r#"{ "type": "cron", "expr": "0 30 8 * * *", "timezone": "Asia/Shanghai" }"#, t);
+        assert_eq!(err_field(&interval(r#"{"type": "interval", "every_seconds": -10}"#)), "trigger.every_seconds");
+        assert_eq!(err_field(&interval(r#"{"type": "once", "at": "tomorrow"}"#)), "trigger.at");
+        assert_eq!(err_field(&interval(r#"{"type": "weekly"}"#)), "trigger.type");
     }
 
     #[test]
@@ -393,5 +478,26 @@ mod tests {
         assert_eq!(err_field(&SEED.replace("daily_report_001", "daily report")), "task_id");
         assert_eq!(err_field(&SEED.replace("webhook://alert", "mailto:x")), "notify.on_failure[0]");
         assert_eq!(err_field(&SEED.replace("\"concurrency_limit\": 2", "\"concurrency_limit\": 0")), "execution.concurrency_limit");
+    }
+
+    /// Values that validated but overflowed the engine's time arithmetic
+    /// (found by breaking it): each is rejected, naming the field.
+    #[test]
+    fn values_that_would_overflow_time_arithmetic_are_rejected() {
+        assert_eq!(err_field(&SEED.replace("600", "9223372036854775807")), "execution.timeout_seconds");
+        let with = |extra: &str| SEED.replace("\"max_retries\": 3", &format!("\"max_retries\": 3, {extra}"));
+        assert_eq!(
+            err_field(&with(r#""retry_backoff": {"base_seconds": 1e300, "cap_seconds": 1e308}"#)),
+            "execution.retry_backoff.base_seconds"
+        );
+        assert_eq!(err_field(&with(r#""misfire_grace_seconds": 18446744073709551615"#)), "execution.misfire_grace_seconds");
+        let interval = |t: &str| SEED.replace(r#"{ "type": "cron", "expr": "0 30 8 * * *", "timezone": "Asia/Shanghai" }"#, t);
+        assert_eq!(
+            err_field(&interval(r#"{"type": "interval", "every": "10s", "jitter_seconds": 100000000000000}"#)),
+            "trigger.jitter_seconds"
+        );
+        assert_eq!(err_field(&interval(r#"{"type": "interval", "every": "10s", "jitter_seconds": 10}"#)), "trigger.jitter_seconds");
+        let both = SEED.replace(r#""execution""#, r#""triggers": [{"type": "once", "at": "2030-01-01T00:00:00Z"}], "execution""#);
+        assert_eq!(err_field(&both), "triggers");
     }
 }

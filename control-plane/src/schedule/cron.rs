@@ -55,12 +55,29 @@ impl std::fmt::Display for CronError {
     }
 }
 
+/// cronie's day rule: when either day field starts with `*` (including
+/// `*/2`), a day must match both; when both are restricted, either.
+fn parser_for(expr: &str) -> CronParser {
+    let parts: Vec<&str> = expr.split_whitespace().collect();
+    let (dom, dow) = match parts.len() {
+        5 => (2, 4),
+        6 | 7 => (3, 5),
+        _ => return parser(),
+    };
+    let star = |i: usize| parts.get(i).is_some_and(|p| p.starts_with('*') || p.starts_with('?'));
+    if star(dom) || star(dow) { parser_with(true) } else { parser() }
+}
+
 fn parser() -> CronParser {
+    parser_with(false)
+}
+
+fn parser_with(dom_and_dow: bool) -> CronParser {
     CronParser::builder()
         .seconds(Seconds::Optional)
         .year(Year::Optional)
-        // cronie: both day fields restricted → OR.
-        .dom_and_dow(false)
+        // cronie: both day fields restricted → OR; see `parser_for`.
+        .dom_and_dow(dom_and_dow)
         // Accept `0/10` (= 0-59/10), as cronie and Quartz do.
         .sloppy_ranges(true)
         .build()
@@ -109,7 +126,7 @@ impl CronSchedule {
             }
             _ => trimmed.to_string(),
         };
-        let cron = parser().parse(&normalized).map_err(|e| CronError::Expr(blame_field(&normalized, &e.to_string())))?;
+        let cron = parser_for(&normalized).parse(&normalized).map_err(|e| CronError::Expr(blame_field(&normalized, &e.to_string())))?;
         let s = CronSchedule { cron, tz, expr: trimmed.to_string(), jitter_ms };
         // A calendar-impossible schedule (Feb 30, Apr 31) has no slot at all.
         let probe = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single().unwrap_or_default();
@@ -175,6 +192,24 @@ mod tests {
         assert!(e.contains("Mars/Olympus"), "{e}");
         let e = CronSchedule::parse("0 0 30 2 *", "UTC", 0).expect_err("never").to_string();
         assert!(e.contains("never fire"), "{e}");
+    }
+
+    /// cronie: a day field starting with `*` (even `*/2`) means both must
+    /// match; croner alone treated `*/2` as restricted and used OR.
+    #[test]
+    fn stepped_star_day_field_means_and() {
+        let s = CronSchedule::parse("0 0 */2 * MON", "UTC", 0).expect("parse");
+        let mut t: DateTime<Utc> = "2026-02-01T00:00:00Z".parse().expect("t");
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            t = s.next_after(t).expect("next");
+            got.push(t.to_rfc3339());
+        }
+        assert_eq!(got, vec!["2026-02-09T00:00:00+00:00", "2026-02-23T00:00:00+00:00", "2026-03-09T00:00:00+00:00"]);
+        // Both restricted: OR (the shared dom-dow-or case covers it too).
+        let s = CronSchedule::parse("0 0 1 * MON", "UTC", 0).expect("parse");
+        let t: DateTime<Utc> = "2026-02-01T00:00:00Z".parse().expect("t");
+        assert_eq!(s.next_after(t).map(|d| d.to_rfc3339()), Some("2026-02-02T00:00:00+00:00".to_string()));
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub fn count_slots(schedules: &[Schedule], after: DateTime<Utc>, until: DateTime
 pub fn plan_due_slots(schedules: &[Schedule], window: SlotWindow, policy: MisfirePolicy, grace_seconds: u64) -> DuePlan {
     let SlotWindow { after, now } = window;
     let grace = Duration::seconds(grace_seconds.min(i64::MAX as u64 / 1000) as i64);
-    let recent_from = std::cmp::max(after, now - grace);
+    let recent_from = std::cmp::max(after, now.checked_sub_signed(grace).unwrap_or(DateTime::<Utc>::MIN_UTC));
 
     // Slots older than the grace: count, first and last only.
     let old = count_slots(schedules, after, recent_from);
