@@ -462,6 +462,9 @@ fn preview(a: PreviewArgs, fmt: Format) -> Res {
     let after = a.after.unwrap_or_else(|| SystemClock.now());
     let times =
         punchclock_control_plane::api::preview_times(&[Schedule::Cron(s)], after, a.count.min(punchclock_control_plane::api::MAX_PREVIEW));
+    if times.is_empty() {
+        return Err(format!("{:?} has no fire time after {}", a.expr, after.to_rfc3339_opts(SecondsFormat::Secs, true)));
+    }
     let local: Vec<String> = times.iter().map(|t| t.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::AutoSi, true)).collect();
     if fmt == Format::Json {
         print_json(&serde_json::json!(local));

@@ -297,6 +297,14 @@ pub async fn list_runs(addr: &str, task_id: &str) -> Vec<pb::Run> {
         .runs
 }
 
+/// Whether a run reached a final state.
+pub fn terminal(r: &pb::Run) -> bool {
+    matches!(
+        status(r),
+        pb::RunStatus::Succeeded | pb::RunStatus::Failed | pb::RunStatus::Timeout | pb::RunStatus::Cancelled | pb::RunStatus::Skipped
+    )
+}
+
 /// Status of a run.
 pub fn status(r: &pb::Run) -> pb::RunStatus {
     pb::RunStatus::try_from(r.status).unwrap_or(pb::RunStatus::Unspecified)

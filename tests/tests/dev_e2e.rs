@@ -5,15 +5,8 @@
 use std::time::Duration;
 
 use punchclock_proto::v1 as pb;
-use punchclock_tests::{Proc, apply, at, cli, list_runs, status, tasks, wait_gone, wait_run};
+use punchclock_tests::{Proc, apply, at, cli, list_runs, status, tasks, terminal, wait_gone, wait_run};
 use serde_json::json;
-
-fn terminal(r: &pb::Run) -> bool {
-    matches!(
-        status(r),
-        pb::RunStatus::Succeeded | pb::RunStatus::Failed | pb::RunStatus::Timeout | pb::RunStatus::Cancelled | pb::RunStatus::Skipped
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_tasks_succeed_with_result_and_progress() {

@@ -1,9 +1,8 @@
 //! Acceptance 4 (issue 3): an interval task anchored at a whole minute; the
 //! leader is killed 10 s before a slot and a successor is elected 5 s after
 //! it. The slot runs once, late, with its nominal `scheduled_at`; the next
-//! slot is at the anchored time, not shifted by the takeover.
-//! (A 20 s period stands in for the issue's 2 min: the phase logic is the
-//! same and the test stays short.)
+//! slot is at the anchored time, not shifted by the takeover. (`every: 2m`,
+//! as the issue asks: the test takes up to about five minutes.)
 
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use punchclock_tests::etcd::{Etcd, free_port};
 use punchclock_tests::{Proc, apply, at, list_runs, status, wait_leader, wait_run};
 use serde_json::json;
 
-const PERIOD: i64 = 20;
+const PERIOD: i64 = 120;
 
 async fn sleep_until(t: DateTime<Utc>) {
     if let Ok(d) = (t - Utc::now()).to_std() {
@@ -34,7 +33,7 @@ async fn killed_leader_before_a_slot_runs_it_once_late_and_keeps_the_phase() {
     apply(
         &a.addr,
         json!({"task_id": "phase", "agent_id": "ok_agent",
-        "trigger": {"type": "interval", "every": format!("{PERIOD}s"), "start_at": anchor.to_rfc3339()}}),
+        "trigger": {"type": "interval", "every": "2m", "start_at": anchor.to_rfc3339()}}),
     )
     .await;
 

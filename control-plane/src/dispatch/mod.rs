@@ -32,7 +32,7 @@ mod tests {
         let j = RetryBackoff { base_seconds: 2.0, cap_seconds: 10.0, jitter_seconds: 0.5 };
         for _ in 0..100 {
             let d = backoff(&j, 1).num_milliseconds();
-            assert!((2000..2500).contains(&d), "{d}");
+            assert!((2000..=2500).contains(&d), "{d}");
         }
     }
 }

@@ -563,7 +563,14 @@ impl Engine {
             Outcome::Failed | Outcome::Unspecified => outcome::FAILED,
         };
         let current = self.runs.get(&f.run_id).is_some_and(|r| r.current_execution() == Some(f.execution_id.as_str()));
-        if current {
+        // Or the leader presumed this execution lost (its runner was silent
+        // too long, e.g. across a failover) but it was the latest attempt and
+        // no retry has started: the real outcome wins over the presumption.
+        let revived = !current && self.revive_presumed_lost(&f).await;
+        if current || revived {
+            if revived {
+                tracing::info!(run_id = %f.run_id, execution_id = %f.execution_id, outcome, "late report of an attempt presumed lost; recording its real outcome");
+            }
             let end = AttemptEnd {
                 outcome,
                 error: (!f.error.is_empty()).then(|| f.error.clone()),
@@ -572,22 +579,6 @@ impl Engine {
                 stdout_tail: Some(f.stdout_tail),
                 stderr_tail: Some(f.stderr_tail),
             };
-            self.end_attempt(&f.run_id, &f.execution_id, end).await;
-            return;
-        }
-        // The leader presumed this execution lost (its runner was silent too
-        // long, e.g. across a failover) but it was the latest attempt and no
-        // retry has started: the real outcome wins over the presumption.
-        if self.revive_presumed_lost(&f).await {
-            let end = AttemptEnd {
-                outcome,
-                error: (!f.error.is_empty()).then(|| f.error.clone()),
-                exit_code: f.exit_code,
-                result: parse_json(&f.result_json),
-                stdout_tail: Some(f.stdout_tail),
-                stderr_tail: Some(f.stderr_tail),
-            };
-            tracing::info!(run_id = %f.run_id, execution_id = %f.execution_id, outcome, "late report of an attempt presumed lost; recording its real outcome");
             self.end_attempt(&f.run_id, &f.execution_id, end).await;
             return;
         }
