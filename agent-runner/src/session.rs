@@ -82,9 +82,26 @@ pub const LEADER_METADATA: &str = "punchclock-leader";
 /// [`Error::InvalidConfig`] if `config` fails [`RunnerConfig::validate`].
 pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     config.validate()?;
+    remove_stale_execution_dirs(&config.work_dir).await;
     let mut shutdown = pin!(shutdown);
     Runner::new(config).run(shutdown.as_mut()).await;
     Ok(())
+}
+
+/// Removes `exec-*` directories a previous process of this runner left
+/// behind when it was killed (nothing of theirs runs: agents die with their
+/// runner). Best effort.
+async fn remove_stale_execution_dirs(work_dir: &std::path::Path) {
+    let Ok(mut entries) = tokio::fs::read_dir(work_dir).await else { return };
+    let mut removed = 0;
+    while let Ok(Some(e)) = entries.next_entry().await {
+        if e.file_name().to_string_lossy().starts_with("exec-") && tokio::fs::remove_dir_all(e.path()).await.is_ok() {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        info!(removed, work_dir = %work_dir.display(), "removed execution directories left by a previous run");
+    }
 }
 
 /// Why a connection ended.

@@ -250,9 +250,16 @@ struct PreviewArgs {
     count: u32,
 }
 
+impl Cli {
+    /// `dev`, `server` and `runner`: processes that run until stopped.
+    pub fn is_long_running(&self) -> bool {
+        matches!(self.cmd, Cmd::Dev(_) | Cmd::Server(_) | Cmd::Runner(_))
+    }
+}
+
 /// Sets up `tracing` for the long-running commands.
 pub fn init_tracing(cli: &Cli) {
-    if matches!(cli.cmd, Cmd::Dev(_) | Cmd::Server(_) | Cmd::Runner(_)) {
+    if cli.is_long_running() {
         let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         use std::io::IsTerminal;
         tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).init();
@@ -351,6 +358,9 @@ fn default_id(kind: &str) -> String {
     format!("{kind}-{host}-{}", std::process::id())
 }
 
+/// Settings of a runner. `work_dir` is its own (a restarted runner removes
+/// what a killed predecessor left there): under the data dir for `dev`, per
+/// runner id for `runner`.
 fn runner_config(
     runner_id: String,
     control_plane: Vec<String>,
@@ -358,6 +368,7 @@ fn runner_config(
     slots: u32,
     labels: BTreeMap<String, String>,
     kill_grace: Duration,
+    work_dir: PathBuf,
 ) -> Result<punchclock_agent_runner::RunnerConfig, String> {
     let agents = punchclock_agent_runner::AgentsFile::load(agents).map_err(|e| format!("{}: {e}", agents.display()))?;
     let mut cfg = punchclock_agent_runner::RunnerConfig::new(runner_id, control_plane, agents);
@@ -365,6 +376,7 @@ fn runner_config(
     cfg.labels = labels;
     cfg.kill_grace = kill_grace;
     cfg.shim = std::env::current_exe().ok();
+    cfg.work_dir = work_dir;
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)
 }
@@ -396,6 +408,7 @@ async fn dev(a: DevArgs) -> Res {
         a.slots,
         BTreeMap::new(),
         timing.kill_grace,
+        a.data_dir.join("runner"),
     )?;
     eprintln!(
         "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
@@ -445,14 +458,10 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
 
 async fn runner(a: RunnerArgs) -> Res {
     let cps: Vec<String> = a.control_plane.split(',').filter(|s| !s.trim().is_empty()).map(client::normalize).collect();
-    let cfg = runner_config(
-        a.runner_id.unwrap_or_else(|| default_id("runner")),
-        cps,
-        &a.agents,
-        a.slots,
-        parse_labels(&a.labels)?,
-        Duration::from_millis(a.kill_grace_ms),
-    )?;
+    let runner_id = a.runner_id.unwrap_or_else(|| default_id("runner"));
+    let work_dir = std::env::temp_dir().join("punchclock-runner").join(&runner_id);
+    let cfg =
+        runner_config(runner_id, cps, &a.agents, a.slots, parse_labels(&a.labels)?, Duration::from_millis(a.kill_grace_ms), work_dir)?;
     punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string())
 }
 

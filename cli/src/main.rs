@@ -16,13 +16,17 @@ fn main() -> ExitCode {
     if args.nth(1).is_some_and(|a| a == punchclock_agent_runner::SHIM_SUBCOMMAND) {
         punchclock_agent_runner::shim_main(std::env::args_os().skip(2).collect());
     }
-    // Printing into a closed pipe (`punchclock runs list | head`) ends the
-    // process quietly, as for any Unix filter, instead of panicking.
-    // SAFETY: resetting a signal disposition before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = commands::Cli::parse();
+    if !cli.is_long_running() {
+        // A client printing into a closed pipe (`punchclock runs list | head`)
+        // ends quietly, as any Unix filter does, instead of panicking. Never
+        // for dev/server/runner: an agent that exits without reading its
+        // stdin would then kill the whole runner with SIGPIPE.
+        // SAFETY: resetting a signal disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     commands::init_tracing(&cli);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -31,7 +31,7 @@ pub fn bin() -> PathBuf {
             return PathBuf::from(p);
         }
         let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--quiet", "-p", "punchclock", "--bin", "punchclock"])
+            .args(["build", "--quiet", "--workspace", "--bins"])
             .current_dir(repo_root())
             .status()
             .expect("run cargo build");

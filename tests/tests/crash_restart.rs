@@ -16,6 +16,7 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_run_then_restart_loses_nothing_and_bursts_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _keep = punchclock_tests::KeepLogsOnPanic::new(dir.path(), "crash_restart");
     let data = dir.path().join("data");
     let mut a = Proc::dev(&data);
 

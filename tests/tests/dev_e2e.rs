@@ -135,3 +135,20 @@ async fn run_waits_pending_with_a_visible_reason_while_no_runner_serves_its_agen
     assert_eq!(status(&run), pb::RunStatus::Pending);
     assert!(run.pending_reason.contains("no_such_agent"), "{}", run.pending_reason);
 }
+
+/// Regression: with SIGPIPE at its default, an agent that exits without
+/// reading a context larger than a pipe buffer killed the whole dev process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_that_ignores_a_large_stdin_does_not_kill_the_runner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut dev = Proc::dev(&dir.path().join("data"));
+    let big = "x".repeat(200 * 1024);
+    apply(&dev.addr, json!({"task_id": "big_ctx", "agent_id": "ok_agent", "context": {"params": {"blob": big}}})).await;
+    for key in ["one", "two"] {
+        cli(&dev.addr, &["task", "trigger", "big_ctx", "--key", key]);
+        let id = format!("big_ctx.manual-{key}");
+        let run = wait_run(&dev.addr, "big_ctx", Duration::from_secs(30), |r| r.run_id == id && terminal(r)).await;
+        assert_eq!(status(&run), pb::RunStatus::Succeeded, "{run:#?}");
+    }
+    assert!(dev.child.try_wait().expect("try_wait").is_none(), "punchclock dev is still running");
+}
