@@ -89,6 +89,8 @@ const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_PROGRESS_LINE_BYTES: usize = 256 * 1024;
 /// Most progress-file bytes read per poll (the rest waits for the next poll).
 const MAX_PROGRESS_READ_BYTES: u64 = 4 * 1024 * 1024;
+/// How long the shim gets to sweep an agent's descendants when stopped.
+const SHIM_SWEEP_WAIT: Duration = Duration::from_millis(500);
 /// Largest result file accepted: 1 MiB (it travels in one gRPC message and
 /// is stored with the run). A larger one is replaced by an error object.
 pub const MAX_RESULT_BYTES: u64 = 1024 * 1024;
@@ -385,6 +387,7 @@ fn supervise(
         timeout,
         timeout_secs,
         kill_grace: settings.kill_grace,
+        shimmed: settings.shim.is_some(),
         events,
     };
     info!(
@@ -419,6 +422,8 @@ struct Supervisor {
     /// The timeout as reported in the error text.
     timeout_secs: u64,
     kill_grace: Duration,
+    /// The agent runs behind the shim (the group leader).
+    shimmed: bool,
     events: mpsc::Sender<ExecutionEvent>,
 }
 
@@ -492,6 +497,17 @@ impl Supervisor {
             Ok(status) => status,
             Err(_elapsed) => {
                 debug!(execution_id = %self.in_flight.execution_id, "grace period over; killing");
+                // Behind the shim: SIGUSR2 makes it kill every descendant
+                // (even ones that left the group) before it exits.
+                if self.shimmed {
+                    if let Some(group) = &self.group {
+                        group.signal_leader(libc::SIGUSR2);
+                        if let Ok(status) = time::timeout(SHIM_SWEEP_WAIT, self.child.wait()).await {
+                            group.signal(libc::SIGKILL);
+                            return status;
+                        }
+                    }
+                }
                 match &self.group {
                     Some(group) => group.signal(libc::SIGKILL),
                     None => self.child.start_kill()?,
@@ -614,6 +630,12 @@ impl ProcessGroup {
                 warn!(pgid = self.pgid, signal, error = %err, "cannot signal process group");
             }
         }
+    }
+
+    /// Sends `signal` to the group leader only (the shim, when there is one).
+    fn signal_leader(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) has no memory-safety preconditions; pgid > 0.
+        unsafe { libc::kill(self.pgid, signal) };
     }
 
     /// SIGKILLs whatever is left in the group and forgets it.

@@ -15,9 +15,13 @@
 //! 3. spawns the agent (inheriting stdin, stdout, stderr, cwd and the
 //!    environment minus `PUNCHCLOCK_SHIM_PARENT_PID`), which stays in the
 //!    shim's process group;
-//! 4. loops: SIGCHLD → if the agent exited, exit with its exit code (128+N
-//!    if it was killed by signal N); SIGUSR2 (the runner died) →
-//!    `kill(0, SIGKILL)`, taking the whole group down; SIGTERM → ignored
+//! 4. loops: SIGCHLD → if the agent exited, kill what it left behind and
+//!    exit with its exit code (128+N if it was killed by signal N); SIGUSR2
+//!    (the runner died, or stops the execution for good) → kill every
+//!    descendant, then `kill(0, SIGKILL)`, taking the whole group down. The
+//!    shim is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so descendants
+//!    that left the group with `setsid` are reparented to it and swept too;
+//!    SIGTERM → ignored
 //!    (the runner signals the whole group, so the agent got it too, and the
 //!    runner escalates to SIGKILL after its grace period).
 //!
@@ -69,6 +73,13 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
         .and_then(|set| set.block().map(|()| set))
         .unwrap_or_else(|err| fail(1, format_args!("cannot block signals: {err}")));
 
+    // Orphaned descendants of the agent (double forks, `setsid` daemons)
+    // are reparented to the shim instead of init, so it can sweep them.
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) has no memory-safety preconditions.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) } == -1 {
+        let err = io::Error::last_os_error();
+        fail(1, format_args!("cannot become a child subreaper: {err}"));
+    }
     // SAFETY: prctl(PR_SET_PDEATHSIG) has no memory-safety preconditions.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR2) } == -1 {
         let err = io::Error::last_os_error();
@@ -108,7 +119,12 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
 
     loop {
         match agent.try_wait() {
-            Ok(Some(status)) => std::process::exit(exit_code(status)),
+            Ok(Some(status)) => {
+                // Whatever the agent left behind (even in a new session)
+                // was reparented to us, the subreaper: it goes too.
+                sweep_descendants();
+                std::process::exit(exit_code(status))
+            }
             Ok(None) => {}
             Err(err) => {
                 eprintln!("punchclock agent shim: cannot wait for the agent: {err}");
@@ -116,7 +132,12 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
             }
         }
         match signals.wait() {
-            Ok(libc::SIGUSR2) => kill_group(),
+            // The runner died (parent-death signal) or is stopping us for
+            // good: kill every descendant, wherever it moved, then go.
+            Ok(libc::SIGUSR2) => {
+                sweep_descendants();
+                kill_group()
+            }
             // SIGCHLD: re-check the agent. SIGTERM: the agent got it too.
             Ok(_) => {}
             Err(err) => {
@@ -135,6 +156,40 @@ fn exit_code(status: ExitStatus) -> i32 {
         (None, None) => 1,
     }
 }
+
+/// SIGKILLs every child of the shim until none is left: as each dies, its
+/// own children are reparented to the shim (a child subreaper), so the loop
+/// reaches every descendant, including ones that left the process group
+/// with `setsid`. Bounded; reaps as it goes.
+fn sweep_descendants() {
+    let me = std::process::id() as libc::pid_t;
+    for _ in 0..SWEEP_ROUNDS {
+        let mut found = false;
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()) else { continue };
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+                // After the command name: state, ppid, ...
+                let ppid =
+                    stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<libc::pid_t>().ok());
+                if ppid == Some(me) {
+                    // SAFETY: kill(2) has no memory-safety preconditions; pid > 0.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    found = true;
+                }
+            }
+        }
+        // SAFETY: waitpid with a null status pointer is allowed.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        if !found {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Upper bound on sweep rounds (each one generation of descendants).
+const SWEEP_ROUNDS: usize = 400;
 
 /// SIGKILLs the shim's process group (the shim included).
 fn kill_group() -> ! {

@@ -39,7 +39,9 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 6] = [
+    let tests: [Test; 8] = [
+        ("setsid_daemon_dies_when_the_agent_exits", |dir| runtime().block_on(setsid_on_exit(dir))),
+        ("setsid_daemon_dies_when_the_agent_times_out", |dir| runtime().block_on(setsid_on_timeout(dir))),
         ("success_passes_through_the_shim", |dir| runtime().block_on(success(dir))),
         ("agent_starts_with_no_blocked_signals", |dir| runtime().block_on(no_blocked_signals(dir))),
         ("shell_wait_returns_behind_the_shim", |dir| runtime().block_on(shell_wait(dir))),
@@ -116,6 +118,28 @@ async fn shell_wait(dir: &Path) {
     let (_, finished) = run_agent(dir, &agent, &assign("e-wait", 60)).await;
     assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
     assert_eq!(finished.stdout_tail, "waited\n");
+}
+
+/// A daemon started with `setsid` leaves the agent's process group; the
+/// shim (a child subreaper) still kills it.
+const SETSID_AGENT: &str = r#"
+    setsid sleep 3600 </dev/null >/dev/null 2>&1 &
+    echo "{\"message\": \"$!\"}" >> "$PUNCHCLOCK_PROGRESS_FILE"
+"#;
+
+async fn setsid_on_exit(dir: &Path) {
+    let (daemon, finished) = run_agent(dir, &sh_agent(SETSID_AGENT), &assign("e-setsid", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    let daemon = daemon.expect("the agent reported its daemon's pid");
+    assert!(wait_until_gone(daemon).await, "setsid daemon {daemon} outlived its agent");
+}
+
+async fn setsid_on_timeout(dir: &Path) {
+    let agent = sh_agent(&format!("{SETSID_AGENT}\ntrap '' TERM\nsleep 3600"));
+    let (daemon, finished) = run_agent(dir, &agent, &assign("e-setsid-timeout", 1)).await;
+    assert_eq!(finished.outcome(), Outcome::Timeout, "{finished:?}");
+    let daemon = daemon.expect("the agent reported its daemon's pid");
+    assert!(wait_until_gone(daemon).await, "setsid daemon {daemon} outlived the timeout");
 }
 
 async fn exit_code(dir: &Path) {

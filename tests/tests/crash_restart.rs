@@ -91,12 +91,17 @@ async fn kill_9_mid_run_then_restart_loses_nothing_and_bursts_nothing() {
     let in_gap = |r: &pb::Run| at(&r.scheduled_at).is_some_and(|t| t > killed_at && t <= restarted_at);
     let ticker = wait_run(&b.addr, "ticker", Duration::from_secs(20), |r| r.skip_reason == "misfired").await;
     assert!(ticker.missed_count >= 2, "{ticker:#?}");
-    let gap: Vec<pb::Run> = list_runs(&b.addr, "ticker").await.into_iter().filter(|r| in_gap(r)).collect();
-    let skipped: Vec<&pb::Run> = gap.iter().filter(|r| status(r) == pb::RunStatus::Skipped).collect();
-    let ran: Vec<&pb::Run> = gap.iter().filter(|r| status(r) != pb::RunStatus::Skipped).collect();
-    assert_eq!(skipped.len(), 1, "run_once: one coalesced record, not one per slot: {gap:#?}");
-    assert_eq!(ran.len(), 1, "run_once: the latest missed slot runs once, no burst: {gap:#?}");
-    assert!(at(&ran[0].scheduled_at) > at(&skipped[0].missed_until), "the run is the latest slot");
+    let (from, until) = (at(&ticker.missed_from).expect("from"), at(&ticker.missed_until).expect("until"));
+    let latest = until + chrono::Duration::seconds(2);
+    wait_run(&b.addr, "ticker", Duration::from_secs(20), |r| at(&r.scheduled_at) == Some(latest)).await;
+    let runs = list_runs(&b.addr, "ticker").await;
+    let covered: Vec<&pb::Run> = runs.iter().filter(|r| at(&r.scheduled_at).is_some_and(|t| t >= from && t <= until)).collect();
+    assert_eq!(covered.len(), 1, "run_once: one coalesced record for the missed slots, not one per slot: {covered:#?}");
+    let last: Vec<&pb::Run> = runs.iter().filter(|r| at(&r.scheduled_at) == Some(latest)).collect();
+    assert_eq!(last.len(), 1, "the latest missed slot has one record");
+    assert_ne!(status(last[0]), pb::RunStatus::Skipped, "run_once: the latest missed slot runs (late): {:#?}", last[0]);
+    let before_gap: Vec<&pb::Run> = runs.iter().filter(|r| at(&r.scheduled_at).is_some_and(|t| t > killed_at + chrono::Duration::seconds(1) && t < from)).collect();
+    assert!(before_gap.is_empty(), "no burst: nothing between the crash and the coalesced range: {before_gap:#?}");
 
     let skip = wait_run(&b.addr, "ticker_skip", Duration::from_secs(20), |r| r.skip_reason == "misfired").await;
     assert!(skip.missed_count >= 3, "{skip:#?}");
