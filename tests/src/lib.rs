@@ -104,7 +104,13 @@ impl Proc {
 
     /// `punchclock dev` on a data dir, free ports, the test agents, fast heartbeats.
     pub fn dev(data_dir: &Path) -> Proc {
+        Proc::dev_with_slots(data_dir, 8)
+    }
+
+    /// [`Proc::dev`] whose in-process runner has `slots` slots.
+    pub fn dev_with_slots(data_dir: &Path, slots: u32) -> Proc {
         let d = data_dir.to_string_lossy().to_string();
+        let slots = slots.to_string();
         Proc::start(
             &[
                 "dev",
@@ -121,7 +127,7 @@ impl Proc {
                 "--kill-grace-ms",
                 "1000",
                 "--slots",
-                "8",
+                &slots,
             ],
             &data_dir.with_extension("log"),
             true,

@@ -100,7 +100,8 @@ async fn kill_9_mid_run_then_restart_loses_nothing_and_bursts_nothing() {
     let last: Vec<&pb::Run> = runs.iter().filter(|r| at(&r.scheduled_at) == Some(latest)).collect();
     assert_eq!(last.len(), 1, "the latest missed slot has one record");
     assert_ne!(status(last[0]), pb::RunStatus::Skipped, "run_once: the latest missed slot runs (late): {:#?}", last[0]);
-    let before_gap: Vec<&pb::Run> = runs.iter().filter(|r| at(&r.scheduled_at).is_some_and(|t| t > killed_at + chrono::Duration::seconds(1) && t < from)).collect();
+    let before_gap: Vec<&pb::Run> =
+        runs.iter().filter(|r| at(&r.scheduled_at).is_some_and(|t| t > killed_at + chrono::Duration::seconds(1) && t < from)).collect();
     assert!(before_gap.is_empty(), "no burst: nothing between the crash and the coalesced range: {before_gap:#?}");
 
     let skip = wait_run(&b.addr, "ticker_skip", Duration::from_secs(20), |r| r.skip_reason == "misfired").await;

@@ -152,3 +152,27 @@ async fn agent_that_ignores_a_large_stdin_does_not_kill_the_runner() {
     }
     assert!(dev.child.try_wait().expect("try_wait").is_none(), "punchclock dev is still running");
 }
+
+/// Regression: a cancelled run's runner slot was freed at once, while its
+/// agent still had the kill grace to exit; the next run was assigned to the
+/// full runner, refused ("no free slot") and FAILED without running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_of_a_cancelled_run_stays_taken_until_its_agent_exits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dev = Proc::dev_with_slots(&dir.path().join("data"), 1);
+    apply(&dev.addr, json!({"task_id": "stubborn", "agent_id": "stubborn_agent"})).await;
+    apply(&dev.addr, json!({"task_id": "next", "agent_id": "ok_agent"})).await;
+    cli(&dev.addr, &["task", "trigger", "stubborn", "--key", "a"]);
+    wait_run(&dev.addr, "stubborn", Duration::from_secs(30), |r| status(r) == pb::RunStatus::Running).await;
+    cli(&dev.addr, &["runs", "cancel", "stubborn.manual-a"]);
+    let cancelled_at = chrono::Utc::now();
+    cli(&dev.addr, &["task", "trigger", "next", "--key", "b"]);
+    let next = wait_run(&dev.addr, "next", Duration::from_secs(30), terminal).await;
+    assert_eq!(status(&next), pb::RunStatus::Succeeded, "{next:#?}");
+    assert_eq!(next.attempts.len(), 1, "no attempt was burnt on a refusal: {next:#?}");
+    let started = at(&next.actual_started_at).expect("started");
+    assert!(
+        started >= cancelled_at + chrono::Duration::milliseconds(900),
+        "started only after the cancelled agent's 1 s kill grace: {started} vs {cancelled_at}"
+    );
+}

@@ -119,6 +119,8 @@ impl Engine {
                     })),
                 };
                 self.on_finished(f).await;
+                // The execution's runner slot is free now, whatever its record said.
+                self.try_dispatch().await;
                 if let Some(tx) = self.runners.get(runner_id).and_then(|r| r.tx.clone()) {
                     let _ = tx.send(ack).await;
                 }

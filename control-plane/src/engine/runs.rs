@@ -14,6 +14,12 @@ use crate::model::task::OverlapPolicy;
 use crate::model::{Attempt, Progress, RunRecord, RunStatus};
 use crate::store::{Compare, Keys, KvStore, Txn, TxnOp};
 
+/// Starts of a runner's `Finished.error` when it refused an assignment
+/// without starting it (see `agent-runner` `session::start`).
+const REFUSALS: [&str; 2] = ["no free slot", "runner is shutting down"];
+/// Pause before a refused run may be assigned again.
+const REQUEUE_PAUSE: chrono::Duration = chrono::Duration::seconds(1);
+
 /// Start of the error of an attempt the control plane timed out itself.
 const NO_RESULT: &str = "no result from runner";
 
@@ -84,6 +90,22 @@ impl Engine {
         run.next_attempt_at = None;
         self.runs.insert(run.run_id.clone(), run);
         true
+    }
+
+    /// Undoes an attempt its runner refused without starting it: the run is
+    /// PENDING again (after a short pause, so a full runner is not hammered).
+    async fn requeue_refused(&mut self, f: &Finished) {
+        let Some(mut run) = self.runs.get(&f.run_id).cloned() else { return };
+        if run.attempts.last().is_some_and(|a| a.execution_id == f.execution_id && a.started_at.is_none()) {
+            let runner = run.attempts.pop().map(|a| a.runner_id).unwrap_or_default();
+            let at = self.now() + REQUEUE_PAUSE;
+            run.status = RunStatus::Pending;
+            run.next_attempt_at = Some(at);
+            run.pending_reason = Some(format!("runner {runner} refused it: {}", f.error));
+            if self.save(run).await {
+                self.push_timer(at, Timer::RunDue { run_id: f.run_id.clone() });
+            }
+        }
     }
 
     /// Adds the leader's fence to a transaction.
@@ -507,9 +529,8 @@ impl Engine {
         if let Some(exec) = run.current_execution().map(str::to_string) {
             let runner_id = run.attempts.last().map(|a| a.runner_id.clone()).unwrap_or_default();
             self.send_cancel(&runner_id, run_id, &exec, reason).await;
-            for r in self.runners.values_mut() {
-                r.running.remove(&exec);
-            }
+            // The runner slot stays taken until the runner reports the
+            // execution ended (its agent may take the kill grace to exit).
             if let Some(a) = run.current_attempt_mut() {
                 a.finished_at = Some(now);
                 a.outcome = Some(outcome::CANCELLED.into());
@@ -562,7 +583,17 @@ impl Engine {
             Outcome::Cancelled => outcome::CANCELLED,
             Outcome::Failed | Outcome::Unspecified => outcome::FAILED,
         };
+        // Whatever happens to the record, the execution no longer holds a runner slot.
+        for r in self.runners.values_mut() {
+            r.running.remove(&f.execution_id);
+        }
         let current = self.runs.get(&f.run_id).is_some_and(|r| r.current_execution() == Some(f.execution_id.as_str()));
+        // A runner that refused the assignment before starting it (slots
+        // full, shutting down) did not run an attempt: the run waits again.
+        if current && outcome == outcome::FAILED && REFUSALS.iter().any(|p| f.error.starts_with(p)) {
+            self.requeue_refused(&f).await;
+            return;
+        }
         // Or the leader presumed this execution lost (its runner was silent
         // too long, e.g. across a failover) but it was the latest attempt and
         // no retry has started: the real outcome wins over the presumption.
