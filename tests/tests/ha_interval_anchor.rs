@@ -57,9 +57,10 @@ async fn killed_leader_before_a_slot_runs_it_once_late_and_keeps_the_phase() {
     assert_eq!(late.attempts.len(), 1);
 
     let next = slot + chrono::Duration::seconds(PERIOD);
-    let on_time =
-        wait_run(&b.addr, "phase", Duration::from_secs(60), |r| at(&r.scheduled_at) == Some(next) && status(r) == pb::RunStatus::Succeeded)
-            .await;
+    let on_time = wait_run(&b.addr, "phase", Duration::from_secs(PERIOD as u64 + 60), |r| {
+        at(&r.scheduled_at) == Some(next) && status(r) == pb::RunStatus::Succeeded
+    })
+    .await;
     let lag = at(&on_time.actual_started_at).expect("started") - next;
     assert!(lag < chrono::Duration::seconds(2), "the next slot keeps the anchored phase and runs on time (lag {lag})");
     let around: Vec<pb::Run> =
