@@ -151,9 +151,26 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
             core2.election.resign().await;
             let _ = stop_tx.send(true);
         };
+        // Open streams (a runner, a `WatchRuns` client) would hold a graceful
+        // shutdown forever: past the drain they are cut.
+        let mut stop_rx3 = stop_rx.clone();
+        let drain = cfg.timing.shutdown_drain();
+        let drained = async move {
+            let _ = stop_rx3.wait_for(|s| *s).await;
+            tokio::time::sleep(drain).await;
+        };
+        let served = async move {
+            tokio::select! {
+                r = served => r.map_err(|e| Error::Internal(e.to_string())),
+                _ = drained => {
+                    tracing::warn!(drain_ms = drain.as_millis() as u64, "streams still open after the drain; closing them");
+                    Ok(())
+                }
+            }
+        };
         let (served, _) = tokio::join!(served, stopper);
         let _ = leader_loop.await;
-        served.map_err(|e| Error::Internal(e.to_string()))
+        served
     });
     tracing::info!(%addr, store = %store.describe(), "control plane serving");
     Ok(RunningServer { addr, http_addr, core, join })

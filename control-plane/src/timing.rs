@@ -62,6 +62,14 @@ impl Timing {
         (self.lease_ttl.as_secs() as i64).max(1)
     }
 
+    /// How long a stopping server lets open calls and streams finish before
+    /// it cuts them: 3 s, fixed. A runner or `WatchRuns` client that never
+    /// hangs up must not hold a SIGTERM forever; runners reconnect to the
+    /// next leader anyway.
+    pub fn shutdown_drain(&self) -> Duration {
+        Duration::from_secs(3)
+    }
+
     /// A runner silent this long is lost: 3 heartbeat intervals.
     pub fn runner_lost_after(&self) -> Duration {
         self.heartbeat_interval * 3

@@ -208,6 +208,9 @@ pub struct Engine {
     timer_seq: u64,
     next_session: u64,
     runner_check_armed: bool,
+    /// Tasks whose due slots wait for their recovered in-flight runs to be
+    /// re-declared or lost (see [`Engine::awaits_redeclare`]).
+    deferred_fires: std::collections::HashSet<String>,
     rx: mpsc::Receiver<Command>,
 }
 
@@ -247,6 +250,7 @@ impl Engine {
             timer_seq: 0,
             next_session: 0,
             runner_check_armed: false,
+            deferred_fires: Default::default(),
             rx,
         };
         let watch = engine.load().await?;
@@ -355,6 +359,7 @@ impl Engine {
                 let _ = reply.send(self.runner_snapshots());
             }
         }
+        self.release_deferred_fires();
     }
 
     async fn fire_timers(&mut self) {
@@ -371,6 +376,7 @@ impl Engine {
                 Timer::RunnerCheck => self.on_runner_check().await,
             }
         }
+        self.release_deferred_fires();
     }
 
     async fn on_task_event(&mut self, ev: WatchEvent) {

@@ -143,6 +143,12 @@ impl Engine {
         if e.generation != generation || e.record.paused {
             return;
         }
+        if self.awaits_redeclare(task_id) {
+            // Its overlap decision needs to know whether that run is alive.
+            self.deferred_fires.insert(task_id.to_string());
+            return;
+        }
+        let Some(e) = self.tasks.get(task_id) else { return };
         let ex = &e.record.spec.execution;
         let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
         let window = SlotWindow { after: e.baseline(), now };
@@ -179,6 +185,40 @@ impl Engine {
             self.advance_cursor(task_id, last).await;
         }
         self.arm(task_id);
+    }
+
+    /// True while a run of the task has an open attempt recovered at load
+    /// whose runner has not yet reconnected (its entry is still the
+    /// placeholder of session 0). The takeover rule of DESIGN (Store and
+    /// leadership): wait for runners to re-declare their in-flight runs,
+    /// bounded by the runner-lost timeout, then resume; slots due meanwhile
+    /// follow the misfire policy. Without the wait, the first slot after a
+    /// restart meets a run that is really gone and is skipped for overlap.
+    fn awaits_redeclare(&self, task_id: &str) -> bool {
+        self.runners.values().any(|r| r.session == 0)
+            && self.runs.values().any(|run| {
+                run.task_id == task_id
+                    && run
+                        .attempts
+                        .last()
+                        .is_some_and(|a| a.outcome.is_none() && self.runners.get(&a.runner_id).is_some_and(|r| r.session == 0))
+            })
+    }
+
+    /// Re-arms deferred tasks whose recovered runs are now re-declared,
+    /// finished or lost. Called after every command and timer batch.
+    pub(super) fn release_deferred_fires(&mut self) {
+        if self.deferred_fires.is_empty() {
+            return;
+        }
+        let ready: Vec<String> = self.deferred_fires.iter().filter(|t| !self.awaits_redeclare(t)).cloned().collect();
+        for task_id in ready {
+            self.deferred_fires.remove(&task_id);
+            if let Some(generation) = self.tasks.get(&task_id).map(|e| e.generation) {
+                let now = self.now();
+                self.push_timer(now, Timer::Fire { task_id, generation });
+            }
+        }
     }
 
     /// Creates the run of one slot (create-if-absent) under the overlap policy.

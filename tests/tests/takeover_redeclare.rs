@@ -1,0 +1,137 @@
+//! Takeover rule (DESIGN, Store and leadership): a new leader waits for
+//! runners to re-declare their in-flight runs before it fires slots that
+//! depend on them. Here a run is RUNNING on runner `r1` when the control
+//! plane stops; it restarts after three slots of a `concurrency_limit: 1`
+//! task went by. The latest missed slot must run (misfire `run_once`) once
+//! `r1` reconnects without the old run, not be skipped for overlapping a run
+//! that was already gone.
+//!
+//! A test-driven runner over the real RunnerService stream, and a manual
+//! clock, make the order of events exact: without the rule the slot is
+//! decided at load, before any runner can say Hello.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use punchclock_control_plane::bootstrap::{self, RunningServer, ServerConfig, StoreSpec};
+use punchclock_control_plane::clock::ManualClock;
+use punchclock_control_plane::timing::Timing;
+use punchclock_proto::v1 as pb;
+use punchclock_proto::v1::runner_service_client::RunnerServiceClient;
+use punchclock_tests::{at, channel, list_runs, status, wait_run};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+async fn server(clock: ManualClock, dir: &std::path::Path) -> (RunningServer, String, tokio::sync::oneshot::Sender<()>) {
+    let cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        advertise: None,
+        http_listen: None,
+        store: StoreSpec::Embedded(dir.to_path_buf()),
+        key_prefix: "/punchclock/".into(),
+        node_id: "test".into(),
+        timing: Timing::default(),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let s = bootstrap::start(cfg, Arc::new(clock), async move {
+        let _ = rx.await;
+    })
+    .await
+    .expect("server starts");
+    let addr = format!("http://{}", s.addr);
+    (s, addr, tx)
+}
+
+/// A runner stream driven by the test: says Hello with nothing in flight,
+/// returns the sender (kept alive to keep the stream open) and the inbound
+/// control messages.
+/// Like a real runner, it retries while the server answers `UNAVAILABLE`
+/// (serving, but its engine not yet started).
+async fn connect_runner(addr: &str) -> (mpsc::Sender<pb::RunnerMessage>, tonic::Streaming<pb::ControlMessage>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (tx, rx) = mpsc::channel(16);
+        let hello = pb::Hello { runner_id: "r1".into(), agents: vec!["a".into()], slots: 4, ..Default::default() };
+        tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Hello(hello)) }).await.expect("queue hello");
+        match RunnerServiceClient::new(channel(addr).await).connect(ReceiverStream::new(rx)).await {
+            Ok(inbound) => return (tx, inbound.into_inner()),
+            Err(e) if e.code() == tonic::Code::Unavailable && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("runner stream does not open: {e}"),
+        }
+    }
+}
+
+async fn next_assign(inbound: &mut tonic::Streaming<pb::ControlMessage>) -> pb::Assign {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(20), inbound.message())
+            .await
+            .expect("a control message within 20 s")
+            .expect("stream ok")
+            .expect("stream open");
+        if let Some(pb::control_message::Msg::Assign(a)) = m.msg {
+            return a;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_waits_for_the_runner_before_deciding_overlap() {
+    let _ = tracing_subscriber::fmt().with_env_filter("info").with_test_writer().try_init();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t0: DateTime<Utc> = "2026-11-30T10:00:00Z".parse().expect("t0");
+    let clock = ManualClock::new(t0 + chrono::Duration::seconds(1));
+    let (srv, addr, stop) = server(clock.clone(), dir.path()).await;
+    punchclock_tests::apply(
+        &addr,
+        serde_json::json!({"task_id": "tick", "agent_id": "a",
+            "trigger": {"type": "interval", "every": "10s", "start_at": t0.to_rfc3339()},
+            "execution": {"concurrency_limit": 1, "overlap_policy": "skip", "misfire_policy": "run_once", "misfire_grace_seconds": 60}}),
+    )
+    .await;
+    // The runner connects after the jump (a manual clock jumping past its
+    // heartbeats would make it lost): the slot's run waits PENDING for it.
+    clock.set(t0 + chrono::Duration::seconds(10));
+    wait_run(&addr, "tick", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Pending).await;
+    let (runner, mut inbound) = connect_runner(&addr).await;
+    let first = next_assign(&mut inbound).await;
+    assert_eq!(first.task_id, "tick");
+    let started = pb::Started { run_id: first.run_id.clone(), execution_id: first.execution_id.clone(), ..Default::default() };
+    runner.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Started(started)) }).await.expect("send Started");
+    let running = wait_run(&addr, "tick", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Running).await;
+    assert_eq!(running.run_id, first.run_id);
+
+    // The control plane stops with that run open; three slots go by.
+    drop(runner);
+    drop(inbound);
+    let _ = stop.send(());
+    srv.wait().await.expect("server stops");
+    clock.set(t0 + chrono::Duration::seconds(45));
+    let (srv, addr, stop) = server(clock.clone(), dir.path()).await;
+
+    // r1 comes back without the run: its attempt is lost, and only then is
+    // the latest missed slot (10:00:40) admitted, and assigned.
+    let (runner, mut inbound) = connect_runner(&addr).await;
+    let late = next_assign(&mut inbound).await;
+    let latest = t0 + chrono::Duration::seconds(40);
+    let runs = list_runs(&addr, "tick").await;
+    let slot = runs.iter().find(|r| at(&r.scheduled_at) == Some(latest)).expect("a record for the latest missed slot");
+    assert_ne!(status(slot), pb::RunStatus::Skipped, "the latest missed slot was skipped for a run that was gone: {slot:#?}");
+    assert_eq!(late.run_id, slot.run_id);
+    let old = runs.iter().find(|r| r.run_id == first.run_id).expect("the old run");
+    assert_eq!(old.attempts.last().map(|a| a.outcome.as_str()), Some("lost"), "{old:#?}");
+    let coalesced: Vec<&pb::Run> = runs.iter().filter(|r| r.skip_reason == "misfired").collect();
+    assert_eq!(coalesced.len(), 1, "{runs:#?}");
+    assert_eq!(coalesced[0].missed_count, 2, "10:00:20 and 10:00:30 in one record: {:#?}", coalesced[0]);
+
+    // Stopping with the runner's stream still open: the server cuts it after
+    // its drain instead of waiting for the runner to hang up.
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(15), srv.wait())
+        .await
+        .expect("the server stops within its drain while a runner stream is open")
+        .expect("server stops");
+    drop(runner);
+}
