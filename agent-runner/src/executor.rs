@@ -499,13 +499,13 @@ impl Supervisor {
                 debug!(execution_id = %self.in_flight.execution_id, "grace period over; killing");
                 // Behind the shim: SIGUSR2 makes it kill every descendant
                 // (even ones that left the group) before it exits.
-                if self.shimmed {
-                    if let Some(group) = &self.group {
-                        group.signal_leader(libc::SIGUSR2);
-                        if let Ok(status) = time::timeout(SHIM_SWEEP_WAIT, self.child.wait()).await {
-                            group.signal(libc::SIGKILL);
-                            return status;
-                        }
+                if self.shimmed
+                    && let Some(group) = &self.group
+                {
+                    group.signal_leader(libc::SIGUSR2);
+                    if let Ok(status) = time::timeout(SHIM_SWEEP_WAIT, self.child.wait()).await {
+                        group.signal(libc::SIGKILL);
+                        return status;
                     }
                 }
                 match &self.group {

@@ -199,10 +199,10 @@ impl Runner {
             Some(Err(err)) => {
                 // A follower answers UNAVAILABLE with the leader's address in
                 // the `punchclock-leader` metadata: go there next.
-                if let Error::Stream { status, .. } = &err {
-                    if let Some(leader) = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok()).filter(|l| !l.is_empty()) {
-                        return on_reject(&address, status.message(), leader.to_string());
-                    }
+                if let Error::Stream { status, .. } = &err
+                    && let Some(leader) = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok()).filter(|l| !l.is_empty())
+                {
+                    return on_reject(&address, status.message(), leader.to_string());
                 }
                 warn!(error = %err, "cannot open the runner stream");
                 return SessionEnd::Lost;

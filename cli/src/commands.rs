@@ -469,8 +469,11 @@ fn preview(a: PreviewArgs, fmt: Format) -> Res {
     let s = CronSchedule::parse(&a.expr, &a.tz, 0).map_err(|e| e.to_string())?;
     let zone = s.timezone();
     let after = a.after.unwrap_or_else(|| SystemClock.now());
-    let times =
-        punchclock_control_plane::api::preview_times(&[Schedule::Cron(s)], after, a.count.min(punchclock_control_plane::api::MAX_PREVIEW));
+    let times = punchclock_control_plane::api::preview_times(
+        &[Schedule::Cron(Box::new(s))],
+        after,
+        a.count.min(punchclock_control_plane::api::MAX_PREVIEW),
+    );
     if times.is_empty() {
         return Err(format!("{:?} has no fire time after {}", a.expr, after.to_rfc3339_opts(SecondsFormat::Secs, true)));
     }

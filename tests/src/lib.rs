@@ -78,13 +78,11 @@ impl Proc {
                 if let Some(f) = out.as_mut() {
                     let _ = writeln!(f, "{line}");
                 }
-                if !sent {
-                    if let Some(i) = line.find("API on http://") {
-                        let rest = &line[i + "API on ".len()..];
-                        let addr = rest.split([' ', ',', ')']).next().unwrap_or("").to_string();
-                        let _ = tx.send(addr);
-                        sent = true;
-                    }
+                if !sent && let Some(i) = line.find("API on http://") {
+                    let rest = &line[i + "API on ".len()..];
+                    let addr = rest.split([' ', ',', ')']).next().unwrap_or("").to_string();
+                    let _ = tx.send(addr);
+                    sent = true;
                 }
             }
         });
@@ -351,10 +349,11 @@ pub async fn wait_leader(addrs: &[String], within: Duration, pred: impl Fn(&pb::
     let deadline = tokio::time::Instant::now() + within;
     loop {
         for a in addrs {
-            if let Some(s) = cluster_status(a).await {
-                if !s.leader_id.is_empty() && pred(&s) {
-                    return s;
-                }
+            if let Some(s) = cluster_status(a).await
+                && !s.leader_id.is_empty()
+                && pred(&s)
+            {
+                return s;
             }
         }
         assert!(tokio::time::Instant::now() < deadline, "no leader as expected within {within:?}");

@@ -15,7 +15,7 @@ async fn sigterm_of_the_leader_hands_over_in_under_a_second_with_no_failed_run()
     let etcd = Etcd::start(1).await;
     let ports = [free_port(), free_port()];
     let mut servers =
-        vec![Proc::server(&etcd.store_url(), "cp0", ports[0], dir.path()), Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path())];
+        [Proc::server(&etcd.store_url(), "cp0", ports[0], dir.path()), Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path())];
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let _runner = Proc::runner(&addrs.join(","), "r1", dir.path());
     let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
@@ -34,7 +34,7 @@ async fn sigterm_of_the_leader_hands_over_in_under_a_second_with_no_failed_run()
     let other = addrs[1 - leader].clone();
     let t0 = Instant::now();
     servers[leader].signal(libc::SIGTERM);
-    let next = wait_leader(&[other.clone()], Duration::from_secs(10), |s| s.leader_id != first.leader_id).await;
+    let next = wait_leader(std::slice::from_ref(&other), Duration::from_secs(10), |s| s.leader_id != first.leader_id).await;
     let handover = t0.elapsed();
     println!("handover took {} ms (token {} -> {})", handover.as_millis(), first.fencing_token, next.fencing_token);
     assert!(handover < Duration::from_secs(1), "handover took {handover:?}");

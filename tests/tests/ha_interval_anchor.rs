@@ -47,7 +47,7 @@ async fn killed_leader_before_a_slot_runs_it_once_late_and_keeps_the_phase() {
     a.kill9();
     sleep_until(slot + chrono::Duration::seconds(5)).await;
     let b = Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path());
-    wait_leader(&[b.addr.clone()], Duration::from_secs(20), |s| s.leader_id == "cp1").await;
+    wait_leader(std::slice::from_ref(&b.addr), Duration::from_secs(20), |s| s.leader_id == "cp1").await;
 
     let late =
         wait_run(&b.addr, "phase", Duration::from_secs(30), |r| at(&r.scheduled_at) == Some(slot) && status(r) == pb::RunStatus::Succeeded)

@@ -20,10 +20,10 @@ const KILLS: usize = 20;
 async fn wait_engine(addr: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while tokio::time::Instant::now() < deadline {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(addr.to_string()).expect("addr").connect().await {
-            if pb::cluster_service_client::ClusterServiceClient::new(ch).list_runners(pb::ListRunnersRequest {}).await.is_ok() {
-                return;
-            }
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(addr.to_string()).expect("addr").connect().await
+            && pb::cluster_service_client::ClusterServiceClient::new(ch).list_runners(pb::ListRunnersRequest {}).await.is_ok()
+        {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -31,7 +31,7 @@ async fn stopped_leader_is_replaced_and_fenced_when_it_resumes() {
     let other = addrs[1 - old].clone();
     let t0 = Instant::now();
     servers[old].signal(libc::SIGSTOP);
-    let next = wait_leader(&[other.clone()], Duration::from_secs(20), |s| s.leader_id != first.leader_id).await;
+    let next = wait_leader(std::slice::from_ref(&other), Duration::from_secs(20), |s| s.leader_id != first.leader_id).await;
     let takeover = t0.elapsed();
     let took_over_at = Utc::now();
     println!("takeover after SIGSTOP: {} ms (lease TTL {} ms)", takeover.as_millis(), LEASE_TTL.as_millis());
@@ -55,7 +55,7 @@ async fn stopped_leader_is_replaced_and_fenced_when_it_resumes() {
         at(&r.scheduled_at).is_some_and(|t| t > later) && status(r) == pb::RunStatus::Succeeded
     })
     .await;
-    let still = wait_leader(&[other.clone()], Duration::from_secs(5), |_| true).await;
+    let still = wait_leader(std::slice::from_ref(&other), Duration::from_secs(5), |_| true).await;
     assert_eq!(still.leader_id, next.leader_id, "the resumed replica did not take leadership back");
 
     let runs = list_runs(&other, "tick").await;

@@ -50,8 +50,7 @@ async fn wait_set(rx: &mut watch::Receiver<bool>) {
 }
 
 fn is_set(rx: &watch::Receiver<bool>) -> bool {
-    let v = *rx.borrow();
-    v
+    *rx.borrow()
 }
 
 /// The etcd election of one replica.

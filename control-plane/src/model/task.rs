@@ -324,10 +324,10 @@ impl TaskSpec {
         if b.cap_seconds < b.base_seconds {
             return Err(Error::invalid("execution.retry_backoff.cap_seconds", "must be >= base_seconds"));
         }
-        if let Some(params) = self.context.get("params") {
-            if !params.is_object() {
-                return Err(Error::invalid("context.params", "must be an object"));
-            }
+        if let Some(params) = self.context.get("params")
+            && !params.is_object()
+        {
+            return Err(Error::invalid("context.params", "must be an object"));
         }
         if let Some(n) = &self.notify {
             for (name, list) in [("on_success", &n.on_success), ("on_failure", &n.on_failure)] {
@@ -356,10 +356,10 @@ impl TaskSpec {
             if jitter > MAX_JITTER_SECONDS {
                 return Err(Error::invalid(format!("{path}.jitter_seconds"), format!("must be at most {MAX_JITTER_SECONDS} (1 day)")));
             }
-            if let Schedule::Interval { period_ms, .. } = self.compile_trigger(i)? {
-                if (jitter as i64) * 1000 >= period_ms {
-                    return Err(Error::invalid(format!("{path}.jitter_seconds"), "must be shorter than the interval"));
-                }
+            if let Schedule::Interval { period_ms, .. } = self.compile_trigger(i)?
+                && (jitter as i64) * 1000 >= period_ms
+            {
+                return Err(Error::invalid(format!("{path}.jitter_seconds"), "must be shorter than the interval"));
             }
         }
         Ok(())

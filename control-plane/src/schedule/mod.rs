@@ -18,7 +18,7 @@ use crate::model::task::TriggerSpec;
 #[derive(Debug, Clone)]
 pub enum Schedule {
     /// Cron expression in a zone.
-    Cron(CronSchedule),
+    Cron(Box<CronSchedule>),
     /// `anchor + k*period`, k ∈ ℤ.
     Interval {
         /// Period in milliseconds (>= 1000).
@@ -96,7 +96,7 @@ pub fn compile(t: &TriggerSpec, path: &str) -> Result<Schedule> {
         TriggerSpec::Cron(c) => {
             let tz = c.timezone.as_deref().unwrap_or("UTC");
             let s = CronSchedule::parse(&c.expr, tz, c.jitter_seconds.saturating_mul(1000)).map_err(|e| e.at(path))?;
-            Ok(Schedule::Cron(s))
+            Ok(Schedule::Cron(Box::new(s)))
         }
         TriggerSpec::Interval(i) => {
             let period_s = match (&i.every, i.every_seconds) {

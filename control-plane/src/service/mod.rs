@@ -36,10 +36,10 @@ pub fn status(e: Error) -> Status {
     if let Ok(v) = MetadataValue::try_from(e.code()) {
         s.metadata_mut().insert(CODE_METADATA, v);
     }
-    if let Error::Unavailable { leader: Some(l), .. } = &e {
-        if let Ok(v) = MetadataValue::try_from(l.as_str()) {
-            s.metadata_mut().insert(LEADER_METADATA, v);
-        }
+    if let Error::Unavailable { leader: Some(l), .. } = &e
+        && let Ok(v) = MetadataValue::try_from(l.as_str())
+    {
+        s.metadata_mut().insert(LEADER_METADATA, v);
     }
     if !matches!(e, Error::InvalidArgument { .. } | Error::NotFound { .. }) {
         tracing::warn!(code = e.code(), error = %e, "request failed");

@@ -229,15 +229,15 @@ impl EmbeddedStore {
             (TxnResult { succeeded, revision: new_rev, gets }, events, lease_changes)
         };
         w.commit().map_err(store_err)?;
-        if !lease_changes.is_empty() {
-            if let Ok(mut leases) = self.inner.leases.lock() {
-                for (key, old, new) in lease_changes {
-                    if let Some(l) = leases.get_mut(&old) {
-                        l.keys.remove(&key);
-                    }
-                    if let Some(l) = leases.get_mut(&new) {
-                        l.keys.insert(key);
-                    }
+        if !lease_changes.is_empty()
+            && let Ok(mut leases) = self.inner.leases.lock()
+        {
+            for (key, old, new) in lease_changes {
+                if let Some(l) = leases.get_mut(&old) {
+                    l.keys.remove(&key);
+                }
+                if let Some(l) = leases.get_mut(&new) {
+                    l.keys.insert(key);
                 }
             }
         }
