@@ -21,7 +21,7 @@ use crate::clock::SharedClock;
 use crate::election::Election;
 use crate::election::etcd::EtcdElection;
 use crate::election::single::SingleNode;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig, EngineExit};
 use crate::error::{Error, Result};
 use crate::service::{ClusterSvc, RunSvc, RunnerSvc, TaskSvc};
 use crate::store::embedded::EmbeddedStore;
@@ -180,7 +180,8 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
 /// is not (or on shutdown).
 async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Receiver<bool>) {
     let mut lead = core.election.leadership();
-    let mut running: Option<tokio::task::JoinHandle<()>> = None;
+    let mut running: Option<tokio::task::JoinHandle<EngineExit>> = None;
+    let mut token = 0;
     loop {
         let current = lead.borrow_and_update().clone();
         match (current, running.is_some()) {
@@ -196,6 +197,7 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                 match Engine::start(cfg).await {
                     Ok((handle, join)) => {
                         tracing::info!(token = l.token, "leading: engine started");
+                        token = l.token;
                         if let Ok(mut g) = core.engine.write() {
                             *g = Some(handle);
                         }
@@ -219,18 +221,28 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
             changed = lead.changed() => if changed.is_err() { break },
             _ = async { let _ = stop.wait_for(|s| *s).await.map(|_| ()); } => break,
             ended = engine_done => {
-                // The engine stopped while this replica still leads: fenced
-                // (a newer leader exists; the election will notice) or a bug.
-                // Restart it after a pause rather than leading with no engine.
                 running = None;
                 if let Ok(mut g) = core.engine.write() {
                     *g = None;
                 }
                 match ended {
-                    Err(e) if e.is_panic() => tracing::error!(error = %e, "engine panicked; restarting it"),
-                    _ => tracing::warn!("engine stopped while leading; restarting it"),
+                    // A newer leader exists: step down now (the watch then
+                    // says `None` and the engine stays stopped).
+                    Ok(EngineExit::Fenced) => {
+                        core.election.deposed(token);
+                        let _ = tokio::time::timeout(ENGINE_RESTART_PAUSE, lead.wait_for(|l| l.as_ref().is_none_or(|l| l.token != token))).await;
+                    }
+                    // A bug or a broken watch while this replica still leads:
+                    // restart after a pause rather than lead with no engine.
+                    Err(e) if e.is_panic() => {
+                        tracing::error!(error = %e, "engine panicked; restarting it");
+                        tokio::time::sleep(ENGINE_RESTART_PAUSE).await;
+                    }
+                    _ => {
+                        tracing::warn!("engine stopped while leading; restarting it");
+                        tokio::time::sleep(ENGINE_RESTART_PAUSE).await;
+                    }
                 }
-                tokio::time::sleep(ENGINE_RESTART_PAUSE).await;
             }
         }
     }
@@ -240,7 +252,7 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
 /// Pause before restarting an engine that stopped on its own.
 const ENGINE_RESTART_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
-async fn stop_engine(core: &Core, running: &mut Option<tokio::task::JoinHandle<()>>) {
+async fn stop_engine(core: &Core, running: &mut Option<tokio::task::JoinHandle<EngineExit>>) {
     if let Ok(mut g) = core.engine.write() {
         *g = None;
     }

@@ -57,11 +57,17 @@ impl Proc {
     /// Starts `punchclock ARGS` in the repo root; when `serves` is true,
     /// waits for its "API on http://ADDR" line (at most 60 s).
     pub fn start(args: &[&str], log: &Path, serves: bool) -> Proc {
+        Proc::start_with_env(args, &[], log, serves)
+    }
+
+    /// [`Proc::start`] with extra environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)], log: &Path, serves: bool) -> Proc {
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(bin())
             .args(args)
             .current_dir(repo_root())
             .env("PUNCHCLOCK_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -135,8 +141,13 @@ impl Proc {
     /// `punchclock server` on etcd: `--listen 127.0.0.1:PORT`, fast
     /// heartbeats (500 ms), a 3 s lease and a 1 s kill grace.
     pub fn server(store_url: &str, node_id: &str, port: u16, dir: &Path) -> Proc {
+        Proc::server_with_env(store_url, node_id, port, dir, &[])
+    }
+
+    /// [`Proc::server`] with extra environment variables (test hooks).
+    pub fn server_with_env(store_url: &str, node_id: &str, port: u16, dir: &Path, env: &[(&str, &str)]) -> Proc {
         let listen = format!("127.0.0.1:{port}");
-        Proc::start(
+        Proc::start_with_env(
             &[
                 "server",
                 "--store",
@@ -152,6 +163,7 @@ impl Proc {
                 "--kill-grace-ms",
                 "1000",
             ],
+            env,
             &dir.join(format!("{node_id}.log")),
             true,
         )

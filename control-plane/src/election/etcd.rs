@@ -12,7 +12,12 @@
 //! — checked first on every wake-up, so a process resumed after SIGSTOP
 //! steps down before anything else. Every leader write carries the fence
 //! `create_revision(election key) == token`, so a write that slips through
-//! anyway is rejected by etcd.
+//! anyway is rejected by etcd; the engine then reports the rejection
+//! ([`Election::deposed`]) and the term ends at once.
+//!
+//! Test hook: with `PUNCHCLOCK_TEST_IGNORE_LEASE_LOSS=1` a leader never steps
+//! down for lease trouble, only on a fenced write or resign (see
+//! [`IGNORE_LEASE_LOSS_ENV`]); `tests/tests/ha_sigstop.rs` uses it.
 //!
 //! Following: watch the key; when it disappears (resign or lease expiry),
 //! campaign at once. `resign` revokes the lease, deleting the key, so a
@@ -62,7 +67,18 @@ pub struct EtcdElection {
     tx: watch::Sender<Option<Leadership>>,
     resign: Notify,
     resigned: watch::Sender<bool>,
+    /// The last token a fenced write reported as deposed.
+    deposed: watch::Sender<u64>,
+    /// Test hook (`PUNCHCLOCK_TEST_IGNORE_LEASE_LOSS=1`): never step down for
+    /// a failed, late or missing renewal, like a leader that cannot tell its
+    /// lease is gone. Only a fenced write (or resign) ends its term; tests use
+    /// it to show that the fence alone rejects such a leader's writes.
+    ignore_lease_loss: bool,
 }
+
+/// Environment variable of the test hook [`EtcdElection`] documents. Never
+/// set it in production: it turns off the lease checks.
+pub const IGNORE_LEASE_LOSS_ENV: &str = "PUNCHCLOCK_TEST_IGNORE_LEASE_LOSS";
 
 impl EtcdElection {
     /// Starts campaigning (and the member heartbeat) in the background.
@@ -77,7 +93,12 @@ impl EtcdElection {
             tx,
             resign: Notify::new(),
             resigned,
+            deposed: watch::channel(0).0,
+            ignore_lease_loss: std::env::var(IGNORE_LEASE_LOSS_ENV).is_ok_and(|v| v == "1"),
         });
+        if e.ignore_lease_loss {
+            tracing::warn!("{IGNORE_LEASE_LOSS_ENV}=1: this replica will not step down when its lease is lost (test hook)");
+        }
         tokio::spawn(e.clone().campaign_loop());
         tokio::spawn(e.clone().member_loop());
         e
@@ -184,28 +205,39 @@ impl EtcdElection {
         self.tx.send_replace(Some(Leadership { token, fence: vec![Compare::create_revision(key, token as i64)] }));
         tracing::info!(token, id = %self.me.id, "election: leading");
         let mut stopped = self.resigned.subscribe();
+        let mut deposed = self.deposed.subscribe();
+        let lost = |why: &'static str| if self.ignore_lease_loss { None } else { Some(why) };
         let why = loop {
             // Checked first on every wake-up: after a pause (SIGSTOP, GC,
             // swap) the cutoff has passed before any other timer runs.
-            if last_ack.elapsed() >= cutoff {
-                break "no acknowledged renewal within lease_ttl - margin";
+            if last_ack.elapsed() >= cutoff
+                && let Some(why) = lost("no acknowledged renewal within lease_ttl - margin")
+            {
+                break why;
             }
             tokio::select! {
                 biased;
                 _ = wait_set(&mut stopped) => break "resigned",
-                _ = tokio::time::sleep_until(last_ack + cutoff) => {}
+                _ = async { let _ = deposed.wait_for(|t| *t == token).await; } => break "a write was rejected by the fencing token: a newer leader exists",
+                _ = tokio::time::sleep_until(last_ack + cutoff), if !self.ignore_lease_loss => {}
                 _ = tokio::time::sleep(renew) => {
-                    if last_ack.elapsed() >= cutoff {
+                    if last_ack.elapsed() >= cutoff && !self.ignore_lease_loss {
                         continue;
                     }
-                    match tokio::time::timeout(renew, self.store.keep_alive(lease)).await {
-                        Ok(Ok(ttl)) if ttl > 0 => last_ack = Instant::now(),
-                        Ok(Ok(_)) => break "lease expired",
+                    let outcome = match tokio::time::timeout(renew, self.store.keep_alive(lease)).await {
+                        Ok(Ok(ttl)) if ttl > 0 => {
+                            last_ack = Instant::now();
+                            None
+                        }
+                        Ok(Ok(_)) => lost("lease expired"),
                         Ok(Err(e)) => {
                             tracing::warn!(error = %e, "election: renewal failed");
-                            break "renewal failed";
+                            lost("renewal failed")
                         }
-                        Err(_) => break "renewal late",
+                        Err(_) => lost("renewal late"),
+                    };
+                    if let Some(why) = outcome {
+                        break why;
                     }
                 }
             }
@@ -288,6 +320,11 @@ impl Election for EtcdElection {
                 _ => break,
             }
         }
+    }
+
+    fn deposed(&self, token: u64) {
+        tracing::warn!(token, "election: told a write was fenced");
+        self.deposed.send_replace(token);
     }
 
     async fn members(&self) -> Vec<(String, String)> {

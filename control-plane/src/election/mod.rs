@@ -45,6 +45,11 @@ pub trait Election: Send + Sync + 'static {
     fn id(&self) -> String;
     /// Gives up leadership at once (on shutdown), so another replica takes over.
     async fn resign(&self);
+    /// The store rejected a write fenced with `token`: a newer leader holds
+    /// the election key. If this replica still leads with `token`, it steps
+    /// down at once, without waiting for its own lease checks (which a
+    /// paused or clock-skewed process may not have run yet).
+    fn deposed(&self, token: u64);
     /// Live members as `(id, advertised address)`.
     async fn members(&self) -> Vec<(String, String)>;
 }

@@ -41,6 +41,11 @@ impl Election for SingleNode {
         self.tx.send_replace(None);
     }
 
+    fn deposed(&self, token: u64) {
+        // Nobody else writes the embedded store, so no write is ever fenced.
+        tracing::error!(token, "single-node leader told it was fenced; ignoring");
+    }
+
     async fn members(&self) -> Vec<(String, String)> {
         vec![(self.id.clone(), self.advertise.clone())]
     }

@@ -211,7 +211,20 @@ pub struct Engine {
     /// Tasks whose due slots wait for their recovered in-flight runs to be
     /// re-declared or lost (see [`Engine::awaits_redeclare`]).
     deferred_fires: std::collections::HashSet<String>,
+    /// A leader write was rejected by the fence (see [`EngineExit::Fenced`]).
+    fenced: bool,
     rx: mpsc::Receiver<Command>,
+}
+
+/// Why the engine task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineExit {
+    /// Every handle was dropped, or the task watch failed for good.
+    Stopped,
+    /// The store rejected a write for this leader's fencing token: a newer
+    /// leader exists, and this replica must step down
+    /// ([`crate::election::Election::deposed`]).
+    Fenced,
 }
 
 /// Options for [`Engine::start`].
@@ -234,7 +247,7 @@ impl Engine {
     /// Loads state from the store, applies misfire policies and starts the
     /// engine task. Returns its handle and the task's join handle; dropping
     /// every handle (or aborting the join handle) stops it.
-    pub async fn start(cfg: EngineConfig) -> Result<(EngineHandle, tokio::task::JoinHandle<()>)> {
+    pub async fn start(cfg: EngineConfig) -> Result<(EngineHandle, tokio::task::JoinHandle<EngineExit>)> {
         let (tx, rx) = mpsc::channel(1024);
         let mut engine = Engine {
             store: cfg.store,
@@ -251,6 +264,7 @@ impl Engine {
             next_session: 0,
             runner_check_armed: false,
             deferred_fires: Default::default(),
+            fenced: false,
             rx,
         };
         let watch = engine.load().await?;
@@ -301,7 +315,7 @@ impl Engine {
         Ok(watch)
     }
 
-    async fn run(mut self, mut watch: WatchStream) {
+    async fn run(mut self, mut watch: WatchStream) -> EngineExit {
         loop {
             let next = self.timers.peek().map(|Reverse((t, _, _))| *t);
             let sleep = async {
@@ -336,7 +350,8 @@ impl Engine {
                 _ = sleep => self.fire_timers().await,
             }
         }
-        tracing::info!("engine stopped");
+        tracing::info!(fenced = self.fenced, "engine stopped");
+        if self.fenced { EngineExit::Fenced } else { EngineExit::Stopped }
     }
 
     async fn handle(&mut self, cmd: Command) {

@@ -117,6 +117,7 @@ impl Engine {
     /// A fenced write failed: a newer leader exists. Stop acting as leader.
     pub(super) fn on_fenced(&mut self, what: &str) {
         tracing::error!(what, token = self.leadership.token, "leader write rejected by fencing token; stepping down");
+        self.fenced = true;
         self.rx.close();
     }
 
