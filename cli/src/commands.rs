@@ -16,7 +16,6 @@ use punchclock_control_plane::clock::{Clock, SystemClock};
 use punchclock_control_plane::schedule::{CronSchedule, Schedule};
 use punchclock_control_plane::timing::Timing;
 use punchclock_proto::v1 as pb;
-use serde::Deserialize;
 use tokio_stream::StreamExt;
 
 use crate::client::{self, DEFAULT_ENDPOINT};
@@ -488,38 +487,9 @@ fn preview(a: PreviewArgs, fmt: Format) -> Res {
     Ok(())
 }
 
-/// Reads a task file: JSON (object or array) or YAML (documents, each an
-/// object or a list). Returns each task as a JSON document.
-fn read_task_file(path: &Path) -> Result<Vec<String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut values: Vec<serde_json::Value> = Vec::new();
-    if path.extension().is_some_and(|e| e == "json") {
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        values.push(v);
-    } else {
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-            let v = serde_json::Value::deserialize(doc).map_err(|e| format!("{}: {e}", path.display()))?;
-            if !v.is_null() {
-                values.push(v);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for v in values {
-        match v {
-            serde_json::Value::Array(items) => out.extend(items.iter().map(|i| i.to_string())),
-            other => out.push(other.to_string()),
-        }
-    }
-    if out.is_empty() {
-        return Err(format!("{}: no task in the file", path.display()));
-    }
-    Ok(out)
-}
-
 async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
     let specs = match &c {
-        TaskCmd::Apply { file, .. } => Some(read_task_file(file)?),
+        TaskCmd::Apply { file, .. } => Some(crate::taskfile::read(file)?),
         _ => None,
     };
     // Triggers create runs: the leader's job. Everything else any replica serves.

@@ -1,0 +1,148 @@
+//! Reading task files (`punchclock task apply -f FILE`): JSON (an object or
+//! an array of objects) or YAML (documents, each an object or a list).
+//!
+//! Duplicate keys are an error, not "last one wins": YAML 1.2 requires
+//! mapping keys to be unique (spec §3.2.1.1), RFC 8259 says names SHOULD be
+//! unique, and silently dropping one of two `agent_id`s would run the wrong
+//! agent. The error names the key's path.
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+use std::fmt;
+use std::path::Path;
+
+/// A JSON value read with duplicate map keys rejected.
+struct Strict(Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON or YAML value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom(format!("{v} is not a JSON number")))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        Strict::deserialize(d).map(|s| s.0)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let Strict(v) = map.next_value()?;
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format!("duplicate key `{key}`")));
+            }
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// Reads a task file. Returns each task as a JSON document, in file order.
+///
+/// Errors (prefixed with the path): unreadable file, syntax, a duplicate key
+/// (with its path, e.g. `[0].execution: duplicate key `max_retries``), no
+/// task in the file.
+pub fn read(path: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let fail = |e: &dyn fmt::Display| format!("{}: {e}", path.display());
+    let mut values: Vec<Value> = Vec::new();
+    if path.extension().is_some_and(|e| e == "json") {
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let Strict(v) = serde_path_to_error::deserialize(de).map_err(|e| fail(&located(&e)))?;
+        values.push(v);
+    } else {
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let Strict(v) = serde_path_to_error::deserialize(doc).map_err(|e| fail(&located(&e)))?;
+            if !v.is_null() {
+                values.push(v);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for v in values {
+        match v {
+            Value::Array(items) => out.extend(items.iter().map(|i| i.to_string())),
+            other => out.push(other.to_string()),
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("{}: no task in the file", path.display()));
+    }
+    Ok(out)
+}
+
+fn located<E: fmt::Display>(e: &serde_path_to_error::Error<E>) -> String {
+    let path = e.path().to_string();
+    if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read;
+
+    fn file(name: &str, text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        (dir, p)
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected_with_their_path() {
+        let (_d, p) = file("t.yaml", "task_id: a\nagent_id: x\nexecution:\n  max_retries: 1\n  max_retries: 2\n");
+        let e = read(&p).expect_err("duplicate in YAML");
+        assert!(e.contains("duplicate key `max_retries`") && e.contains("execution"), "{e}");
+        let (_d, p) = file("t.json", r#"[{"task_id": "a", "agent_id": "x", "agent_id": "y"}]"#);
+        let e = read(&p).expect_err("duplicate in JSON");
+        assert!(e.contains("duplicate key `agent_id`") && e.contains("[0]"), "{e}");
+    }
+
+    #[test]
+    fn documents_and_lists_become_one_task_each() {
+        let (_d, p) = file("t.yaml", "task_id: a\nagent_id: x\n---\n- {task_id: b, agent_id: y, n: 1.5}\n- {task_id: c, agent_id: z}\n");
+        let tasks = read(&p).expect("reads");
+        let ids: Vec<String> =
+            tasks.iter().map(|t| serde_json::from_str::<serde_json::Value>(t).expect("json")["task_id"].to_string()).collect();
+        assert_eq!(ids, ["\"a\"", "\"b\"", "\"c\""]);
+        assert!(tasks[1].contains("1.5"), "{}", tasks[1]);
+    }
+}
