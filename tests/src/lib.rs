@@ -106,7 +106,7 @@ impl Proc {
         Proc { child, addr, log: log.to_path_buf() }
     }
 
-    /// `punchclock dev` on a data dir, free ports, the test agents, fast heartbeats.
+    /// `punchclock dev` on a data dir, free ports, the test agents, 1 s heartbeats.
     pub fn dev(data_dir: &Path) -> Proc {
         Proc::dev_with_slots(data_dir, 8)
     }
@@ -127,7 +127,7 @@ impl Proc {
                 "--agents",
                 "tests/agents.yaml",
                 "--heartbeat-ms",
-                "500",
+                "1000",
                 "--kill-grace-ms",
                 "1000",
                 "--slots",

@@ -29,13 +29,13 @@ async fn kill_9_mid_run_then_restart_loses_nothing_and_bursts_nothing() {
     apply(
         &a.addr,
         json!({"task_id": "ticker", "agent_id": "ok_agent", "trigger": {"type": "interval", "every": "2s"},
-        "execution": {"misfire_policy": "run_once", "misfire_grace_seconds": 60}}),
+        "execution": {"misfire_policy": "run_once", "misfire_grace_seconds": 60, "concurrency_limit": 10}}),
     )
     .await;
     apply(
         &a.addr,
         json!({"task_id": "ticker_skip", "agent_id": "ok_agent", "trigger": {"type": "interval", "every": "2s"},
-        "execution": {"misfire_policy": "skip"}}),
+        "execution": {"misfire_policy": "skip", "concurrency_limit": 10}}),
     )
     .await;
     let once_at = (Utc::now() + chrono::Duration::seconds(2)).to_rfc3339();
@@ -88,7 +88,6 @@ async fn kill_9_mid_run_then_restart_loses_nothing_and_bursts_nothing() {
     assert_eq!(long.attempts[1].outcome, "succeeded");
 
     // Misfires: one coalesced SKIPPED record and (run_once) one late run of the latest slot.
-    let in_gap = |r: &pb::Run| at(&r.scheduled_at).is_some_and(|t| t > killed_at && t <= restarted_at);
     let ticker = wait_run(&b.addr, "ticker", Duration::from_secs(20), |r| r.skip_reason == "misfired").await;
     assert!(ticker.missed_count >= 2, "{ticker:#?}");
     let (from, until) = (at(&ticker.missed_from).expect("from"), at(&ticker.missed_until).expect("until"));
@@ -106,7 +105,13 @@ async fn kill_9_mid_run_then_restart_loses_nothing_and_bursts_nothing() {
 
     let skip = wait_run(&b.addr, "ticker_skip", Duration::from_secs(20), |r| r.skip_reason == "misfired").await;
     assert!(skip.missed_count >= 3, "{skip:#?}");
-    let gap: Vec<pb::Run> = list_runs(&b.addr, "ticker_skip").await.into_iter().filter(|r| in_gap(r)).collect();
+    let skip_from = at(&skip.missed_from).expect("from");
+    assert!(skip_from <= killed_at + chrono::Duration::seconds(2), "the record starts where the crash stopped the schedule: {skip:#?}");
+    let gap: Vec<pb::Run> = list_runs(&b.addr, "ticker_skip")
+        .await
+        .into_iter()
+        .filter(|r| at(&r.scheduled_at).is_some_and(|t| t >= skip_from && t <= restarted_at))
+        .collect();
     assert_eq!(gap.len(), 1, "skip: the whole gap is one SKIPPED record: {gap:#?}");
 
     // The one-shot ran once, before the crash, and never again.

@@ -60,7 +60,7 @@ async fn failing_agent_is_retried_with_backoff_then_failed() {
         &dev.addr,
         json!({
             "task_id": "always_fails", "agent_id": "fail_agent",
-            "execution": {"max_retries": 2, "retry_backoff": {"base_seconds": 2, "cap_seconds": 60, "jitter_seconds": 0}}
+            "execution": {"max_retries": 2, "retry_backoff": {"base_seconds": 3, "cap_seconds": 60, "jitter_seconds": 0}}
         }),
     )
     .await;
@@ -74,7 +74,7 @@ async fn failing_agent_is_retried_with_backoff_then_failed() {
         assert_eq!(a.exit_code, Some(3));
     }
     assert!(run.stderr_tail.contains("boom"), "stderr tail kept: {:?}", run.stderr_tail);
-    for (k, want) in [(1usize, 2.0f64), (2, 4.0)] {
+    for (k, want) in [(1usize, 3.0f64), (2, 6.0)] {
         let prev_end = at(&run.attempts[k - 1].finished_at).expect("finished");
         let next = at(&run.attempts[k].dispatched_at).expect("dispatched");
         let got = (next - prev_end).num_milliseconds() as f64 / 1000.0;
@@ -86,7 +86,7 @@ async fn failing_agent_is_retried_with_backoff_then_failed() {
 async fn hanging_agent_times_out_and_its_process_group_is_gone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dev = Proc::dev(&dir.path().join("data"));
-    apply(&dev.addr, json!({"task_id": "hangs", "agent_id": "hang_agent", "execution": {"timeout_seconds": 2}})).await;
+    apply(&dev.addr, json!({"task_id": "hangs", "agent_id": "hang_agent", "execution": {"timeout_seconds": 6}})).await;
     cli(&dev.addr, &["task", "trigger", "hangs"]);
     let running =
         wait_run(&dev.addr, "hangs", Duration::from_secs(30), |r| r.progress.as_ref().is_some_and(|p| p.message.starts_with("pids ")))
@@ -164,15 +164,16 @@ async fn slot_of_a_cancelled_run_stays_taken_until_its_agent_exits() {
     apply(&dev.addr, json!({"task_id": "next", "agent_id": "ok_agent"})).await;
     cli(&dev.addr, &["task", "trigger", "stubborn", "--key", "a"]);
     wait_run(&dev.addr, "stubborn", Duration::from_secs(30), |r| status(r) == pb::RunStatus::Running).await;
-    cli(&dev.addr, &["runs", "cancel", "stubborn.manual-a"]);
+    // Taken before the cancel is sent: the grace starts no earlier.
     let cancelled_at = chrono::Utc::now();
+    cli(&dev.addr, &["runs", "cancel", "stubborn.manual-a"]);
     cli(&dev.addr, &["task", "trigger", "next", "--key", "b"]);
     let next = wait_run(&dev.addr, "next", Duration::from_secs(30), terminal).await;
     assert_eq!(status(&next), pb::RunStatus::Succeeded, "{next:#?}");
     assert_eq!(next.attempts.len(), 1, "no attempt was burnt on a refusal: {next:#?}");
     let started = at(&next.actual_started_at).expect("started");
     assert!(
-        started >= cancelled_at + chrono::Duration::milliseconds(900),
+        started >= cancelled_at + chrono::Duration::milliseconds(1000),
         "started only after the cancelled agent's 1 s kill grace: {started} vs {cancelled_at}"
     );
 }

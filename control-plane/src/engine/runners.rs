@@ -84,8 +84,15 @@ impl Engine {
             },
         );
         for (exec, run_id) in forgotten {
-            let why = format!("runner {} reconnected without this execution", hello.runner_id);
-            self.end_attempt(&run_id, &exec, AttemptEnd::simple(outcome::LOST, why)).await;
+            // Never started there (the Assign was lost with the old stream or
+            // leader): it did not run, so it is dispatched again as the same
+            // attempt. Started: it is lost, and the retry policy decides.
+            let requeued =
+                self.requeue_unstarted(&run_id, &exec, |runner| format!("runner {runner} reconnected without it; it never started")).await;
+            if !requeued {
+                let why = format!("runner {} reconnected without this execution", hello.runner_id);
+                self.end_attempt(&run_id, &exec, AttemptEnd::simple(outcome::LOST, why)).await;
+            }
         }
         self.arm_runner_check();
         self.try_dispatch().await;
@@ -153,6 +160,11 @@ impl Engine {
     /// Runners silent for `runner_lost_after` are lost; their attempts end as lost.
     pub(super) async fn on_runner_check(&mut self) {
         self.runner_check_armed = false;
+        // Messages that queued up behind a long batch of timers (heartbeats
+        // among them) count before silence does.
+        while let Ok(cmd) = self.rx.try_recv() {
+            self.handle(cmd).await;
+        }
         let lost_after = chrono::Duration::from_std(self.timing.runner_lost_after()).unwrap_or_default();
         for id in expired(&self.runners, self.now(), lost_after) {
             let Some(r) = self.runners.remove(&id) else { continue };

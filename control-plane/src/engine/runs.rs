@@ -92,20 +92,28 @@ impl Engine {
         true
     }
 
-    /// Undoes an attempt its runner refused without starting it: the run is
-    /// PENDING again (after a short pause, so a full runner is not hammered).
-    async fn requeue_refused(&mut self, f: &Finished) {
-        let Some(mut run) = self.runs.get(&f.run_id).cloned() else { return };
-        if run.attempts.last().is_some_and(|a| a.execution_id == f.execution_id && a.started_at.is_none()) {
-            let runner = run.attempts.pop().map(|a| a.runner_id).unwrap_or_default();
-            let at = self.now() + REQUEUE_PAUSE;
-            run.status = RunStatus::Pending;
-            run.next_attempt_at = Some(at);
-            run.pending_reason = Some(format!("runner {runner} refused it: {}", f.error));
-            if self.save(run).await {
-                self.push_timer(at, Timer::RunDue { run_id: f.run_id.clone() });
-            }
+    /// Undoes the run's latest attempt, `execution_id`, if it never started
+    /// on its runner (the runner refused it, or reconnected without it and
+    /// no Started was ever reported): no attempt ran, so none is spent. The
+    /// run is PENDING again after a short pause (a full runner is not
+    /// hammered). Returns false, changing nothing, when that attempt started.
+    pub(super) async fn requeue_unstarted(&mut self, run_id: &str, execution_id: &str, why: impl FnOnce(&str) -> String) -> bool {
+        let Some(mut run) = self.runs.get(run_id).cloned() else { return false };
+        if !run.attempts.last().is_some_and(|a| a.execution_id == execution_id && a.started_at.is_none()) {
+            return false;
         }
+        for r in self.runners.values_mut() {
+            r.running.remove(execution_id);
+        }
+        let runner = run.attempts.pop().map(|a| a.runner_id).unwrap_or_default();
+        let at = self.now() + REQUEUE_PAUSE;
+        run.status = RunStatus::Pending;
+        run.next_attempt_at = Some(at);
+        run.pending_reason = Some(why(&runner));
+        if self.save(run).await {
+            self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() });
+        }
+        true
     }
 
     /// Adds the leader's fence to a transaction.
@@ -592,7 +600,8 @@ impl Engine {
         // A runner that refused the assignment before starting it (slots
         // full, shutting down) did not run an attempt: the run waits again.
         if current && outcome == outcome::FAILED && REFUSALS.iter().any(|p| f.error.starts_with(p)) {
-            self.requeue_refused(&f).await;
+            let error = f.error.clone();
+            self.requeue_unstarted(&f.run_id, &f.execution_id, |runner| format!("runner {runner} refused it: {error}")).await;
             return;
         }
         // Or the leader presumed this execution lost (its runner was silent
