@@ -61,8 +61,11 @@ async fn killed_leader_before_a_slot_runs_it_once_late_and_keeps_the_phase() {
         at(&r.scheduled_at) == Some(next) && status(r) == pb::RunStatus::Succeeded
     })
     .await;
-    let lag = at(&on_time.actual_started_at).expect("started") - next;
-    assert!(lag < chrono::Duration::seconds(2), "the next slot keeps the anchored phase and runs on time (lag {lag})");
+    // Phase: `scheduled_at == next` above. On time: the leader dispatched it
+    // at the slot, not a takeover-shifted instant (the margin covers a
+    // loaded machine, far below any shift the takeover could cause).
+    let lag = at(&on_time.dispatched_at).expect("dispatched") - next;
+    assert!(lag < chrono::Duration::seconds(3), "the next slot keeps the anchored phase and runs on time (lag {lag})");
     let around: Vec<pb::Run> =
         list_runs(&b.addr, "phase").await.into_iter().filter(|r| at(&r.scheduled_at).is_some_and(|t| t >= slot && t <= next)).collect();
     assert_eq!(around.len(), 2, "exactly the two slots, once each: {around:#?}");
