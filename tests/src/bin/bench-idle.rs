@@ -68,9 +68,19 @@ async fn main() {
     }
     assert_eq!(listed, n, "every task registered");
 
-    // Let the watch deliver every definition to the engine, then measure.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The engine takes in every definition through its watch: measure once
+    // the process has settled (a 1 s window under 2% of a core, or 60 s).
     let hz = 100.0; // USER_HZ on Linux
+    let settle = Instant::now();
+    loop {
+        let (t, w) = (cpu_ticks(pid), Instant::now());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let pct = (cpu_ticks(pid) - t) as f64 / hz / w.elapsed().as_secs_f64() * 100.0;
+        if pct < 2.0 || settle.elapsed() > Duration::from_secs(60) {
+            println!("bench-idle: settled after {:.1} s", settle.elapsed().as_secs_f64());
+            break;
+        }
+    }
     let t0 = cpu_ticks(pid);
     let w0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(idle_secs)).await;
