@@ -133,6 +133,8 @@ struct Runner {
     outbox: Outbox,
     /// Highest fencing token seen in a `Welcome` or `Assign`.
     max_token_seen: u64,
+    /// Random per process, sent in every Hello.
+    instance_id: String,
     events_tx: mpsc::Sender<ExecutionEvent>,
     events_rx: mpsc::Receiver<ExecutionEvent>,
 }
@@ -146,6 +148,7 @@ impl Runner {
             running: HashMap::new(),
             outbox: Outbox::default(),
             max_token_seen: 0,
+            instance_id: uuid::Uuid::new_v4().to_string(),
             events_tx,
             events_rx,
         }
@@ -584,6 +587,7 @@ impl Runner {
                 .chain(self.outbox.iter().map(|f| InFlight { run_id: f.run_id.clone(), execution_id: f.execution_id.clone(), attempt: 0 }))
                 .collect(),
             max_token_seen: self.max_token_seen,
+            instance_id: self.instance_id.clone(),
         }
     }
 }

@@ -86,8 +86,11 @@ pub fn read(path: &Path) -> Result<Vec<String>, String> {
     let fail = |e: &dyn fmt::Display| format!("{}: {e}", path.display());
     let mut values: Vec<Value> = Vec::new();
     if path.extension().is_some_and(|e| e == "json") {
-        let de = &mut serde_json::Deserializer::from_str(&text);
-        let Strict(v) = serde_path_to_error::deserialize(de).map_err(|e| fail(&located(&e)))?;
+        let mut de = serde_json::Deserializer::from_str(&text);
+        let Strict(v) = serde_path_to_error::deserialize(&mut de).map_err(|e| fail(&located(&e)))?;
+        // One JSON value per file (an array for several tasks): trailing
+        // text is an error, not ignored.
+        de.end().map_err(|e| fail(&e))?;
         values.push(v);
     } else {
         for doc in serde_yaml_ng::Deserializer::from_str(&text) {
@@ -134,6 +137,9 @@ mod tests {
         let (_d, p) = file("t.json", r#"[{"task_id": "a", "agent_id": "x", "agent_id": "y"}]"#);
         let e = read(&p).expect_err("duplicate in JSON");
         assert!(e.contains("duplicate key `agent_id`") && e.contains("[0]"), "{e}");
+        let (_d, p) = file("t.json", r#"{"task_id": "a", "agent_id": "x"} {"task_id": "b", "agent_id": "y"}"#);
+        let e = read(&p).expect_err("two JSON values");
+        assert!(e.contains("trailing characters"), "{e}");
     }
 
     #[test]

@@ -163,7 +163,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
             tokio::select! {
                 r = served => r.map_err(|e| Error::Internal(e.to_string())),
                 _ = drained => {
-                    tracing::warn!(drain_ms = drain.as_millis() as u64, "streams still open after the drain; closing them");
+                    tracing::warn!(drain_ms = drain.as_millis() as u64, "streams still open after the drain; no longer waiting for them");
                     Ok(())
                 }
             }
@@ -182,10 +182,13 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
     let mut lead = core.election.leadership();
     let mut running: Option<tokio::task::JoinHandle<EngineExit>> = None;
     let mut token = 0;
+    // The term a fenced write ended: no engine is started for it again,
+    // even while the election has yet to publish the step-down.
+    let mut deposed: Option<u64> = None;
     loop {
         let current = lead.borrow_and_update().clone();
         match (current, running.is_some()) {
-            (Some(l), false) => {
+            (Some(l), false) if deposed != Some(l.token) => {
                 let cfg = EngineConfig {
                     store: core.store.clone(),
                     keys: core.keys.clone(),
@@ -229,6 +232,7 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                     // A newer leader exists: step down now (the watch then
                     // says `None` and the engine stays stopped).
                     Ok(EngineExit::Fenced) => {
+                        deposed = Some(token);
                         core.election.deposed(token);
                         let _ = tokio::time::timeout(ENGINE_RESTART_PAUSE, lead.wait_for(|l| l.as_ref().is_none_or(|l| l.token != token))).await;
                     }

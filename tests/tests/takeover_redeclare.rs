@@ -48,15 +48,21 @@ async fn server(clock: ManualClock, dir: &std::path::Path) -> (RunningServer, St
 /// control messages.
 /// Like a real runner, it retries while the server answers `UNAVAILABLE`
 /// (serving, but its engine not yet started).
-async fn connect_runner(addr: &str) -> (mpsc::Sender<pb::RunnerMessage>, tonic::Streaming<pb::ControlMessage>) {
+async fn connect_runner(addr: &str, instance: &str) -> (mpsc::Sender<pb::RunnerMessage>, tonic::Streaming<pb::ControlMessage>) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (tx, rx) = mpsc::channel(16);
-        let hello = pb::Hello { runner_id: "r1".into(), agents: vec!["a".into()], slots: 4, ..Default::default() };
+        let hello =
+            pb::Hello { runner_id: "r1".into(), agents: vec!["a".into()], slots: 4, instance_id: instance.into(), ..Default::default() };
         tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Hello(hello)) }).await.expect("queue hello");
         match RunnerServiceClient::new(channel(addr).await).connect(ReceiverStream::new(rx)).await {
             Ok(inbound) => return (tx, inbound.into_inner()),
-            Err(e) if e.code() == tonic::Code::Unavailable && tokio::time::Instant::now() < deadline => {
+            // Unavailable: not leading yet. FailedPrecondition: the previous
+            // stream of this runner id is not yet seen closed.
+            Err(e)
+                if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::FailedPrecondition)
+                    && tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
             Err(e) => panic!("runner stream does not open: {e}"),
@@ -95,7 +101,7 @@ async fn restart_waits_for_the_runner_before_deciding_overlap() {
     // heartbeats would make it lost): the slot's run waits PENDING for it.
     clock.set(t0 + chrono::Duration::seconds(10));
     wait_run(&addr, "tick", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Pending).await;
-    let (runner, mut inbound) = connect_runner(&addr).await;
+    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
     let first = next_assign(&mut inbound).await;
     assert_eq!(first.task_id, "tick");
     let started = pb::Started { run_id: first.run_id.clone(), execution_id: first.execution_id.clone(), ..Default::default() };
@@ -113,7 +119,7 @@ async fn restart_waits_for_the_runner_before_deciding_overlap() {
 
     // r1 comes back without the run: its attempt is lost, and only then is
     // the latest missed slot (10:00:40) admitted, and assigned.
-    let (runner, mut inbound) = connect_runner(&addr).await;
+    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
     let late = next_assign(&mut inbound).await;
     let latest = t0 + chrono::Duration::seconds(40);
     let runs = list_runs(&addr, "tick").await;
@@ -134,4 +140,59 @@ async fn restart_waits_for_the_runner_before_deciding_overlap() {
         .expect("the server stops within its drain while a runner stream is open")
         .expect("server stops");
     drop(runner);
+}
+
+/// An assignment whose Assign never reached the runner (the stream broke
+/// first): when the same runner process reconnects without it, it never ran,
+/// so it is dispatched again as the same attempt; when a restarted runner
+/// (another process, same id) comes back without it, it may have started, so
+/// it is lost and the retry policy decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unstarted_assignment_is_requeued_for_the_same_process_and_lost_for_a_new_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t0: DateTime<Utc> = "2026-11-30T10:00:00Z".parse().expect("t0");
+    let clock = ManualClock::new(t0);
+    let (srv, addr, stop) = server(clock.clone(), dir.path()).await;
+    for id in ["same", "other"] {
+        punchclock_tests::apply(&addr, serde_json::json!({"task_id": id, "agent_id": "a", "execution": {"max_retries": 0}})).await;
+    }
+
+    // The same process: assigned, never started, reconnects without it.
+    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
+    punchclock_tests::cli(&addr, &["task", "trigger", "same", "--key", "k"]);
+    let first = next_assign(&mut inbound).await;
+    drop((runner, inbound));
+    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
+    let requeued = wait_run(&addr, "same", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Pending && r.attempts.is_empty()).await;
+    assert!(requeued.pending_reason.contains("never started"), "{requeued:#?}");
+    // The re-dispatch waits a short pause on the (manual) clock.
+    clock.advance(chrono::Duration::seconds(2));
+    let again = next_assign(&mut inbound).await;
+    assert_eq!((again.run_id.as_str(), again.attempt), (first.run_id.as_str(), 1), "dispatched again as attempt 1");
+    assert_ne!(again.execution_id, first.execution_id);
+    let run = list_runs(&addr, "same").await.into_iter().next().expect("run");
+    assert_eq!(run.attempts.len(), 1, "no attempt spent: {run:#?}");
+    assert!(run.attempts[0].outcome.is_empty(), "{run:#?}");
+
+    // Finish it, then a restarted runner process (new instance id) comes back
+    // without an assignment it was given: lost, and with no retries, FAILED.
+    let fin = pb::Finished {
+        run_id: again.run_id.clone(),
+        execution_id: again.execution_id.clone(),
+        outcome: pb::Outcome::Succeeded as i32,
+        ..Default::default()
+    };
+    runner.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Finished(fin)) }).await.expect("send Finished");
+    wait_run(&addr, "same", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Succeeded).await;
+    punchclock_tests::cli(&addr, &["task", "trigger", "other", "--key", "k"]);
+    next_assign(&mut inbound).await;
+    drop((runner, inbound));
+    let (_runner, _inbound) = connect_runner(&addr, "i2").await;
+    let run = wait_run(&addr, "other", Duration::from_secs(20), punchclock_tests::terminal).await;
+    assert_eq!(status(&run), pb::RunStatus::Failed, "{run:#?}");
+    assert_eq!(run.attempts.len(), 1);
+    assert_eq!(run.attempts[0].outcome, "lost", "{run:#?}");
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(15), srv.wait()).await.expect("server stops").expect("server stops");
 }

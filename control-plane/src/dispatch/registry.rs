@@ -27,6 +27,8 @@ pub struct RunnerEntry {
     pub labels: BTreeMap<String, String>,
     /// Its version string.
     pub version: String,
+    /// `Hello.instance_id` of the connected process (empty: unknown).
+    pub instance_id: String,
     /// Execution ids assigned to it and not finished: `execution_id → run_id`.
     pub running: HashMap<String, String>,
     /// When the current stream was opened (UTC).
@@ -67,6 +69,7 @@ mod tests {
             slots: 1,
             labels: BTreeMap::new(),
             version: String::new(),
+            instance_id: String::new(),
             running: HashMap::new(),
             connected_at: last_seen.parse().expect("t"),
             last_seen: last_seen.parse().expect("t"),

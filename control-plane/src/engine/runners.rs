@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use tokio::sync::mpsc;
 
-use punchclock_proto::v1::{ControlMessage, FinishedAck, HeartbeatAck, Hello, InFlight, Welcome, control_message, runner_message};
+use punchclock_proto::v1::{ControlMessage, FinishedAck, HeartbeatAck, Hello, InFlight, Started, Welcome, control_message, runner_message};
 
 use super::runs::AttemptEnd;
 use super::{Engine, RunnerSnapshot, Timer};
@@ -40,24 +40,19 @@ impl Engine {
                 )));
             }
         }
-        self.next_session += 1;
-        let session = self.next_session;
-        let previous = self.runners.remove(&hello.runner_id);
+        // Nothing changes until the Welcome is out: a stream that closed
+        // meanwhile (the runner gave up on a slow leader) leaves the registry
+        // as it was, placeholders of recovered runs included.
         let mut running = HashMap::new();
         let mut unknown = Vec::new();
         for f in hello.in_flight {
             let known = self.runs.get(&f.run_id).is_some_and(|r| r.current_execution() == Some(f.execution_id.as_str()));
             if known {
-                for r in self.runners.values_mut() {
-                    r.running.remove(&f.execution_id);
-                }
                 running.insert(f.execution_id.clone(), f.run_id.clone());
             } else {
                 unknown.push(InFlight { run_id: f.run_id, execution_id: f.execution_id, attempt: f.attempt });
             }
         }
-        let forgotten: Vec<(String, String)> =
-            previous.map(|p| p.running.into_iter().filter(|(exec, _)| !running.contains_key(exec)).collect()).unwrap_or_default();
         let welcome = ControlMessage {
             msg: Some(control_message::Msg::Welcome(Welcome {
                 fencing_token: self.leadership.token,
@@ -67,7 +62,19 @@ impl Engine {
             })),
         };
         tx.send(welcome).await.map_err(|_| Error::Unavailable { reason: "runner stream closed".into(), leader: None })?;
+        self.next_session += 1;
+        let session = self.next_session;
+        let previous = self.runners.remove(&hello.runner_id);
+        for exec in running.keys() {
+            for r in self.runners.values_mut() {
+                r.running.remove(exec);
+            }
+        }
+        let forgotten: Vec<(String, String)> =
+            previous.map(|p| p.running.into_iter().filter(|(exec, _)| !running.contains_key(exec)).collect()).unwrap_or_default();
         tracing::info!(runner_id = %hello.runner_id, session, agents = ?hello.agents, slots = hello.slots, redeclared = running.len(), unknown = unknown.len(), "runner connected");
+        let redeclared: Vec<(String, String)> = running.iter().map(|(e, r)| (e.clone(), r.clone())).collect();
+        let instance_id = hello.instance_id;
         self.runners.insert(
             hello.runner_id.clone(),
             RunnerEntry {
@@ -78,17 +85,32 @@ impl Engine {
                 slots: hello.slots,
                 labels: hello.labels.into_iter().collect(),
                 version: hello.version,
+                instance_id: instance_id.clone(),
                 running,
                 connected_at: now,
                 last_seen: now,
             },
         );
+        // Re-declared means started, even if the Started report was lost
+        // with the previous leader.
+        for (exec, run_id) in redeclared {
+            self.on_started(Started { run_id, execution_id: exec, started_at: None, pid: 0 }).await;
+        }
         for (exec, run_id) in forgotten {
-            // Never started there (the Assign was lost with the old stream or
-            // leader): it did not run, so it is dispatched again as the same
-            // attempt. Started: it is lost, and the retry policy decides.
-            let requeued =
-                self.requeue_unstarted(&run_id, &exec, |runner| format!("runner {runner} reconnected without it; it never started")).await;
+            // The same runner process, which never had it (the Assign was lost
+            // with the old stream or leader), never ran it: dispatched again as
+            // the same attempt. Otherwise (a restarted runner, or it started)
+            // it is lost, and the retry policy decides.
+            let same_process = !instance_id.is_empty()
+                && self
+                    .runs
+                    .get(&run_id)
+                    .and_then(|r| r.attempts.last())
+                    .is_some_and(|a| a.execution_id == exec && a.runner_instance == instance_id);
+            let requeued = same_process
+                && self
+                    .requeue_unstarted(&run_id, &exec, |runner| format!("runner {runner} reconnected without it; it never started"))
+                    .await;
             if !requeued {
                 let why = format!("runner {} reconnected without this execution", hello.runner_id);
                 self.end_attempt(&run_id, &exec, AttemptEnd::simple(outcome::LOST, why)).await;
@@ -197,6 +219,7 @@ impl Engine {
                     labels: Default::default(),
                     version: String::new(),
                     running: HashMap::new(),
+                    instance_id: String::new(),
                     connected_at: now,
                     // Expires `redeclare_wait` from now (expiry is `last_seen + runner_lost_after`).
                     last_seen: now + redeclare_extra,

@@ -110,9 +110,10 @@ impl Engine {
         run.status = RunStatus::Pending;
         run.next_attempt_at = Some(at);
         run.pending_reason = Some(why(&runner));
-        if self.save(run).await {
-            self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() });
+        if !self.save(run).await {
+            return false;
         }
+        self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() });
         true
     }
 
@@ -361,6 +362,7 @@ impl Engine {
             attempt,
             execution_id: execution_id.clone(),
             runner_id: runner_id.to_string(),
+            runner_instance: self.runners.get(runner_id).map(|r| r.instance_id.clone()).unwrap_or_default(),
             dispatched_at: now,
             started_at: None,
             finished_at: None,
@@ -559,7 +561,7 @@ impl Engine {
 
     pub(super) async fn on_started(&mut self, s: Started) {
         let Some(mut run) = self.runs.get(&s.run_id).cloned() else { return };
-        if run.current_execution() != Some(s.execution_id.as_str()) {
+        if run.current_execution() != Some(s.execution_id.as_str()) || run.attempts.last().is_some_and(|a| a.started_at.is_some()) {
             return;
         }
         let t = ts(s.started_at.as_ref()).unwrap_or_else(|| self.now());

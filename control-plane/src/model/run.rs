@@ -92,6 +92,9 @@ pub struct Attempt {
     pub execution_id: String,
     /// The runner it was assigned to.
     pub runner_id: String,
+    /// That runner process's `Hello.instance_id` (empty if it sent none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub runner_instance: String,
     /// When it was assigned (UTC).
     pub dispatched_at: DateTime<Utc>,
     /// When the runner started the agent (UTC).
