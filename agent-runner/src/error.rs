@@ -35,6 +35,15 @@ pub enum Error {
     #[error("invalid runner configuration: {0}")]
     InvalidConfig(String),
 
+    /// Another live runner process holds this work directory's lock: two
+    /// processes with one `--runner-id` on one host would take each other's
+    /// runs and delete each other's execution directories.
+    #[error("work directory {} is in use by another runner process (same --runner-id on this host?)", path.display())]
+    WorkDirInUse {
+        /// The work directory.
+        path: PathBuf,
+    },
+
     /// The per-execution directory (or a file in it) could not be created.
     #[error("cannot prepare execution directory {}: {source}", path.display())]
     ExecutionDir {

@@ -79,13 +79,33 @@ pub const LEADER_METADATA: &str = "punchclock-leader";
 ///
 /// # Errors
 ///
-/// [`Error::InvalidConfig`] if `config` fails [`RunnerConfig::validate`].
+/// [`Error::InvalidConfig`] if `config` fails [`RunnerConfig::validate`];
+/// [`Error::WorkDirInUse`] if another live process runs on the same
+/// `config.work_dir`.
 pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     config.validate()?;
+    // Held until this function returns; the kernel drops it if the process dies.
+    let _lock = lock_work_dir(&config.work_dir)?;
     remove_stale_execution_dirs(&config.work_dir).await;
     let mut shutdown = pin!(shutdown);
     Runner::new(config).run(shutdown.as_mut()).await;
     Ok(())
+}
+
+/// Takes an exclusive `flock(2)` on `<work_dir>/.lock` (created if missing),
+/// without waiting. The file is opened close-on-exec, so agents do not
+/// inherit (and outlive the runner with) the lock.
+pub fn lock_work_dir(work_dir: &std::path::Path) -> Result<std::fs::File, Error> {
+    use std::os::fd::AsRawFd;
+    let io = |e: std::io::Error| Error::InvalidConfig(format!("work directory {}: {e}", work_dir.display()));
+    std::fs::create_dir_all(work_dir).map_err(io)?;
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(work_dir.join(".lock")).map_err(io)?;
+    // SAFETY: flock on a file descriptor this function owns for the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.kind() == std::io::ErrorKind::WouldBlock { Error::WorkDirInUse { path: work_dir.to_path_buf() } } else { io(e) });
+    }
+    Ok(file)
 }
 
 /// Removes `exec-*` directories a previous process of this runner left
@@ -752,6 +772,16 @@ impl Default for Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_work_dir_serves_one_runner_process_at_a_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let work = dir.path().join("r1");
+        let held = lock_work_dir(&work).expect("first lock");
+        assert!(matches!(lock_work_dir(&work), Err(Error::WorkDirInUse { .. })), "a second holder is refused");
+        drop(held);
+        lock_work_dir(&work).expect("free again once the holder is gone");
+    }
 
     #[test]
     fn backoff_doubles_to_the_cap_with_jitter_and_resets() {

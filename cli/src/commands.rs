@@ -163,6 +163,10 @@ struct RunnerArgs {
     /// TERM→KILL grace in milliseconds.
     #[arg(long, default_value_t = 5000)]
     kill_grace_ms: u64,
+    /// Working directory for execution directories (progress and result
+    /// files); locked by this process. Default: `$TMPDIR/punchclock-runner/<runner id>`.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -458,7 +462,7 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
 async fn runner(a: RunnerArgs) -> Res {
     let cps: Vec<String> = a.control_plane.split(',').filter(|s| !s.trim().is_empty()).map(client::normalize).collect();
     let runner_id = a.runner_id.unwrap_or_else(|| default_id("runner"));
-    let work_dir = std::env::temp_dir().join("punchclock-runner").join(&runner_id);
+    let work_dir = a.work_dir.unwrap_or_else(|| std::env::temp_dir().join("punchclock-runner").join(&runner_id));
     let cfg =
         runner_config(runner_id, cps, &a.agents, a.slots, parse_labels(&a.labels)?, Duration::from_millis(a.kill_grace_ms), work_dir)?;
     punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string())

@@ -83,17 +83,19 @@ impl<'de> Visitor<'de> for StrictVisitor {
 /// task in the file.
 pub fn read(path: &Path) -> Result<Vec<String>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Editors on Windows may start a UTF-8 file with a byte-order mark.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let fail = |e: &dyn fmt::Display| format!("{}: {e}", path.display());
     let mut values: Vec<Value> = Vec::new();
     if path.extension().is_some_and(|e| e == "json") {
-        let mut de = serde_json::Deserializer::from_str(&text);
+        let mut de = serde_json::Deserializer::from_str(text);
         let Strict(v) = serde_path_to_error::deserialize(&mut de).map_err(|e| fail(&located(&e)))?;
         // One JSON value per file (an array for several tasks): trailing
         // text is an error, not ignored.
         de.end().map_err(|e| fail(&e))?;
         values.push(v);
     } else {
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        for doc in serde_yaml_ng::Deserializer::from_str(text) {
             let Strict(v) = serde_path_to_error::deserialize(doc).map_err(|e| fail(&located(&e)))?;
             if !v.is_null() {
                 values.push(v);
@@ -113,9 +115,11 @@ pub fn read(path: &Path) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// The error with its path in front, unless the parser's message already
+/// starts with it (serde_yaml_ng's do).
 fn located<E: fmt::Display>(e: &serde_path_to_error::Error<E>) -> String {
-    let path = e.path().to_string();
-    if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) }
+    let (path, inner) = (e.path().to_string(), e.inner().to_string());
+    if path == "." || inner.starts_with(&format!("{path}: ")) { inner } else { format!("{path}: {inner}") }
 }
 
 #[cfg(test)]
@@ -137,6 +141,9 @@ mod tests {
         let (_d, p) = file("t.json", r#"[{"task_id": "a", "agent_id": "x", "agent_id": "y"}]"#);
         let e = read(&p).expect_err("duplicate in JSON");
         assert!(e.contains("duplicate key `agent_id`") && e.contains("[0]"), "{e}");
+        let (_d, p) = file("t.yaml", "task_id: a\ncontext:\n  params: {a: 1, a: 2}\n");
+        let e = read(&p).expect_err("nested duplicate");
+        assert_eq!(e.matches("context.params").count(), 1, "the path once: {e}");
         let (_d, p) = file("t.json", r#"{"task_id": "a", "agent_id": "x"} {"task_id": "b", "agent_id": "y"}"#);
         let e = read(&p).expect_err("two JSON values");
         assert!(e.contains("trailing characters"), "{e}");
@@ -150,5 +157,7 @@ mod tests {
             tasks.iter().map(|t| serde_json::from_str::<serde_json::Value>(t).expect("json")["task_id"].to_string()).collect();
         assert_eq!(ids, ["\"a\"", "\"b\"", "\"c\""]);
         assert!(tasks[1].contains("1.5"), "{}", tasks[1]);
+        let (_d, p) = file("t.json", "\u{feff}{\"task_id\": \"a\", \"agent_id\": \"x\"}");
+        assert_eq!(read(&p).expect("a BOM is skipped").len(), 1);
     }
 }

@@ -184,6 +184,8 @@ impl Proc {
                 "16",
                 "--kill-grace-ms",
                 "1000",
+                "--work-dir",
+                &dir.join(format!("work-{runner_id}")).to_string_lossy(),
             ],
             &dir.join(format!("{runner_id}.log")),
             false,
