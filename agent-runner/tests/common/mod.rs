@@ -44,7 +44,10 @@ pub async fn wait_until_gone(pid: i32) -> bool {
     process_gone(pid)
 }
 
-/// The entries left in a directory (empty if it does not exist).
+/// The entries left in a directory (empty if it does not exist), except
+/// the runner's `.lock` file, which stays while the work dir is in use.
 pub fn dir_entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    std::fs::read_dir(dir).map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default()
+    std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| !p.ends_with(".lock")).collect())
+        .unwrap_or_default()
 }
