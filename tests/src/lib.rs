@@ -418,3 +418,29 @@ impl Drop for KeepLogsOnPanic {
         eprintln!("logs kept in {}", out.display());
     }
 }
+
+/// A control plane inside the test process on the embedded store in `dir`,
+/// driven by a manual `clock`, serving gRPC on a free loopback port.
+/// Returns the server and the sender that stops it (then `wait` on it).
+pub async fn in_process_server(
+    clock: punchclock_control_plane::clock::ManualClock,
+    dir: &Path,
+) -> (punchclock_control_plane::bootstrap::RunningServer, tokio::sync::oneshot::Sender<()>) {
+    use punchclock_control_plane::bootstrap::{self, ServerConfig, StoreSpec};
+    let cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        advertise: None,
+        http_listen: None,
+        store: StoreSpec::Embedded(dir.to_path_buf()),
+        key_prefix: "/punchclock/".into(),
+        node_id: "test".into(),
+        timing: punchclock_control_plane::timing::Timing::default(),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let s = bootstrap::start(cfg, std::sync::Arc::new(clock), async move {
+        let _ = rx.await;
+    })
+    .await
+    .expect("server starts");
+    (s, tx)
+}

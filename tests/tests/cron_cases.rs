@@ -3,36 +3,14 @@
 //! actual firing of a registered task with a controllable clock, over a real
 //! gRPC server; every `invalid` case is rejected naming the problem.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use punchclock_control_plane::bootstrap::{self, RunningServer, ServerConfig, StoreSpec};
 use punchclock_control_plane::clock::ManualClock;
-use punchclock_control_plane::timing::Timing;
 use punchclock_proto::v1 as pb;
-use punchclock_tests::{at, list_runs, tasks, wait_run};
+use punchclock_tests::{at, in_process_server, list_runs, tasks, wait_run};
 
 const CASES: &str = include_str!("../cases/cron.json");
-
-async fn server(clock: ManualClock, dir: &std::path::Path) -> (RunningServer, tokio::sync::oneshot::Sender<()>) {
-    let cfg = ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        advertise: None,
-        http_listen: None,
-        store: StoreSpec::Embedded(dir.to_path_buf()),
-        key_prefix: "/punchclock/".into(),
-        node_id: "test".into(),
-        timing: Timing::default(),
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let s = bootstrap::start(cfg, Arc::new(clock), async move {
-        let _ = rx.await;
-    })
-    .await
-    .expect("server starts");
-    (s, tx)
-}
 
 fn ts(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: t.timestamp(), nanos: 0 }
@@ -54,7 +32,7 @@ async fn every_cron_case_previews_and_fires_at_its_expected_times() {
         let expected: Vec<DateTime<Utc>> = c["expected"].as_array().expect("expected").iter().map(time).collect();
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = ManualClock::new(after);
-        let (srv, stop) = server(clock.clone(), dir.path()).await;
+        let (srv, stop) = in_process_server(clock.clone(), dir.path()).await;
         let addr = format!("http://{}", srv.addr);
 
         // PreviewSchedule over gRPC.
@@ -100,7 +78,7 @@ async fn every_cron_case_previews_and_fires_at_its_expected_times() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_invalid_cron_case_is_rejected_naming_the_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (srv, stop) = server(ManualClock::new("2026-11-30T00:00:00Z".parse().expect("t")), dir.path()).await;
+    let (srv, stop) = in_process_server(ManualClock::new("2026-11-30T00:00:00Z".parse().expect("t")), dir.path()).await;
     let addr = format!("http://{}", srv.addr);
     for c in cases()["invalid"].as_array().expect("invalid") {
         let id = c["id"].as_str().expect("id");

@@ -10,13 +10,11 @@
 //! clock, make the order of events exact: without the rule the slot is
 //! decided at load, before any runner can say Hello.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use punchclock_control_plane::bootstrap::{self, RunningServer, ServerConfig, StoreSpec};
+use punchclock_control_plane::bootstrap::RunningServer;
 use punchclock_control_plane::clock::ManualClock;
-use punchclock_control_plane::timing::Timing;
 use punchclock_proto::v1 as pb;
 use punchclock_proto::v1::runner_service_client::RunnerServiceClient;
 use punchclock_tests::{at, channel, list_runs, status, wait_run};
@@ -24,23 +22,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 async fn server(clock: ManualClock, dir: &std::path::Path) -> (RunningServer, String, tokio::sync::oneshot::Sender<()>) {
-    let cfg = ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        advertise: None,
-        http_listen: None,
-        store: StoreSpec::Embedded(dir.to_path_buf()),
-        key_prefix: "/punchclock/".into(),
-        node_id: "test".into(),
-        timing: Timing::default(),
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let s = bootstrap::start(cfg, Arc::new(clock), async move {
-        let _ = rx.await;
-    })
-    .await
-    .expect("server starts");
+    let (s, stop) = punchclock_tests::in_process_server(clock, dir).await;
     let addr = format!("http://{}", s.addr);
-    (s, addr, tx)
+    (s, addr, stop)
 }
 
 /// A runner stream driven by the test: says Hello with nothing in flight,
