@@ -28,8 +28,11 @@ echo
 "$BIN" task list
 echo
 echo "== runs (refreshing every 10 s; Ctrl-C to stop)"
-while true; do
-  sleep 10
+# Ctrl-C reaches `punchclock dev` too: once it is gone, stop quietly.
+while kill -0 "$DEV" 2>/dev/null; do
+  sleep 10 & wait $! || true   # `wait` lets the INT trap run at once
+  kill -0 "$DEV" 2>/dev/null || break
   echo "--- $(date -u +%FT%TZ)"
-  "$BIN" runs list --limit 12
+  "$BIN" runs list --limit 12 || kill -0 "$DEV" 2>/dev/null || break
 done
+echo "== punchclock dev stopped (log in $DATA.log)"
