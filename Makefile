@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps build test demo bench-idle fmt clippy clean
+.PHONY: all deps build test demo bench bench-idle bench-engine fmt clippy clean
 
 all: build
 
@@ -31,6 +31,14 @@ test: build
 
 demo: build
 	./scripts/demo.sh
+
+# Benches that print figures (not part of `make test`): idle cost, engine
+# transactions per run and throughput against the pre-issue-6 build.
+bench: bench-idle bench-engine
+
+# Issue 6: store transactions per run and runs/s, embedded and etcd, before/after.
+bench-engine: build
+	./scripts/bench-engine.sh
 
 # Acceptance 4 of issue 2: idle CPU and memory with 10,000 cron tasks (prints figures).
 bench-idle: build

@@ -72,7 +72,7 @@ use tokio::time::{self, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::config::{ProcessAgent, RunnerConfig};
-use crate::shim::{SHIM_PARENT_PID_ENV, SHIM_SUBCOMMAND};
+use crate::shim::{SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_PARENT_PID_ENV, SHIM_SUBCOMMAND};
 use crate::{Error, time as clock};
 
 /// How much of stdout and of stderr is kept (the last 64 KiB of each).
@@ -101,7 +101,7 @@ const RESULT_FILE: &str = "result.json";
 const CHECKPOINT_FILE: &str = "checkpoint.json";
 
 /// Runner-wide settings for the executor.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ExecutorSettings {
     /// Parent of the per-execution directories (created if missing).
     pub work_dir: PathBuf,
@@ -110,11 +110,19 @@ pub struct ExecutorSettings {
     /// Binary with the `__agent-shim` subcommand, or `None` to spawn agents
     /// directly (see the module docs for the trade-off).
     pub shim: Option<PathBuf>,
+    /// The runner's self-fence (shared with every execution and, through its
+    /// file, with every shim).
+    pub fence: crate::fence::Fence,
 }
 
 impl From<&RunnerConfig> for ExecutorSettings {
     fn from(config: &RunnerConfig) -> Self {
-        Self { work_dir: config.work_dir.clone(), kill_grace: config.kill_grace, shim: config.shim.clone() }
+        Self {
+            work_dir: config.work_dir.clone(),
+            kill_grace: config.kill_grace,
+            shim: config.shim.clone(),
+            fence: crate::fence::Fence::new(config.work_dir.join(crate::fence::FENCE_FILE), config.kill_grace),
+        }
     }
 }
 
@@ -128,12 +136,24 @@ pub enum ExecutionEvent {
     Finished(Finished),
 }
 
+/// Why the runner stops an execution before it ends on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopRequest {
+    /// The control plane cancelled it: reported `OUTCOME_CANCELLED`.
+    Cancel(String),
+    /// The runner is shutting down, or no leader acknowledged it for the
+    /// fence deadline: reported `OUTCOME_INTERRUPTED` (the control plane
+    /// dispatches it again without counting an attempt).
+    Interrupt(String),
+}
+
 /// Handle to a started execution. Dropping it does not stop the execution.
 #[derive(Debug)]
 pub struct Execution {
     in_flight: InFlight,
     pid: u32,
-    cancel: Option<oneshot::Sender<String>>,
+    started_at: prost_types::Timestamp,
+    cancel: Option<oneshot::Sender<StopRequest>>,
 }
 
 impl Execution {
@@ -158,28 +178,35 @@ impl Execution {
         self.in_flight.clone()
     }
 
+    /// When the agent process was started (UTC).
+    pub fn started_at(&self) -> prost_types::Timestamp {
+        self.started_at
+    }
+
     /// Asks the execution to stop: SIGTERM to its process group, SIGKILL
     /// after the grace period. Its `Finished` then has `OUTCOME_CANCELLED`
     /// and `error` "cancelled" (plus `: reason` when `reason` is not empty).
-    /// Only the first call has an effect; a no-op once the process has ended.
+    /// Only the first stop request has an effect; a no-op once the process
+    /// has ended.
     pub fn cancel(&mut self, reason: &str) {
-        if let Some(cancel) = self.cancel.take() {
-            // Err: the execution already ended; its Finished is on its way.
-            let _ = cancel.send(reason.to_owned());
-        }
+        self.stop(StopRequest::Cancel(reason.to_owned()));
     }
 
     /// Stops the execution like [`Execution::cancel`], but reports it as
-    /// `OUTCOME_FAILED` with `error` "interrupted: reason": the run did not
-    /// choose to stop (the runner is shutting down), so the control plane
-    /// retries it per the task's policy instead of treating it as cancelled.
+    /// `OUTCOME_INTERRUPTED` with `error` "interrupted: reason": the agent
+    /// did not fail and nobody cancelled it (the runner is shutting down or
+    /// fenced), so the control plane dispatches it again.
     pub fn interrupt(&mut self, reason: &str) {
-        self.cancel(&format!("{INTERRUPT_MARK}{reason}"));
+        self.stop(StopRequest::Interrupt(reason.to_owned()));
+    }
+
+    fn stop(&mut self, request: StopRequest) {
+        if let Some(cancel) = self.cancel.take() {
+            // Err: the execution already ended; its Finished is on its way.
+            let _ = cancel.send(request);
+        }
     }
 }
-
-/// Marks a stop request as an interruption (see [`Execution::interrupt`]).
-const INTERRUPT_MARK: &str = "\u{0}interrupt:";
 
 /// Starts `assign` with `agent`: creates the execution directory, spawns the
 /// process, and supervises it in a background task that sends its events to
@@ -292,8 +319,12 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
     let runner_pid = std::process::id();
     if settings.shim.is_some() {
         // The shim arms its own parent-death signal and compares getppid()
-        // with this to detect that the runner died before that.
+        // with this to detect that the runner died before that; it kills the
+        // agent itself when the runner's fence in this file expires (even
+        // while the runner is stopped).
         command.env(SHIM_PARENT_PID_ENV, runner_pid.to_string());
+        command.env(SHIM_FENCE_FILE_ENV, settings.fence.path());
+        command.env(SHIM_KILL_GRACE_ENV, settings.kill_grace.as_millis().to_string());
     } else {
         // SAFETY: the closure only makes async-signal-safe syscalls (prctl,
         // getppid) and allocates nothing.
@@ -376,7 +407,10 @@ fn supervise(
     };
 
     let (cancel_tx, cancel_rx) = oneshot::channel();
+    let started_at = clock::now_timestamp();
     let supervisor = Supervisor {
+        started_at,
+        fence: settings.fence.clone(),
         in_flight: in_flight.clone(),
         child,
         group,
@@ -398,19 +432,24 @@ fn supervise(
         "execution started"
     );
     tokio::spawn(supervisor.run(cancel_rx));
-    Execution { in_flight, pid, cancel: Some(cancel_tx) }
+    Execution { in_flight, pid, started_at, cancel: Some(cancel_tx) }
 }
 
 /// Why the runner stopped an execution.
 #[derive(Debug)]
 enum StopReason {
     Timeout,
-    Cancelled(String),
+    Requested(StopRequest),
 }
 
 /// Owns a running child until its `Finished` is sent.
 struct Supervisor {
     in_flight: InFlight,
+    /// When the agent was spawned (UTC).
+    started_at: prost_types::Timestamp,
+    /// The runner's fence: an agent that dies after it expired was stopped
+    /// by the fence (the shim's, when the runner was paused).
+    fence: crate::fence::Fence,
     child: Child,
     group: Option<ProcessGroup>,
     dir: ExecutionDir,
@@ -428,7 +467,7 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    async fn run(mut self, cancel: oneshot::Receiver<String>) {
+    async fn run(mut self, cancel: oneshot::Receiver<StopRequest>) {
         let (status, stop) = self.wait(cancel).await;
 
         // The main process is gone: kill whatever it left in its group, so
@@ -456,7 +495,7 @@ impl Supervisor {
 
     /// Waits for the process to exit, forwarding progress meanwhile; stops it
     /// on deadline or cancel.
-    async fn wait(&mut self, cancel: oneshot::Receiver<String>) -> (io::Result<ExitStatus>, Option<StopReason>) {
+    async fn wait(&mut self, cancel: oneshot::Receiver<StopRequest>) -> (io::Result<ExitStatus>, Option<StopReason>) {
         let timeout = self.timeout;
         let deadline = async {
             match timeout {
@@ -477,9 +516,15 @@ impl Supervisor {
 
         let stop = loop {
             tokio::select! {
-                status = self.child.wait() => return (status, None),
+                status = self.child.wait() => {
+                    // Killed by the shim's fence while the runner was paused.
+                    let killed = status.as_ref().is_ok_and(|s| !s.success());
+                    let stop = (killed && self.fence.expired())
+                        .then(|| StopReason::Requested(StopRequest::Interrupt(crate::fence::FENCE_REASON.into())));
+                    return (status, stop);
+                }
                 () = &mut deadline => break StopReason::Timeout,
-                reason = &mut cancelled => break StopReason::Cancelled(reason),
+                request = &mut cancelled => break StopReason::Requested(request),
                 _ = poll.tick() => self.forward_progress(false).await,
             }
         };
@@ -542,11 +587,11 @@ impl Supervisor {
         let exit_code = status.as_ref().ok().and_then(ExitStatus::code);
         let (outcome, error) = match (stop, status) {
             (Some(StopReason::Timeout), _) => (Outcome::Timeout, format!("timed out after {} s", self.timeout_secs)),
-            (Some(StopReason::Cancelled(reason)), _) if reason.starts_with(INTERRUPT_MARK) => {
-                (Outcome::Failed, format!("interrupted: {}", &reason[INTERRUPT_MARK.len()..]))
+            (Some(StopReason::Requested(StopRequest::Interrupt(reason))), _) => (Outcome::Interrupted, format!("interrupted: {reason}")),
+            (Some(StopReason::Requested(StopRequest::Cancel(reason))), _) if reason.is_empty() => {
+                (Outcome::Cancelled, "cancelled".to_owned())
             }
-            (Some(StopReason::Cancelled(reason)), _) if reason.is_empty() => (Outcome::Cancelled, "cancelled".to_owned()),
-            (Some(StopReason::Cancelled(reason)), _) => (Outcome::Cancelled, format!("cancelled: {reason}")),
+            (Some(StopReason::Requested(StopRequest::Cancel(reason))), _) => (Outcome::Cancelled, format!("cancelled: {reason}")),
             (None, Err(err)) => (Outcome::Failed, format!("cannot wait for the agent process: {err}")),
             (None, Ok(status)) => match (status.code(), status.signal()) {
                 (Some(0), _) => (Outcome::Succeeded, String::new()),
@@ -573,6 +618,7 @@ impl Supervisor {
             stdout_tail,
             stderr_tail,
             finished_at: Some(clock::now_timestamp()),
+            started_at: Some(self.started_at),
         }
     }
 }

@@ -9,11 +9,11 @@
 //!    the last `Reject`) and send `Hello` with the running executions
 //!    (`in_flight`) and the highest fencing token seen.
 //! 2. Wait for `Welcome` (or `Reject { leader_address }` → go there). Stop
-//!    the executions listed in `Welcome.unknown` without reporting them;
+//!    the executions listed in `Welcome.unknown` (and report their end);
 //!    re-send every unacknowledged `Finished`; heartbeat every
-//!    `heartbeat_interval_ms`.
+//!    `heartbeat_interval_ms`, each with a `seq` the leader echoes.
 //! 3. Serve: `Assign` starts an execution (`Started`) or is refused
-//!    (`Finished` FAILED at once; silently dropped, with a warning, if its
+//!    (`Finished` REFUSED at once; silently dropped, with a warning, if its
 //!    fencing token is below the highest seen: that leader is stale);
 //!    `Cancel` stops one (`Finished` CANCELLED); `FinishedAck` clears a
 //!    `Finished` from the outbox. Executions report `ProgressReport` and
@@ -21,8 +21,15 @@
 //! 4. Stream ended or failed: reconnect with exponential backoff (100 ms
 //!    doubling to 5 s, ±20 % jitter; reset by a `Welcome`). Progress made
 //!    while disconnected is dropped; `Finished` reports wait in the outbox.
-//! 5. Shutdown: refuse new work, cancel every execution, send their
-//!    `Finished` and wait (bounded) for the acknowledgements, then return.
+//! 5. Shutdown: refuse new work, interrupt every execution (reported
+//!    INTERRUPTED: the leader dispatches them again without spending an
+//!    attempt), send their `Finished` and wait (bounded) for the
+//!    acknowledgements, then return.
+//! 6. Self-fence ([`crate::fence`]): the Welcome's `fence_ms` counted from
+//!    sending the Hello, then from sending each acknowledged heartbeat, is
+//!    how long agents may run without a leader. Past it (less the kill
+//!    grace and 1 s) every execution is interrupted, connected or not; the
+//!    agent shims enforce the same deadline even if this process is stopped.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -119,6 +126,8 @@ async fn remove_stale_execution_dirs(work_dir: &std::path::Path) {
             removed += 1;
         }
     }
+    // A previous process's fence deadline means nothing to this one.
+    let _ = tokio::fs::remove_file(work_dir.join(crate::fence::FENCE_FILE)).await;
     if removed > 0 {
         info!(removed, work_dir = %work_dir.display(), "removed execution directories left by a previous run");
     }
@@ -139,10 +148,10 @@ enum SessionEnd {
 #[derive(Debug)]
 struct Running {
     execution: Execution,
-    /// False once the leader said it does not know this execution: it is
-    /// being stopped and its `Finished` is dropped.
-    report: bool,
 }
+
+/// Heartbeats whose send time is remembered, for acks that come late.
+const HEARTBEATS_REMEMBERED: usize = 64;
 
 /// Session state that outlives connections.
 struct Runner {
@@ -155,6 +164,15 @@ struct Runner {
     max_token_seen: u64,
     /// Random per process, sent in every Hello.
     instance_id: String,
+    /// The self-fence (shared with the executor and, by file, the shims).
+    fence: crate::fence::Fence,
+    /// The current leader's fence deadline (`None`: no fence).
+    fence_after: Option<Duration>,
+    /// The executions were interrupted by the fence and it was not renewed since.
+    fenced: bool,
+    /// Last heartbeat seq sent, and when recent ones were sent.
+    heartbeat_seq: u64,
+    heartbeats_sent: std::collections::VecDeque<(u64, Instant)>,
     events_tx: mpsc::Sender<ExecutionEvent>,
     events_rx: mpsc::Receiver<ExecutionEvent>,
 }
@@ -162,8 +180,14 @@ struct Runner {
 impl Runner {
     fn new(config: RunnerConfig) -> Self {
         let (events_tx, events_rx) = mpsc::channel(QUEUE_CAPACITY);
+        let executor = ExecutorSettings::from(&config);
         Self {
-            executor: ExecutorSettings::from(&config),
+            fence: executor.fence.clone(),
+            fence_after: None,
+            fenced: false,
+            heartbeat_seq: 0,
+            heartbeats_sent: std::collections::VecDeque::new(),
+            executor,
             config,
             running: HashMap::new(),
             outbox: Outbox::default(),
@@ -204,6 +228,7 @@ impl Runner {
     /// shutdown if it is requested meanwhile.
     async fn session<S: Future<Output = ()>>(&mut self, address: String, shutdown: &mut Pin<&mut S>, backoff: &mut Backoff) -> SessionEnd {
         // Bounded: a paused control plane accepts TCP but never answers.
+        let hello_sent = Instant::now();
         let opened = self.offline(time::timeout(HANDSHAKE_TIMEOUT, Connection::open(address.clone(), self.hello())), shutdown).await;
         let opened = match opened {
             Some(Err(_elapsed)) => {
@@ -263,6 +288,14 @@ impl Runner {
             0 => DEFAULT_HEARTBEAT,
             ms => Duration::from_millis(ms.into()),
         };
+        // Only a leader at least as new as any seen renews the fence.
+        if welcome.fencing_token >= self.max_token_seen {
+            self.fence_after = (welcome.fence_ms > 0).then(|| Duration::from_millis(welcome.fence_ms));
+            match self.fence_after {
+                Some(after) => self.renew_fence(hello_sent, after),
+                None => self.fence.disarm(),
+            }
+        }
         if let Err(end) = self.on_welcome(welcome, &connection).await {
             return end;
         }
@@ -296,9 +329,8 @@ impl Runner {
                 warn!(
                     run_id = %unknown.run_id,
                     execution_id = %unknown.execution_id,
-                    "the leader does not know this execution; stopping it"
+                    "the leader does not know this execution (or it ended there); stopping it"
                 );
-                running.report = false;
                 running.execution.cancel("unknown to the leader");
             }
         }
@@ -323,6 +355,7 @@ impl Runner {
         let silent_after = heartbeat_every * SILENT_HEARTBEATS;
         let mut last_inbound = Instant::now();
         loop {
+            let fence_wait = self.fence_wait();
             let step = tokio::select! {
                 () = shutdown.as_mut() => return SessionEnd::Shutdown,
                 inbound = connection.inbound.message() => match inbound {
@@ -350,7 +383,17 @@ impl Runner {
                         return SessionEnd::Lost;
                     }
                     let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
-                    connection.send(Outbound::Heartbeat(Heartbeat { running })).await
+                    self.heartbeat_seq += 1;
+                    let seq = self.heartbeat_seq;
+                    self.heartbeats_sent.push_back((seq, Instant::now()));
+                    if self.heartbeats_sent.len() > HEARTBEATS_REMEMBERED {
+                        self.heartbeats_sent.pop_front();
+                    }
+                    connection.send(Outbound::Heartbeat(Heartbeat { running, seq, draining: false })).await
+                }
+                () = fence_sleep(fence_wait) => {
+                    self.self_fence();
+                    Ok(())
                 }
             };
             if let Err(end) = step {
@@ -382,6 +425,10 @@ impl Runner {
                         "heartbeat answered by a stale leader; reconnecting"
                     );
                     return Err(SessionEnd::Lost);
+                }
+                // The fence runs from when the acknowledged heartbeat was sent.
+                if let (Some(after), Some(&(_, sent))) = (self.fence_after, self.heartbeats_sent.iter().find(|(seq, _)| *seq == ack.seq)) {
+                    self.renew_fence(sent, after);
                 }
                 Ok(())
             }
@@ -451,7 +498,7 @@ impl Runner {
             started_at: Some(clock::now_timestamp()),
             pid: execution.pid(),
         };
-        self.running.insert(assign.execution_id.clone(), Running { execution, report: true });
+        self.running.insert(assign.execution_id.clone(), Running { execution });
         Ok(started)
     }
 
@@ -468,7 +515,7 @@ impl Runner {
         let finished = Finished {
             run_id: assign.run_id.clone(),
             execution_id: assign.execution_id.clone(),
-            outcome: Outcome::Failed.into(),
+            outcome: Outcome::Refused.into(),
             error: reason,
             finished_at: Some(clock::now_timestamp()),
             ..Finished::default()
@@ -499,11 +546,7 @@ impl Runner {
         match event {
             ExecutionEvent::Progress(progress) => Some(Outbound::Progress(progress)),
             ExecutionEvent::Finished(finished) => {
-                let report = self.running.remove(&finished.execution_id).is_none_or(|running| running.report);
-                if !report {
-                    info!(execution_id = %finished.execution_id, "stopped an execution unknown to the leader; not reporting it");
-                    return None;
-                }
+                self.running.remove(&finished.execution_id);
                 self.outbox.push(finished.clone());
                 Some(Outbound::Finished(finished))
             }
@@ -516,9 +559,11 @@ impl Runner {
     async fn offline<T, S: Future<Output = ()>>(&mut self, work: impl Future<Output = T>, shutdown: &mut Pin<&mut S>) -> Option<T> {
         let mut work = pin!(work);
         loop {
+            let fence_wait = self.fence_wait();
             tokio::select! {
                 output = &mut work => return Some(output),
                 () = shutdown.as_mut() => return None,
+                () = fence_sleep(fence_wait) => self.self_fence(),
                 Some(event) = self.events_rx.recv() => {
                     if let Some(Outbound::Progress(progress)) = self.on_event(event) {
                         debug!(execution_id = %progress.execution_id, "not connected; dropping progress");
@@ -532,6 +577,16 @@ impl Runner {
     /// `connection` (if any) and waits, bounded, for the acknowledgements.
     async fn shut_down(&mut self, mut connection: Option<Connection>) {
         info!(running = self.running.len(), "shutting down: stopping running executions");
+        // First tell the leader to send nothing more: what is interrupted
+        // here is dispatched elsewhere.
+        if let Some(open) = &connection {
+            self.heartbeat_seq += 1;
+            let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
+            let draining = Heartbeat { running, seq: self.heartbeat_seq, draining: true };
+            if open.send(Outbound::Heartbeat(draining)).await.is_err() {
+                connection = None;
+            }
+        }
         for running in self.running.values_mut() {
             running.execution.interrupt("runner shutting down");
         }
@@ -589,6 +644,32 @@ impl Runner {
         }
     }
 
+    /// A leader acknowledged what this runner sent at `sent`: agents may
+    /// run until `sent + after`.
+    fn renew_fence(&mut self, sent: Instant, after: Duration) {
+        let remaining = (sent + after).saturating_duration_since(Instant::now());
+        self.fence.extend(remaining);
+        self.fenced = false;
+    }
+
+    /// How long until the fence requires stopping the agents; `None` when
+    /// there is nothing to stop (no fence, no execution, or already done).
+    fn fence_wait(&self) -> Option<Duration> {
+        if self.fenced || self.running.is_empty() {
+            return None;
+        }
+        self.fence.stop_in()
+    }
+
+    /// No leader acknowledged this runner in time: interrupt every execution.
+    fn self_fence(&mut self) {
+        self.fenced = true;
+        warn!(running = self.running.len(), "{}; interrupting every execution", crate::fence::FENCE_REASON);
+        for running in self.running.values_mut() {
+            running.execution.interrupt(crate::fence::FENCE_REASON);
+        }
+    }
+
     /// The `Hello` describing this runner right now.
     fn hello(&self) -> Hello {
         Hello {
@@ -609,6 +690,14 @@ impl Runner {
             max_token_seen: self.max_token_seen,
             instance_id: self.instance_id.clone(),
         }
+    }
+}
+
+/// Sleeps `wait`, or forever when `None`.
+async fn fence_sleep(wait: Option<Duration>) {
+    match wait {
+        Some(d) => time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 

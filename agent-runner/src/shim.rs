@@ -25,6 +25,14 @@
 //!    (the runner signals the whole group, so the agent got it too, and the
 //!    runner escalates to SIGKILL after its grace period).
 //!
+//! 5. **fence**: every 200 ms (a `sigtimedwait` timeout) it reads the
+//!    runner's fence deadline from the file named by
+//!    `PUNCHCLOCK_SHIM_FENCE_FILE` ([`crate::fence`]); once the deadline
+//!    less the kill grace (`PUNCHCLOCK_SHIM_KILL_GRACE_MS`) has passed it
+//!    sends SIGTERM to the group, and at the deadline it kills every
+//!    descendant and the group. This runs even while the runner process is
+//!    stopped, so no agent outlives its runner's fence.
+//!
 //! The `punchclock` binary exposes this as a hidden `__agent-shim`
 //! subcommand and runs agents through it by passing
 //! `RunnerConfig::shim = Some(current_exe)`.
@@ -41,6 +49,12 @@ pub const SHIM_SUBCOMMAND: &str = "__agent-shim";
 
 /// Environment variable through which the runner passes its pid to the shim.
 pub(crate) const SHIM_PARENT_PID_ENV: &str = "PUNCHCLOCK_SHIM_PARENT_PID";
+/// Environment variable naming the runner's fence deadline file.
+pub(crate) const SHIM_FENCE_FILE_ENV: &str = "PUNCHCLOCK_SHIM_FENCE_FILE";
+/// Environment variable with the kill grace in milliseconds.
+pub(crate) const SHIM_KILL_GRACE_ENV: &str = "PUNCHCLOCK_SHIM_KILL_GRACE_MS";
+/// How often the shim checks the fence deadline.
+const FENCE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Exit code when the shim is given no command (usage error).
 const EXIT_USAGE: i32 = 2;
@@ -92,8 +106,11 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
         kill_group();
     }
 
+    let fence_file = std::env::var_os(SHIM_FENCE_FILE_ENV).map(std::path::PathBuf::from);
+    let kill_grace_ns: u64 =
+        std::env::var(SHIM_KILL_GRACE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(5000).saturating_mul(1_000_000);
     let mut command = Command::new(&program);
-    command.args(argv).env_remove(SHIM_PARENT_PID_ENV);
+    command.args(argv).env_remove(SHIM_PARENT_PID_ENV).env_remove(SHIM_FENCE_FILE_ENV).env_remove(SHIM_KILL_GRACE_ENV);
     // The blocked mask is inherited across fork and exec: the agent must
     // start with every signal unblocked, or it would never see SIGTERM and a
     // shell's `wait` would never see SIGCHLD.
@@ -117,6 +134,7 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
         fail(code, format_args!("cannot start {}: {err}", program.to_string_lossy()))
     });
 
+    let mut fence = ShimFence::default();
     loop {
         match agent.try_wait() {
             Ok(Some(status)) => {
@@ -131,19 +149,53 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
                 kill_group();
             }
         }
-        match signals.wait() {
+        match signals.wait_for(FENCE_POLL) {
             // The runner died (parent-death signal) or is stopping us for
             // good: kill every descendant, wherever it moved, then go.
-            Ok(libc::SIGUSR2) => {
+            Ok(Some(libc::SIGUSR2)) => {
                 sweep_descendants();
                 kill_group()
             }
             // SIGCHLD: re-check the agent. SIGTERM: the agent got it too.
-            Ok(_) => {}
+            Ok(Some(_)) => {}
+            // Timeout: check the runner's fence.
+            Ok(None) => {
+                if let Some(path) = &fence_file {
+                    fence.check(path, kill_grace_ns);
+                }
+            }
             Err(err) => {
                 eprintln!("punchclock agent shim: sigwait failed: {err}");
                 kill_group();
             }
+        }
+    }
+}
+
+/// The shim's side of the runner fence.
+#[derive(Debug, Default)]
+struct ShimFence {
+    /// SIGTERM was sent to the group.
+    terminated: bool,
+}
+
+impl ShimFence {
+    /// TERM once the deadline less the grace has passed; kill everything
+    /// at the deadline. A missing or unreadable file means no fence.
+    fn check(&mut self, path: &std::path::Path, kill_grace_ns: u64) {
+        let Some(deadline) = crate::fence::read_deadline(path) else { return };
+        let now = crate::fence::boottime_ns();
+        if now >= deadline {
+            eprintln!("punchclock agent shim: {}; killing the agent", crate::fence::FENCE_REASON);
+            sweep_descendants();
+            kill_group();
+        }
+        if !self.terminated && now >= deadline.saturating_sub(kill_grace_ns) {
+            self.terminated = true;
+            eprintln!("punchclock agent shim: {}; stopping the agent", crate::fence::FENCE_REASON);
+            // SAFETY: kill(2) has no memory-safety preconditions; pid 0 is
+            // our group (the shim blocks SIGTERM and is not affected).
+            unsafe { libc::kill(0, libc::SIGTERM) };
         }
     }
 }
@@ -237,13 +289,25 @@ impl SignalSet {
         }
     }
 
-    /// Waits for one of the (blocked) signals and returns its number.
-    fn wait(&self) -> io::Result<libc::c_int> {
-        let mut signal = 0;
-        // SAFETY: valid set and out-pointer.
-        match unsafe { libc::sigwait(&self.0, &mut signal) } {
-            0 => Ok(signal),
-            errno => Err(io::Error::from_raw_os_error(errno)),
+    /// Waits up to `timeout` for one of the (blocked) signals: its number,
+    /// or `None` when the time ran out.
+    fn wait_for(&self, timeout: std::time::Duration) -> io::Result<Option<libc::c_int>> {
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
+        };
+        loop {
+            // SAFETY: valid set and timespec; a null siginfo pointer is allowed.
+            let r = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &ts) };
+            if r >= 0 {
+                return Ok(Some(r));
+            }
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EAGAIN) => return Ok(None),
+                Some(libc::EINTR) => continue,
+                _ => return Err(err),
+            }
         }
     }
 }

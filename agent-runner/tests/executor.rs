@@ -13,11 +13,16 @@ use punchclock_proto::v1::{Assign, Finished, Outcome, ProgressReport};
 use tokio::sync::mpsc;
 
 fn settings(work_dir: &Path) -> ExecutorSettings {
-    ExecutorSettings { work_dir: work_dir.to_owned(), kill_grace: Duration::from_millis(300), shim: None }
+    ExecutorSettings {
+        work_dir: work_dir.to_owned(),
+        kill_grace: Duration::from_millis(300),
+        shim: None,
+        fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
+    }
 }
 
 fn timestamp(t: chrono::DateTime<Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: t.timestamp(), nanos: i32::try_from(t.timestamp_subsec_nanos()).expect("nanos fit") }
+    punchclock_proto::time::to_timestamp(t)
 }
 
 fn assign(execution_id: &str, timeout: Duration) -> Assign {

@@ -91,8 +91,14 @@ impl FakeConnection {
     }
 
     async fn welcome(&self, fencing_token: u64, unknown: Vec<InFlight>) {
-        self.send(Control::Welcome(Welcome { fencing_token, heartbeat_interval_ms: 60_000, leader_id: "fake-leader".into(), unknown }))
-            .await;
+        self.send(Control::Welcome(Welcome {
+            fencing_token,
+            heartbeat_interval_ms: 60_000,
+            leader_id: "fake-leader".into(),
+            unknown,
+            fence_ms: 0,
+        }))
+        .await;
     }
 
     async fn ack(&self, finished: &Finished) {
@@ -217,7 +223,7 @@ async fn runs_assignments_and_refuses_stale_or_impossible_ones() {
     assert_eq!(e1.outcome(), Outcome::Succeeded, "{e1:?}");
     assert_eq!(e1.result_json, r#"{"ok":true}"#);
     assert_eq!(refused.execution_id, "e-nope");
-    assert_eq!(refused.outcome(), Outcome::Failed);
+    assert_eq!(refused.outcome(), Outcome::Refused);
     assert!(refused.error.contains("unknown agent"), "{}", refused.error);
     conn.ack(&e1).await;
     conn.ack(&refused).await;
@@ -318,22 +324,27 @@ async fn cancels_and_stops_executions_unknown_to_the_leader() {
     conn.ack(&cancelled).await;
     drop(conn);
 
-    // The new leader does not know e-orphan: the runner stops it silently.
+    // The new leader does not know e-orphan: the runner stops it and says
+    // so (a leader that ended it keeps its slot until it hears this).
     let mut conn = accept(&mut accepted).await;
     let in_flight = conn.hello().await.in_flight;
     assert_eq!(in_flight.len(), 1);
     conn.welcome(2, in_flight).await;
     let pid = i32::try_from(orphan.pid).expect("pid fits");
     assert!(wait_until_gone(pid).await, "unknown execution {pid} still running");
+    let stopped = conn.finished().await;
+    assert_eq!((stopped.execution_id.as_str(), stopped.outcome()), ("e-orphan", Outcome::Cancelled), "{stopped:?}");
+    conn.ack(&stopped).await;
 
     shut_down(stop, runner).await;
     let rest = conn.rest().await;
-    assert!(!rest.iter().any(|m| mentions(m, "e-orphan")), "reported: {rest:?}");
+    assert!(!rest.iter().any(|m| matches!(m, Report::Finished(_))), "acked report re-sent: {rest:?}");
 }
 
 #[tokio::test]
-/// Shutdown interrupts executions and reports them FAILED ("interrupted"),
-/// so the control plane retries them; CANCELLED would end the run for good.
+/// Shutdown interrupts executions and reports them INTERRUPTED, so the
+/// control plane dispatches them again without spending an attempt;
+/// CANCELLED would end the run for good, FAILED would spend an attempt.
 async fn shutdown_interrupts_running_executions_and_reports_them() {
     let work = tempfile::tempdir().expect("tempdir");
     let (address, mut accepted) = fake_control_plane().await;
@@ -348,9 +359,60 @@ async fn shutdown_interrupts_running_executions_and_reports_them() {
     stop.send(()).expect("runner running");
     let finished = conn.finished().await;
     assert_eq!(finished.execution_id, "e-long");
-    assert_eq!(finished.outcome(), Outcome::Failed);
+    assert_eq!(finished.outcome(), Outcome::Interrupted);
     assert_eq!(finished.error, "interrupted: runner shutting down");
     conn.ack(&finished).await;
     tokio::time::timeout(PATIENCE, runner).await.expect("runner stops in time").expect("runner did not panic");
     assert!(wait_until_gone(i32::try_from(started.pid).expect("pid fits")).await);
+}
+
+/// Self-fence: agents keep running while a leader acknowledges the
+/// runner's heartbeats, and are interrupted (reported INTERRUPTED) once no
+/// acknowledgement came for the fence deadline, though the stream is open.
+#[tokio::test]
+async fn agents_stop_once_no_leader_acknowledged_the_runner_for_the_fence_deadline() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let (address, mut accepted) = fake_control_plane().await;
+    let (stop, runner) = spawn_runner(config(address, work.path(), vec![("sleeper", sh_agent("exec sleep 3600"))]));
+    let mut conn = accept(&mut accepted).await;
+    conn.hello().await;
+    let fence = Duration::from_secs(3);
+    conn.send(Control::Welcome(Welcome {
+        fencing_token: 1,
+        heartbeat_interval_ms: 1000,
+        leader_id: "fake-leader".into(),
+        unknown: vec![],
+        fence_ms: u64::try_from(fence.as_millis()).expect("fits"),
+    }))
+    .await;
+    conn.send(Control::Assign(assignment("e-fenced", "sleeper", 1))).await;
+    let started = match conn.inbound.message().await {
+        Ok(Some(RunnerMessage { msg: Some(Report::Started(s)) })) => s,
+        other => panic!("expected Started, got {other:?}"),
+    };
+    let fence_file = work.path().join(punchclock_agent_runner::fence::FENCE_FILE);
+    assert!(punchclock_agent_runner::fence::read_deadline(&fence_file).is_some(), "the shims' deadline file is written");
+
+    // Acknowledge every heartbeat for longer than the fence: the agent lives.
+    let acked_until = tokio::time::Instant::now() + fence + Duration::from_secs(1);
+    while tokio::time::Instant::now() < acked_until {
+        match tokio::time::timeout(PATIENCE, conn.inbound.message()).await.expect("a message") {
+            Ok(Some(RunnerMessage { msg: Some(Report::Heartbeat(h)) })) => {
+                conn.send(Control::HeartbeatAck(punchclock_proto::v1::HeartbeatAck { fencing_token: 1, seq: h.seq })).await;
+            }
+            other => panic!("the execution must keep running while acknowledged: {other:?}"),
+        }
+    }
+    let pid = i32::try_from(started.pid).expect("pid fits");
+    assert!(!common::process_gone(pid), "agent alive while its runner is acknowledged");
+
+    // Stop acknowledging: interrupted by the fence, still on this stream.
+    let stopped_at = tokio::time::Instant::now();
+    let finished = conn.finished().await;
+    assert_eq!(finished.outcome(), Outcome::Interrupted, "{finished:?}");
+    assert!(finished.error.contains(punchclock_agent_runner::fence::FENCE_REASON), "{}", finished.error);
+    assert!(stopped_at.elapsed() < fence, "stopped before the deadline: {:?}", stopped_at.elapsed());
+    assert!(wait_until_gone(pid).await);
+    conn.ack(&finished).await;
+    shut_down(stop, runner).await;
 }

@@ -62,6 +62,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         work_dir: work_dir.join("runs"),
         kill_grace: Duration::from_millis(300),
         shim: Some(std::env::current_exe().expect("current exe")),
+        fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
     }
 }
 
@@ -72,7 +73,7 @@ fn assign(execution_id: &str, timeout_seconds: u64) -> Assign {
         execution_id: execution_id.into(),
         attempt: 1,
         agent_id: "agent".into(),
-        deadline: Some(prost_types::Timestamp { seconds: deadline.timestamp(), nanos: 0 }),
+        deadline: Some(punchclock_proto::time::to_timestamp(deadline)),
         timeout_seconds,
         ..Assign::default()
     }

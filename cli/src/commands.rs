@@ -551,6 +551,9 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                 if let Some(t) = &r.task {
                     applied.push(task_json(t));
                 }
+                for w in &r.warnings {
+                    eprintln!("warning: task {id}: {w}");
+                }
                 if fmt == Format::Table {
                     let verb = match (dry_run, r.created) {
                         (true, _) => "valid",

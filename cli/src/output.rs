@@ -1,14 +1,14 @@
 //! Rendering API messages for people (tables) and programs (`-o json`).
 //! Run JSON uses DESIGN's field names; times are RFC 3339 UTC.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::SecondsFormat;
 use prost_types::Timestamp;
 use punchclock_proto::v1 as pb;
 use serde_json::{Value, json};
 
 /// Timestamp → RFC 3339 UTC (`null` when absent).
 pub fn t(ts: &Option<Timestamp>) -> Value {
-    match ts.as_ref().and_then(|t| DateTime::<Utc>::from_timestamp(t.seconds, t.nanos.max(0) as u32)) {
+    match punchclock_proto::time::from_timestamp_opt(ts.as_ref()) {
         Some(d) => Value::String(d.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
         None => Value::Null,
     }

@@ -1,19 +1,23 @@
 //! The API core: what each RPC does, without transport types. Task
 //! definitions are plain store writes (any replica may serve them); run
 //! creation, cancellation and runner sessions go to the leader's engine.
+//! Run watches follow the replica's lifecycle bus.
 
 use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::clock::SharedClock;
 use crate::election::{Election, LeaderInfo};
+use crate::engine::core::Triggered;
+use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
 use crate::engine::{EngineHandle, RunnerSnapshot, TriggerRequest};
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, RunStatus, TaskRecord, TaskSpec};
+use crate::repo::Repo;
 use crate::schedule::{CronSchedule, Schedule, next_slot};
-use crate::store::{Compare, Keys, KvStore, Txn, TxnOp, WatchEvent};
 
 /// Most fire times one preview returns.
 pub const MAX_PREVIEW: u32 = 1000;
@@ -37,26 +41,30 @@ pub struct TaskView {
     pub next_fire_at: Option<DateTime<Utc>>,
 }
 
+/// What `ApplyTask` did.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The stored record (or, with `dry_run`, what would be stored).
+    pub record: TaskRecord,
+    /// False when a task with this id existed and was replaced.
+    pub created: bool,
+    /// Problems that do not stop the apply.
+    pub warnings: Vec<String>,
+}
+
 /// Shared state of the API services.
 pub struct Core {
-    /// The store.
-    pub store: Arc<dyn KvStore>,
-    /// Key layout.
-    pub keys: Keys,
+    /// Typed store access.
+    pub repo: Repo,
+    /// Lifecycle events of this replica: the engine's while it leads, the
+    /// stored run changes otherwise.
+    pub lifecycle: LifecycleBus,
     /// Clock.
     pub clock: SharedClock,
     /// Election.
     pub election: Arc<dyn Election>,
     /// The engine while this replica leads.
     pub engine: RwLock<Option<EngineHandle>>,
-}
-
-fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Internal(format!("stored {what} unreadable: {e}")))
-}
-
-fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(v).map_err(|e| Error::Internal(e.to_string()))
 }
 
 impl Core {
@@ -75,8 +83,9 @@ impl Core {
     }
 
     /// Validates and stores a task (create or replace). Nothing is written
-    /// when validation fails. Returns the stored record and whether it is new.
-    pub async fn apply_task(&self, spec_json: &str, dry_run: bool) -> Result<(TaskRecord, bool)> {
+    /// when validation fails. Warns (on the leader) when no connected runner
+    /// serves the task's agent.
+    pub async fn apply_task(&self, spec_json: &str, dry_run: bool) -> Result<Applied> {
         let spec = TaskSpec::from_json(spec_json)?;
         let now = self.clock.now();
         let schedules = spec.schedules()?;
@@ -90,46 +99,49 @@ impl Core {
                 return Err(Error::invalid(format!("{path}.expr"), "has no fire time after now"));
             }
         }
-        let key = self.keys.task(&spec.task_id);
+        let warnings = self.agent_warnings(&spec).await;
         for _ in 0..CAS_ATTEMPTS {
-            let prev = self.store.get(&key).await?;
-            let prev_rec: Option<TaskRecord> = prev.as_ref().map(|kv| decode("task", &kv.value)).transpose()?;
+            let prev = self.repo.get_task(&spec.task_id).await?;
+            let prev_rec = prev.as_ref().map(|(r, _)| r);
             let rec = TaskRecord {
                 spec: spec.clone(),
-                paused: prev_rec.as_ref().is_some_and(|p| p.paused),
-                paused_at: prev_rec.as_ref().and_then(|p| p.paused_at),
-                resumed_at: prev_rec.as_ref().and_then(|p| p.resumed_at),
-                created_at: prev_rec.as_ref().map_or(now, |p| p.created_at),
+                paused: prev_rec.is_some_and(|p| p.paused),
+                paused_at: prev_rec.and_then(|p| p.paused_at),
+                resumed_at: prev_rec.and_then(|p| p.resumed_at),
+                created_at: prev_rec.map_or(now, |p| p.created_at),
                 updated_at: now,
             };
+            let created = prev.is_none();
             if dry_run {
-                return Ok((rec, prev.is_none()));
+                return Ok(Applied { record: rec, created, warnings });
             }
-            let guard = Compare::mod_revision(&key, prev.as_ref().map_or(0, |kv| kv.mod_revision));
-            let r = self.store.txn(Txn { compares: vec![guard], success: vec![TxnOp::put(&key, encode(&rec)?)], failure: vec![] }).await?;
-            if r.succeeded {
-                tracing::info!(task_id = %spec.task_id, created = prev.is_none(), "task applied");
-                return Ok((rec, prev.is_none()));
+            if self.repo.put_task_if(&rec, prev.as_ref().map_or(0, |(_, rev)| *rev)).await? {
+                tracing::info!(task_id = %spec.task_id, created, "task applied");
+                return Ok(Applied { record: rec, created, warnings });
             }
         }
         Err(Error::Unavailable { reason: format!("task {} is being changed concurrently; try again", spec.task_id), leader: None })
     }
 
+    /// "No connected runner serves agent X", when this replica leads and
+    /// knows it (followers cannot tell).
+    async fn agent_warnings(&self, spec: &TaskSpec) -> Vec<String> {
+        let Some(engine) = self.engine.read().ok().and_then(|g| g.clone()) else { return Vec::new() };
+        match engine.serves_agent(spec.agent_id.clone()).await {
+            Ok(false) => vec![format!(
+                "no connected runner serves agent {:?}: its runs wait (execution.start_timeout_seconds {} s) for one",
+                spec.agent_id, spec.execution.start_timeout_seconds
+            )],
+            _ => Vec::new(),
+        }
+    }
+
     async fn modify_task(&self, task_id: &str, f: impl Fn(&mut TaskRecord, DateTime<Utc>)) -> Result<TaskRecord> {
-        let key = self.keys.task(task_id);
         for _ in 0..CAS_ATTEMPTS {
-            let kv = self.store.get(&key).await?.ok_or_else(|| Error::NotFound { kind: "task", id: task_id.to_string() })?;
-            let mut rec: TaskRecord = decode("task", &kv.value)?;
+            let (mut rec, rev) =
+                self.repo.get_task(task_id).await?.ok_or_else(|| Error::NotFound { kind: "task", id: task_id.to_string() })?;
             f(&mut rec, self.clock.now());
-            let r = self
-                .store
-                .txn(Txn {
-                    compares: vec![Compare::mod_revision(&key, kv.mod_revision)],
-                    success: vec![TxnOp::put(&key, encode(&rec)?)],
-                    failure: vec![],
-                })
-                .await?;
-            if r.succeeded {
+            if self.repo.put_task_if(&rec, rev).await? {
                 return Ok(rec);
             }
         }
@@ -162,11 +174,7 @@ impl Core {
 
     /// Deletes a task; its runs are kept.
     pub async fn delete_task(&self, task_id: &str) -> Result<()> {
-        if self.store.delete(&self.keys.task(task_id)).await? {
-            Ok(())
-        } else {
-            Err(Error::NotFound { kind: "task", id: task_id.to_string() })
-        }
+        if self.repo.delete_task(task_id).await? { Ok(()) } else { Err(Error::NotFound { kind: "task", id: task_id.to_string() }) }
     }
 
     fn view(&self, record: TaskRecord, cursor: Option<Cursor>) -> TaskView {
@@ -181,10 +189,8 @@ impl Core {
 
     /// One task with its cursor.
     pub async fn get_task(&self, task_id: &str) -> Result<TaskView> {
-        let kv =
-            self.store.get(&self.keys.task(task_id)).await?.ok_or_else(|| Error::NotFound { kind: "task", id: task_id.to_string() })?;
-        let rec: TaskRecord = decode("task", &kv.value)?;
-        let cursor = self.store.get(&self.keys.cursor(task_id)).await?.map(|kv| decode("cursor", &kv.value)).transpose()?;
+        let (rec, _) = self.repo.get_task(task_id).await?.ok_or_else(|| Error::NotFound { kind: "task", id: task_id.to_string() })?;
+        let cursor = self.repo.get_cursor(task_id).await?;
         Ok(self.view(rec, cursor))
     }
 
@@ -201,21 +207,7 @@ impl Core {
 
     /// Every task, by id.
     pub async fn list_tasks(&self) -> Result<Vec<TaskView>> {
-        let (kvs, _) = self.store.range(&self.keys.tasks()).await?;
-        let (cursors, _) = self.store.range(&self.keys.cursors()).await?;
-        let mut cursors: std::collections::HashMap<String, Cursor> = cursors
-            .into_iter()
-            .filter_map(|kv| {
-                Some((self.keys.id_after(&self.keys.cursors(), &kv.key)?.to_string(), serde_json::from_slice(&kv.value).ok()?))
-            })
-            .collect();
-        kvs.iter()
-            .map(|kv| {
-                let rec: TaskRecord = decode("task", &kv.value)?;
-                let c = cursors.remove(&rec.spec.task_id);
-                Ok(self.view(rec, c))
-            })
-            .collect()
+        Ok(self.repo.load_tasks().await?.into_iter().map(|(rec, cursor)| self.view(rec, cursor)).collect())
     }
 
     /// Fire times of `expr` in `tz` strictly after `after`, or of a task's triggers.
@@ -251,24 +243,27 @@ impl Core {
     }
 
     /// Manual trigger (leader).
-    pub async fn trigger(&self, req: TriggerRequest) -> Result<(String, DateTime<Utc>, bool)> {
-        if self.store.get(&self.keys.task(&req.task_id)).await?.is_none() {
+    pub async fn trigger(&self, req: TriggerRequest) -> Result<Triggered> {
+        if self.repo.get_task(&req.task_id).await?.is_none() {
             return Err(Error::NotFound { kind: "task", id: req.task_id });
         }
         self.engine().await?.trigger(req).await
     }
 
-    /// One run.
+    /// One run: as the leader knows it now when it is active here (start
+    /// and progress are written lazily), else as stored.
     pub async fn get_run(&self, run_id: &str) -> Result<RunRecord> {
-        let kv = self.store.get(&self.keys.run(run_id)).await?.ok_or_else(|| Error::NotFound { kind: "run", id: run_id.to_string() })?;
-        decode("run", &kv.value)
+        if let Some(engine) = self.engine.read().ok().and_then(|g| g.clone())
+            && let Ok(Some(run)) = engine.active_run(run_id.to_string()).await
+        {
+            return Ok(run);
+        }
+        self.repo.get_run(run_id).await?.ok_or_else(|| Error::NotFound { kind: "run", id: run_id.to_string() })
     }
 
     /// Runs, newest slot first, filtered by task and status.
     pub async fn list_runs(&self, task_id: &str, status: Option<RunStatus>, limit: u32) -> Result<Vec<RunRecord>> {
-        let prefix = if task_id.is_empty() { self.keys.runs() } else { self.keys.runs_of(task_id) };
-        let (kvs, _) = self.store.range(&prefix).await?;
-        let mut runs: Vec<RunRecord> = kvs.iter().map(|kv| decode::<RunRecord>("run", &kv.value)).collect::<Result<_>>()?;
+        let (mut runs, _) = self.repo.list_runs(task_id).await?;
         runs.retain(|r| status.is_none_or(|s| r.status == s));
         runs.sort_by(|a, b| b.scheduled_at.cmp(&a.scheduled_at).then_with(|| b.run_id.cmp(&a.run_id)));
         runs.truncate(if limit == 0 { DEFAULT_RUN_LIMIT } else { limit } as usize);
@@ -282,41 +277,101 @@ impl Core {
 
     /// Cancels a run (leader).
     pub async fn cancel_run(&self, run_id: &str, reason: &str) -> Result<RunRecord> {
-        self.get_run(run_id).await?;
-        let reason = if reason.is_empty() { "cancelled by user" } else { reason };
         self.engine().await?.cancel_run(run_id.to_string(), reason.to_string()).await
     }
 
-    /// Matching runs now, then every stored change of a matching run.
+    /// Matching runs now (as stored), then every change as this replica's
+    /// lifecycle bus reports it. A watcher that falls behind the bus gets
+    /// the matching runs again from the store and goes on.
     pub async fn watch_runs(&self, task_id: &str, run_id: &str) -> Result<futures::stream::BoxStream<'static, Result<RunRecord>>> {
-        let prefix = if !run_id.is_empty() {
-            self.keys.run(run_id)
-        } else if !task_id.is_empty() {
-            self.keys.runs_of(task_id)
-        } else {
-            self.keys.runs()
+        let task_id =
+            if task_id.is_empty() && !run_id.is_empty() { crate::model::run::task_of_run(run_id).to_string() } else { task_id.to_string() };
+        let run_filter = (!run_id.is_empty()).then(|| run_id.to_string());
+        let matches = move |r: &RunRecord, task: &str, run: &Option<String>| {
+            (task.is_empty() || r.task_id == task) && run.as_ref().is_none_or(|id| &r.run_id == id)
         };
-        let exact = (!run_id.is_empty()).then(|| self.keys.run(run_id));
-        let watch = self.store.watch(&prefix).await?;
-        let (kvs, rev) = self.store.range(&prefix).await?;
-        let initial: Vec<Result<RunRecord>> =
-            kvs.iter().filter(|kv| exact.as_ref().is_none_or(|k| &kv.key == k)).map(|kv| decode("run", &kv.value)).collect();
-        let changes = watch.filter_map(move |ev| {
-            let out = match ev {
-                Ok(WatchEvent::Put(kv)) if kv.mod_revision > rev && exact.as_ref().is_none_or(|k| &kv.key == k) => {
-                    Some(decode("run", &kv.value))
+        // Subscribe first, then read: no change falls in between.
+        let rx = self.lifecycle.subscribe();
+        let (mut initial, _) = self.repo.list_runs(&task_id).await?;
+        // The leader's memory is ahead of the store for what it writes lazily.
+        if let Some(engine) = self.engine.read().ok().and_then(|g| g.clone())
+            && let Ok(active) = engine.active_runs(task_id.clone()).await
+        {
+            let active: std::collections::HashMap<String, RunRecord> = active.into_iter().map(|r| (r.run_id.clone(), r)).collect();
+            for r in &mut initial {
+                if let Some(a) = active.get(&r.run_id) {
+                    *r = a.clone();
                 }
-                Ok(_) => None,
-                Err(e) => Some(Err(e)),
-            };
-            futures::future::ready(out)
+            }
+        }
+        let initial: Vec<RunRecord> = initial.into_iter().filter(|r| matches(r, &task_id, &run_filter)).collect();
+        let repo = self.repo.clone();
+        let state = (rx, repo, task_id, run_filter, std::collections::VecDeque::from(initial));
+        let stream = futures::stream::unfold(state, move |(mut rx, repo, task_id, run_filter, mut queue)| async move {
+            loop {
+                if let Some(r) = queue.pop_front() {
+                    return Some((Ok(r), (rx, repo, task_id, run_filter, queue)));
+                }
+                match rx.recv().await {
+                    Ok(ev) => {
+                        if let Some(r) = ev.run().filter(|r| matches(r, &task_id, &run_filter)) {
+                            queue.push_back(RunRecord::clone(r));
+                        }
+                    }
+                    Err(RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "run watcher fell behind; re-reading runs");
+                        match repo.list_runs(&task_id).await {
+                            Ok((runs, _)) => queue.extend(runs.into_iter().filter(|r| matches(r, &task_id, &run_filter))),
+                            Err(e) => return Some((Err(e), (rx, repo, task_id, run_filter, queue))),
+                        }
+                    }
+                    Err(RecvError::Closed) => return None,
+                }
+            }
         });
-        Ok(futures::stream::iter(initial).chain(changes).boxed())
+        Ok(stream.boxed())
     }
 
     /// Connected runners (leader).
     pub async fn list_runners(&self) -> Result<Vec<RunnerSnapshot>> {
         self.engine().await?.list_runners().await
+    }
+}
+
+/// Publishes every stored run change on `bus` as [`Lifecycle::RunUpdated`]
+/// while this replica does not lead (its watchers then see the leader's
+/// writes), watching again after a pause whenever the watch breaks (the
+/// store may be without quorum). Ends when `stop` resolves.
+pub async fn relay_stored_runs(repo: Repo, bus: LifecycleBus, stop: impl std::future::Future<Output = ()>) {
+    const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let watch = tokio::select! {
+            _ = &mut stop => return,
+            w = repo.watch_runs("") => w,
+        };
+        match watch {
+            Ok(mut watch) => loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    ev = watch.next() => match ev {
+                        Some(Ok(run)) => {
+                            let _ = bus.send(Lifecycle::RunUpdated(Arc::new(run)));
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "run watch broke; watching again");
+                            break;
+                        }
+                        None => break,
+                    },
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "cannot watch runs for this replica's watchers; retrying"),
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(RETRY) => {}
+        }
     }
 }
 

@@ -21,8 +21,10 @@ use crate::clock::SharedClock;
 use crate::election::Election;
 use crate::election::etcd::EtcdElection;
 use crate::election::single::SingleNode;
+use crate::engine::lifecycle;
 use crate::engine::{Engine, EngineConfig, EngineExit};
 use crate::error::{Error, Result};
+use crate::repo::Repo;
 use crate::service::{ClusterSvc, RunSvc, RunnerSvc, TaskSvc};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::etcd::EtcdStore;
@@ -111,7 +113,13 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         StoreSpec::Embedded(_) => Arc::new(SingleNode::new(cfg.node_id.clone(), advertise)),
         StoreSpec::Etcd(_) => EtcdElection::start(store.clone(), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing),
     };
-    let core = Arc::new(Core { store: store.clone(), keys, clock: clock.clone(), election: election.clone(), engine: RwLock::new(None) });
+    let core = Arc::new(Core {
+        repo: Repo::new(store.clone(), keys),
+        lifecycle: lifecycle::bus(),
+        clock: clock.clone(),
+        election: election.clone(),
+        engine: RwLock::new(None),
+    });
 
     let http_addr = match cfg.http_listen {
         Some(a) => Some(crate::http::serve(a, core.clone()).await?),
@@ -147,6 +155,11 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         });
         let stopper = async move {
             shutdown.await;
+            // Write what the engine keeps lazily, then hand over at once.
+            let engine = core2.engine.read().ok().and_then(|g| g.clone());
+            if let Some(engine) = engine {
+                let _ = tokio::time::timeout(ENGINE_STOP_WAIT, engine.stop()).await;
+            }
             tracing::info!("shutting down: resigning leadership");
             core2.election.resign().await;
             let _ = stop_tx.send(true);
@@ -177,36 +190,47 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
 }
 
 /// Starts the engine when this replica becomes leader and stops it when it
-/// is not (or on shutdown).
+/// is not (or on shutdown). While it does not lead, stored run changes are
+/// relayed onto the lifecycle bus for this replica's run watchers.
 async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Receiver<bool>) {
     let mut lead = core.election.leadership();
     let mut running: Option<tokio::task::JoinHandle<EngineExit>> = None;
+    let mut relay: Option<tokio::task::JoinHandle<()>> = None;
     let mut token = 0;
     // The term a fenced write ended: no engine is started for it again,
     // even while the election has yet to publish the step-down.
     let mut deposed: Option<u64> = None;
+    // An engine that failed to start is retried after this instant.
+    let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
         let current = lead.borrow_and_update().clone();
-        match (current, running.is_some()) {
-            (Some(l), false) if deposed != Some(l.token) => {
+        match (&current, running.is_some()) {
+            (Some(l), false) if deposed != Some(l.token) && retry_at.is_none_or(|t| tokio::time::Instant::now() >= t) => {
+                if let Some(r) = relay.take() {
+                    r.abort();
+                }
                 let cfg = EngineConfig {
-                    store: core.store.clone(),
-                    keys: core.keys.clone(),
+                    repo: core.repo.clone(),
                     clock: core.clock.clone(),
                     timing,
                     leadership: l.clone(),
                     leader_id: core.election.id(),
+                    bus: core.lifecycle.clone(),
                 };
                 match Engine::start(cfg).await {
                     Ok((handle, join)) => {
                         tracing::info!(token = l.token, "leading: engine started");
                         token = l.token;
+                        retry_at = None;
                         if let Ok(mut g) = core.engine.write() {
                             *g = Some(handle);
                         }
                         running = Some(join);
                     }
-                    Err(e) => tracing::error!(error = %e, "engine failed to start"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "engine failed to start; retrying");
+                        retry_at = Some(tokio::time::Instant::now() + ENGINE_RESTART_PAUSE);
+                    }
                 }
             }
             (None, true) => {
@@ -214,15 +238,26 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
             }
             _ => {}
         }
+        if current.is_none() && running.is_none() && relay.is_none() {
+            let (repo, bus) = (core.repo.clone(), core.lifecycle.clone());
+            relay = Some(tokio::spawn(crate::api::relay_stored_runs(repo, bus, futures::future::pending::<()>())));
+        }
         let engine_done = async {
             match running.as_mut() {
                 Some(j) => j.await,
                 None => std::future::pending().await,
             }
         };
+        let retry = async {
+            match retry_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = lead.changed() => if changed.is_err() { break },
             _ = async { let _ = stop.wait_for(|s| *s).await.map(|_| ()); } => break,
+            _ = retry => {}
             ended = engine_done => {
                 running = None;
                 if let Ok(mut g) = core.engine.write() {
@@ -236,8 +271,9 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                         core.election.deposed(token);
                         let _ = tokio::time::timeout(ENGINE_RESTART_PAUSE, lead.wait_for(|l| l.as_ref().is_none_or(|l| l.token != token))).await;
                     }
-                    // A bug or a broken watch while this replica still leads:
-                    // restart after a pause rather than lead with no engine.
+                    // A bug, a failed store write, or a broken watch while this
+                    // replica still leads: start again from the store after a
+                    // pause rather than lead with no engine.
                     Err(e) if e.is_panic() => {
                         tracing::error!(error = %e, "engine panicked; restarting it");
                         tokio::time::sleep(ENGINE_RESTART_PAUSE).await;
@@ -251,10 +287,15 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
         }
     }
     stop_engine(&core, &mut running).await;
+    if let Some(r) = relay.take() {
+        r.abort();
+    }
 }
 
 /// Pause before restarting an engine that stopped on its own.
 const ENGINE_RESTART_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a graceful stop may take to write what the engine keeps lazily.
+const ENGINE_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn stop_engine(core: &Core, running: &mut Option<tokio::task::JoinHandle<EngineExit>>) {
     if let Ok(mut g) = core.engine.write() {

@@ -24,6 +24,14 @@ pub enum Error {
         /// The id looked up.
         id: String,
     },
+    /// Something to create exists already (a run whose slot another writer took).
+    #[error("{kind} {id:?} already exists")]
+    AlreadyExists {
+        /// `"run"`.
+        kind: &'static str,
+        /// Its id.
+        id: String,
+    },
     /// The request conflicts with the current state (e.g. cancelling a finished run).
     #[error("{0}")]
     FailedPrecondition(String),
@@ -54,12 +62,13 @@ impl Error {
         Error::InvalidArgument { field: field.into(), reason: reason.into() }
     }
 
-    /// Stable code: `invalid_argument`, `not_found`, `failed_precondition`,
+    /// Stable code: `invalid_argument`, `not_found`, `already_exists`, `failed_precondition`,
     /// `unavailable`, `fenced`, `store`, `internal`.
     pub fn code(&self) -> &'static str {
         match self {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::NotFound { .. } => "not_found",
+            Error::AlreadyExists { .. } => "already_exists",
             Error::FailedPrecondition(_) => "failed_precondition",
             Error::Unavailable { .. } => "unavailable",
             Error::Fenced(_) => "fenced",

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 async fn healthz(State(core): State<Arc<Core>>) -> Json<serde_json::Value> {
     let leading = core.engine.read().map(|g| g.is_some()).unwrap_or(false);
     let leader = core.leader().await.map(|l| l.advertise_address).unwrap_or_default();
-    Json(serde_json::json!({ "status": "ok", "leader": leading, "leader_address": leader, "store": core.store.describe() }))
+    Json(serde_json::json!({ "status": "ok", "leader": leading, "leader_address": leader, "store": core.repo.store().describe() }))
 }
 
 /// Binds `addr` and serves until the process ends; returns the bound address.

@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod error;
 pub mod model;
+pub mod repo;
 pub mod schedule;
 pub mod store;
 

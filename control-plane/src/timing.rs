@@ -1,13 +1,28 @@
 //! Every timing constant of the control plane, derived from a few base
 //! values so they stay consistent when one is overridden by a flag.
 //!
-//! - Runners send a heartbeat every `heartbeat_interval` (told in Welcome).
-//! - A runner silent for `3 × heartbeat_interval` is lost (DESIGN: "silent
-//!   for 3 heartbeat intervals"); its open attempts end as `lost` and follow
-//!   the retry policy.
-//! - After the control plane starts leading, runners get the same
-//!   `runner_lost_after` to reconnect and re-declare in-flight runs before
-//!   those runs are declared lost.
+//! - Runners send a heartbeat every `heartbeat_interval` (told in Welcome);
+//!   the leader answers each with an ack carrying the heartbeat's `seq`.
+//! - A runner silent for `3 × heartbeat_interval` is *silent*
+//!   ([`Timing::runner_silent_after`], DESIGN "silent for 3 heartbeat
+//!   intervals"): it gets no new assignment and its stream is closed. Its
+//!   attempts stay open: the runner may only be cut off, its agents alive.
+//! - **Runner self-fence.** A runner none of whose heartbeats has been
+//!   acknowledged for [`Timing::runner_fence`] — counted from *sending* the
+//!   last acknowledged one — stops its agents (TERM, `kill_grace`, KILL;
+//!   the agent shim does it even while the runner process is stopped), so
+//!   they are gone by then. The leader declares the runner lost — its
+//!   attempts end `lost` and their concurrency slots free up — only after
+//!   [`Timing::runner_lost_after`] = fence + margin of silence, counted from
+//!   the *arrival* of its last message, which is later than the send of
+//!   any heartbeat it acknowledged. So a task never has more live agents
+//!   than its `concurrency_limit`, through a SIGSTOPped or partitioned
+//!   runner. The fence is longer than a failover
+//!   ([`Timing::failover_bound`]): runners keep their agents across a
+//!   leader change.
+//! - A new leader does not know when a runner last heard its predecessor,
+//!   so attempts open at load wait the same `runner_lost_after` for their
+//!   runner to re-declare them ([`Timing::redeclare_wait`]).
 //! - The runner kills an agent at its deadline (TERM, `kill_grace`, KILL);
 //!   the control plane marks the attempt TIMEOUT itself if no result came by
 //!   `deadline + kill_grace + 2 × heartbeat_interval` (the runner had time to
@@ -70,21 +85,76 @@ impl Timing {
         Duration::from_secs(3)
     }
 
-    /// A runner silent this long is lost: 3 heartbeat intervals.
-    pub fn runner_lost_after(&self) -> Duration {
+    /// A runner silent this long gets no new assignment and its stream is
+    /// closed: 3 heartbeat intervals. Its attempts stay open.
+    pub fn runner_silent_after(&self) -> Duration {
         self.heartbeat_interval * 3
     }
 
-    /// How long a new leader waits for runners to re-declare in-flight runs:
-    /// a lease TTL (runners may take that long to learn who leads) plus the
-    /// silence that would declare a connected runner lost.
+    /// Longest time runners need to find a new leader after the old one
+    /// stops: its lease runs out (`lease_ttl`), a replica wins and renews
+    /// once (under another `lease_ttl`), and runners notice the silence
+    /// (`runner_silent_after`) and reconnect. Default 16 s.
+    pub fn failover_bound(&self) -> Duration {
+        self.lease_ttl * 2 + self.runner_silent_after()
+    }
+
+    /// Runner self-fence deadline (told to runners in Welcome): with no
+    /// acknowledged heartbeat for this long, counted from sending the last
+    /// acknowledged one, a runner's agents are gone. Equal to
+    /// [`Timing::failover_bound`], so agents survive a leader change.
+    pub fn runner_fence(&self) -> Duration {
+        self.failover_bound()
+    }
+
+    /// Added to the fence before the leader declares a runner lost: one
+    /// heartbeat interval (clock-rate drift between hosts is far below it).
+    pub fn fence_margin(&self) -> Duration {
+        self.heartbeat_interval
+    }
+
+    /// A runner silent this long (since the arrival of its last message) is
+    /// lost: its attempts end `lost`, their agents were stopped by the
+    /// self-fence. `runner_fence + fence_margin`; default 18 s.
+    pub fn runner_lost_after(&self) -> Duration {
+        self.runner_fence() + self.fence_margin()
+    }
+
+    /// How long a new leader waits for runners to re-declare the attempts
+    /// open at load before declaring them lost: [`Timing::runner_lost_after`]
+    /// (it cannot know when a runner last heard the previous leader).
     pub fn redeclare_wait(&self) -> Duration {
-        self.lease_ttl + self.runner_lost_after()
+        self.runner_lost_after()
     }
 
     /// Extra time past an attempt's deadline before the control plane marks
     /// it TIMEOUT on its own.
     pub fn deadline_slack(&self) -> Duration {
         self.kill_grace + self.heartbeat_interval * 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fence must outlast a failover (runners keep their agents across
+    /// a leader change) and the leader must wait past it (no two agents).
+    #[test]
+    fn fence_outlasts_a_failover_and_loss_outlasts_the_fence() {
+        for t in [
+            Timing::default(),
+            Timing {
+                heartbeat_interval: Duration::from_millis(500),
+                kill_grace: Duration::from_secs(1),
+                lease_ttl: Duration::from_secs(3),
+            },
+        ] {
+            assert!(t.runner_fence() >= t.lease_ttl * 2 + t.runner_silent_after());
+            assert!(t.runner_lost_after() > t.runner_fence());
+            assert!(t.runner_silent_after() < t.runner_fence());
+            assert_eq!(t.redeclare_wait(), t.runner_lost_after());
+        }
+        assert_eq!(Timing::default().runner_lost_after(), Duration::from_secs(18));
     }
 }

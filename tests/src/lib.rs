@@ -62,8 +62,14 @@ impl Proc {
 
     /// [`Proc::start`] with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)], log: &Path, serves: bool) -> Proc {
+        Proc::start_bin(&bin(), args, env, log, serves)
+    }
+
+    /// [`Proc::start_with_env`] of a given `punchclock` binary (benches
+    /// compare two builds).
+    pub fn start_bin(binary: &Path, args: &[&str], env: &[(&str, &str)], log: &Path, serves: bool) -> Proc {
         use std::os::unix::process::CommandExt;
-        let mut child = Command::new(bin())
+        let mut child = Command::new(binary)
             .args(args)
             .current_dir(repo_root())
             .env("PUNCHCLOCK_LOG", "info")
@@ -276,15 +282,15 @@ pub async fn apply(addr: &str, spec: serde_json::Value) -> pb::Task {
         .expect("task")
 }
 
+/// A WatchRuns stream of `task_id`'s runs (all when empty).
+pub async fn watch_runs(addr: &str, task_id: &str) -> tonic::Streaming<pb::Run> {
+    runs(addr).await.watch_runs(pb::WatchRunsRequest { task_id: task_id.into(), run_id: String::new() }).await.expect("watch").into_inner()
+}
+
 /// Waits for the first run (current or future, of `task_id` or all when
 /// empty) matching `pred`, via WatchRuns. Panics after `within`.
 pub async fn wait_run(addr: &str, task_id: &str, within: Duration, pred: impl Fn(&pb::Run) -> bool) -> pb::Run {
-    let mut s = runs(addr)
-        .await
-        .watch_runs(pb::WatchRunsRequest { task_id: task_id.into(), run_id: String::new() })
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut s = watch_runs(addr, task_id).await;
     let r = tokio::time::timeout(within, async {
         while let Some(r) = s.next().await {
             let r = r.expect("watch item");
@@ -330,7 +336,7 @@ pub fn status(r: &pb::Run) -> pb::RunStatus {
 
 /// Protobuf timestamp → chrono.
 pub fn at(t: &Option<prost_types::Timestamp>) -> Option<chrono::DateTime<chrono::Utc>> {
-    t.as_ref().and_then(|t| chrono::DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32))
+    punchclock_proto::time::from_timestamp_opt(t.as_ref())
 }
 
 /// Runs the CLI (`punchclock ARGS`) against `addr`; returns stdout, panics on failure.
@@ -443,4 +449,173 @@ pub async fn in_process_server(
     .await
     .expect("server starts");
     (s, tx)
+}
+
+/// A runner stream driven by the test over the real `RunnerService`: it
+/// says Hello, heartbeats every 300 ms, and otherwise does only what the
+/// test tells it (to play a runner that forges, floods, never reads, or
+/// re-declares what it likes).
+pub struct RawRunner {
+    /// Messages to the control plane (dropping it ends the stream).
+    pub tx: tokio::sync::mpsc::Sender<pb::RunnerMessage>,
+    /// Messages from the control plane.
+    pub inbound: tonic::Streaming<pb::ControlMessage>,
+    /// The Welcome it got.
+    pub welcome: pb::Welcome,
+}
+
+impl RawRunner {
+    /// Connects as `runner_id` serving `agents`, declaring `in_flight`;
+    /// retries while the server answers `UNAVAILABLE` (not leading yet) or
+    /// `FAILED_PRECONDITION` (the id's previous stream not yet seen closed),
+    /// for at most 20 s. Waits for the Welcome.
+    pub async fn connect(addr: &str, runner_id: &str, agents: &[&str], instance: &str, in_flight: Vec<pb::InFlight>) -> RawRunner {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (tx, rx) = tokio::sync::mpsc::channel(1024);
+            let hello = pb::Hello {
+                runner_id: runner_id.into(),
+                agents: agents.iter().map(|a| a.to_string()).collect(),
+                slots: 4,
+                instance_id: instance.into(),
+                in_flight: in_flight.clone(),
+                ..Default::default()
+            };
+            tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Hello(hello)) }).await.expect("queue hello");
+            let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+            match pb::runner_service_client::RunnerServiceClient::new(channel(addr).await).connect(stream).await {
+                Ok(resp) => {
+                    let mut inbound = resp.into_inner();
+                    let first = tokio::time::timeout(Duration::from_secs(10), inbound.message()).await;
+                    if let Ok(Ok(Some(pb::ControlMessage { msg: Some(pb::control_message::Msg::Welcome(welcome)) }))) = first {
+                        // Heartbeats while the test holds the runner (a weak
+                        // sender: dropping the runner still ends the stream).
+                        let weak = tx.downgrade();
+                        tokio::spawn(async move {
+                            let mut seq = 0;
+                            loop {
+                                tokio::time::sleep(Duration::from_millis(300)).await;
+                                let Some(tx) = weak.upgrade() else { return };
+                                seq += 1;
+                                let hb = pb::runner_message::Msg::Heartbeat(pb::Heartbeat { running: 0, seq, draining: false });
+                                if tx.send(pb::RunnerMessage { msg: Some(hb) }).await.is_err() {
+                                    return;
+                                }
+                            }
+                        });
+                        return RawRunner { tx, inbound, welcome };
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "no Welcome: {first:?}");
+                }
+                Err(e)
+                    if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::FailedPrecondition)
+                        && tokio::time::Instant::now() < deadline => {}
+                Err(e) => panic!("runner stream does not open: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends one message.
+    pub async fn send(&self, msg: pb::runner_message::Msg) {
+        self.tx.send(pb::RunnerMessage { msg: Some(msg) }).await.expect("runner stream open");
+    }
+
+    /// The next Assign (other messages are skipped), within `within`.
+    pub async fn next_assign(&mut self, within: Duration) -> pb::Assign {
+        tokio::time::timeout(within, async {
+            loop {
+                let m = self.inbound.message().await.expect("stream ok").expect("stream open");
+                if let Some(pb::control_message::Msg::Assign(a)) = m.msg {
+                    return a;
+                }
+            }
+        })
+        .await
+        .expect("an assignment in time")
+    }
+
+    /// Reports the assignment started.
+    pub async fn started(&self, a: &pb::Assign) {
+        let s = pb::Started { run_id: a.run_id.clone(), execution_id: a.execution_id.clone(), ..Default::default() };
+        self.send(pb::runner_message::Msg::Started(s)).await;
+    }
+
+    /// Reports the assignment finished with `outcome`.
+    pub async fn finished(&self, run_id: &str, execution_id: &str, outcome: pb::Outcome, result_json: &str) {
+        let f = pb::Finished {
+            run_id: run_id.into(),
+            execution_id: execution_id.into(),
+            outcome: outcome as i32,
+            result_json: result_json.into(),
+            ..Default::default()
+        };
+        self.send(pb::runner_message::Msg::Finished(f)).await;
+    }
+}
+
+/// Pids of live agent processes whose command line contains `marker`
+/// (agent shims, which carry the agent's command line too, left out).
+pub fn live_agents(marker: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(marker) && !cmdline.contains("__agent-shim") && !process_gone(*pid)
+        })
+        .collect()
+}
+
+/// Samples [`live_agents`] every 50 ms until `until` resolves; returns the
+/// most seen at once (and prints their command lines when more than one).
+pub async fn max_live_agents_until<F: std::future::Future>(marker: &str, until: F) -> (usize, F::Output) {
+    let mut until = std::pin::pin!(until);
+    let mut max = 0;
+    let sample = |max: &mut usize| {
+        let pids = live_agents(marker);
+        if pids.len() > *max {
+            *max = pids.len();
+            if pids.len() > 1 {
+                for pid in &pids {
+                    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    eprintln!("live agent {pid}: {} [{}]", String::from_utf8_lossy(&cmdline).replace('\0', " "), stat.trim());
+                }
+            }
+        }
+    };
+    loop {
+        sample(&mut max);
+        tokio::select! {
+            out = &mut until => {
+                sample(&mut max);
+                return (max, out);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
+/// Waits (via WatchRuns, at most `within`) until `n` distinct runs of
+/// `task_id` have matched `pred`; returns them in the order they matched.
+pub async fn wait_n_runs(addr: &str, task_id: &str, n: usize, within: Duration, pred: impl Fn(&pb::Run) -> bool) -> Vec<pb::Run> {
+    let mut s = watch_runs(addr, task_id).await;
+    let mut seen: Vec<pb::Run> = Vec::new();
+    let r = tokio::time::timeout(within, async {
+        while let Some(r) = s.next().await {
+            let r = r.expect("watch item");
+            if pred(&r) && !seen.iter().any(|x| x.run_id == r.run_id) {
+                seen.push(r);
+                if seen.len() >= n {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert!(matches!(r, Ok(true)), "only {} of {n} runs of {task_id:?} matched within {within:?}: {seen:#?}", seen.len());
+    seen
 }

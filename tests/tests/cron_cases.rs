@@ -13,7 +13,7 @@ use punchclock_tests::{at, in_process_server, list_runs, tasks, wait_run};
 const CASES: &str = include_str!("../cases/cron.json");
 
 fn ts(t: DateTime<Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: t.timestamp(), nanos: 0 }
+    punchclock_proto::time::to_timestamp(t)
 }
 
 fn cases() -> serde_json::Value {

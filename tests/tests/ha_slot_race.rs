@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use chrono::{Duration, TimeZone, Utc};
 use punchclock_control_plane::election::Leadership;
-use punchclock_control_plane::engine::write_run;
 use punchclock_control_plane::error::Error;
 use punchclock_control_plane::model::RunRecord;
-use punchclock_control_plane::model::run::slot_run_id;
+use punchclock_control_plane::model::run::{TriggerKind, slot_run_id};
+use punchclock_control_plane::repo::Repo;
 use punchclock_control_plane::store::etcd::EtcdStore;
 use punchclock_control_plane::store::{Compare, Keys, KvStore};
 use punchclock_tests::etcd::Etcd;
@@ -41,9 +41,9 @@ async fn two_replicas_racing_on_a_slot_make_exactly_one_run() {
             for i in 0..SLOTS {
                 barrier.wait().await;
                 let slot = base + Duration::seconds(i);
-                let mut run = RunRecord::pending(slot_run_id("race", slot), "race", "agent", "interval", slot, Utc::now());
+                let mut run = RunRecord::pending(slot_run_id("race", slot), "race", "agent", TriggerKind::Interval, slot, Utc::now());
                 run.params.insert("writer".into(), name.into());
-                won.push(write_run(&*store, &keys, &lead, Utc::now(), &mut run, true, Vec::new()).await.expect("write"));
+                won.push(Repo::new(store.clone(), keys.clone()).create_run(&lead, Utc::now(), &mut run).await.expect("write"));
             }
             won
         })
@@ -62,8 +62,8 @@ async fn two_replicas_racing_on_a_slot_make_exactly_one_run() {
     // A replica with a stale token (an older election key revision) is fenced.
     let stale = Leadership { token: token as u64 - 1, fence: vec![Compare::create_revision(election_key, token - 1)] };
     let slot = base + Duration::seconds(SLOTS + 1);
-    let mut run = RunRecord::pending(slot_run_id("race", slot), "race", "agent", "interval", slot, Utc::now());
-    let r = write_run(&*b, &keys, &stale, Utc::now(), &mut run, true, Vec::new()).await;
+    let mut run = RunRecord::pending(slot_run_id("race", slot), "race", "agent", TriggerKind::Interval, slot, Utc::now());
+    let r = Repo::new(b.clone(), keys.clone()).create_run(&stale, Utc::now(), &mut run).await;
     assert!(matches!(r, Err(Error::Fenced(_))), "stale token must be rejected: {r:?}");
     assert!(b.get(&keys.run(&run.run_id)).await.expect("get").is_none(), "nothing written by the stale replica");
 }

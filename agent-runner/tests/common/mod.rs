@@ -48,6 +48,8 @@ pub async fn wait_until_gone(pid: i32) -> bool {
 /// the runner's `.lock` file, which stays while the work dir is in use.
 pub fn dir_entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(dir)
-        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| !p.ends_with(".lock")).collect())
+        .map(|entries| {
+            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| !p.ends_with(".lock") && !p.ends_with("fence")).collect()
+        })
         .unwrap_or_default()
 }

@@ -36,7 +36,8 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{Election, LeaderInfo, Leadership};
-use crate::store::{Compare, Keys, KvStore, LeaseId, Txn, TxnOp};
+use crate::repo::{Keys, codec};
+use crate::store::{Compare, KvStore, LeaseId, Txn, TxnOp};
 use crate::timing::Timing;
 
 /// What the election key and member keys hold.
@@ -105,7 +106,7 @@ impl EtcdElection {
     }
 
     fn leader_key(&self) -> String {
-        format!("{}leader", self.keys.election())
+        self.keys.election_leader()
     }
 
     async fn campaign_loop(self: Arc<Self>) {
@@ -174,7 +175,7 @@ impl EtcdElection {
                 return None;
             }
         };
-        let value = serde_json::to_vec(&self.me).unwrap_or_default();
+        let value = codec::encode(&self.me).unwrap_or_default();
         let txn =
             Txn { compares: vec![Compare::absent(key)], success: vec![TxnOp::Put { key: key.to_string(), value, lease }], failure: vec![] };
         let created = match self.store.txn(txn).await {
@@ -247,8 +248,8 @@ impl EtcdElection {
     }
 
     async fn member_loop(self: Arc<Self>) {
-        let key = format!("{}members/{}", self.keys.election(), self.me.id);
-        let value = serde_json::to_vec(&self.me).unwrap_or_default();
+        let key = self.keys.election_member(&self.me.id);
+        let value = codec::encode(&self.me).unwrap_or_default();
         let mut stopped = self.resigned.subscribe();
         let mut lease: Option<LeaseId> = None;
         loop {
@@ -279,9 +280,8 @@ impl EtcdElection {
 
     /// Every live member, by id.
     pub async fn members(&self) -> Vec<MemberInfo> {
-        let prefix = format!("{}members/", self.keys.election());
-        match self.store.range(&prefix).await {
-            Ok((kvs, _)) => kvs.iter().filter_map(|kv| serde_json::from_slice(&kv.value).ok()).collect(),
+        match self.store.range(&self.keys.election_members()).await {
+            Ok((kvs, _)) => kvs.iter().filter_map(|kv| codec::decode("member", &kv.value).ok()).collect(),
             Err(_) => Vec::new(),
         }
     }
@@ -295,7 +295,7 @@ impl Election for EtcdElection {
 
     async fn leader(&self) -> Option<LeaderInfo> {
         let kv = self.store.get(&self.leader_key()).await.ok()??;
-        let m: MemberInfo = serde_json::from_slice(&kv.value).ok()?;
+        let m: MemberInfo = codec::decode("member", &kv.value).ok()?;
         Some(LeaderInfo { leader_id: m.id, advertise_address: m.advertise_address, token: kv.create_revision as u64 })
     }
 
@@ -314,7 +314,7 @@ impl Election for EtcdElection {
         let deadline = Instant::now() + self.timing.renew_interval();
         while Instant::now() < deadline {
             match self.store.get(&key).await {
-                Ok(Some(kv)) if serde_json::from_slice::<MemberInfo>(&kv.value).is_ok_and(|m| m.id == self.me.id) => {
+                Ok(Some(kv)) if codec::decode::<MemberInfo>("member", &kv.value).is_ok_and(|m| m.id == self.me.id) => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 _ => break,

@@ -1,90 +1,35 @@
-//! The leader's engine: one task that owns the schedule heap, the active
-//! runs and the runner registry, and serializes every decision.
+//! The leader's engine: a sans-IO decision core ([`core::EngineCore`])
+//! driven by a thin async shell (`shell.rs`).
 //!
-//! It starts when this replica becomes leader and stops when it is not.
-//! Inputs arrive as [`Command`]s (API calls, runner messages), as store
-//! watch events (task definitions written by any replica) and as timers it
-//! set itself (slot fires, retry backoffs, deadlines, runner expiry). It
-//! sleeps until the earliest timer: there is no per-second scan over tasks.
+//! The engine starts when this replica becomes leader and stops when it is
+//! not. The shell feeds the core task changes (a store watch), runner
+//! messages and API commands (through an [`EngineHandle`]) and timers, and
+//! performs what the core decides: store writes first (fenced, grouped into
+//! as few transactions as the store allows), then messages to runners,
+//! lifecycle events ([`lifecycle`]) and replies. Runner messages use the
+//! engine's own types ([`protocol`]); `service/runner.rs` converts the wire.
 //!
-//! Files: `tasks.rs` (tracking definitions, firing slots, misfires, pauses),
-//! `runs.rs` (admission, dispatch, attempt lifecycle, retries), `runners.rs`
-//! (sessions, in-flight re-declaration, expiry).
+//! Where things go:
+//! - a new trigger kind: `model::run::TriggerKind`, `schedule/` (its
+//!   next-fire), and `core/tasks.rs` only if it fires differently;
+//! - a new lifecycle subscriber: subscribe to [`crate::api::Core::lifecycle`]
+//!   (a [`lifecycle::LifecycleBus`]) — no change here;
+//! - a new store: `store/` (a `KvStore` impl) — the engine never sees it.
 
-mod runners;
-mod runs;
-
-pub use runs::write_run;
-mod tasks;
-
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
-use std::sync::Arc;
+pub mod core;
+pub mod lifecycle;
+pub mod protocol;
+mod shell;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use punchclock_proto::v1::{ControlMessage, Hello, runner_message};
+pub use self::core::{MAX_DELAY_SECONDS, MAX_RUNS_PER_FIRE};
+pub use shell::{Engine, EngineConfig, EngineExit};
 
-use crate::clock::SharedClock;
-use crate::dispatch::registry::RunnerEntry;
-use crate::election::Leadership;
 use crate::error::{Error, Result};
-use crate::model::{Cursor, RunRecord, TaskRecord};
-use crate::store::{Keys, KvStore, WatchEvent, WatchStream};
-use crate::timing::Timing;
-
-/// Requests to the engine.
-#[derive(Debug)]
-pub enum Command {
-    /// A runner opened a stream and said Hello; the reply is its session number.
-    RunnerHello {
-        /// The Hello.
-        hello: Hello,
-        /// Outbound stream to the runner.
-        tx: mpsc::Sender<ControlMessage>,
-        /// Session number (stream generation).
-        reply: oneshot::Sender<Result<u64>>,
-    },
-    /// A message on a runner's stream.
-    RunnerMessage {
-        /// Sender.
-        runner_id: String,
-        /// Its session.
-        session: u64,
-        /// The message.
-        msg: runner_message::Msg,
-    },
-    /// A runner's stream ended.
-    RunnerGone {
-        /// Runner.
-        runner_id: String,
-        /// The session that ended.
-        session: u64,
-    },
-    /// Manual trigger.
-    Trigger {
-        /// Request.
-        req: TriggerRequest,
-        /// `(run_id, scheduled_at, created)`.
-        reply: oneshot::Sender<Result<(String, DateTime<Utc>, bool)>>,
-    },
-    /// Cancel a run.
-    CancelRun {
-        /// Run.
-        run_id: String,
-        /// Why.
-        reason: String,
-        /// The run after cancelling.
-        reply: oneshot::Sender<Result<RunRecord>>,
-    },
-    /// Snapshot of the runner registry.
-    ListRunners {
-        /// Reply.
-        reply: oneshot::Sender<Vec<RunnerSnapshot>>,
-    },
-}
+use crate::model::RunRecord;
+use protocol::{FromRunner, RunnerHello, ToRunner};
 
 /// A manual `TriggerTask`.
 #[derive(Debug, Clone)]
@@ -110,20 +55,35 @@ pub struct RunnerSnapshot {
     pub agents: Vec<String>,
     /// Slots.
     pub slots: u32,
-    /// Busy slots.
+    /// Busy slots (open attempts and agents not yet confirmed gone).
     pub busy: u32,
     /// Labels.
     pub labels: std::collections::BTreeMap<String, String>,
     /// Version.
     pub version: String,
-    /// Connected now.
+    /// Its stream is open.
     pub connected: bool,
     /// Stream opened (UTC).
     pub connected_at: DateTime<Utc>,
     /// Last message (UTC).
     pub last_seen: DateTime<Utc>,
-    /// Run ids executing.
+    /// Run ids holding its slots.
     pub running: Vec<String>,
+}
+
+/// Requests to the engine's shell.
+#[derive(Debug)]
+pub(crate) enum Command {
+    RunnerHello { hello: RunnerHello, tx: mpsc::Sender<ToRunner>, kill: oneshot::Sender<()>, reply: oneshot::Sender<Result<u64>> },
+    RunnerMessage { runner_id: String, session: u64, received_at: DateTime<Utc>, msg: FromRunner },
+    RunnerGone { runner_id: String, session: u64 },
+    Trigger { req: TriggerRequest, reply: oneshot::Sender<Result<self::core::Triggered>> },
+    CancelRun { run_id: String, reason: String, reply: oneshot::Sender<Result<RunRecord>> },
+    ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
+    ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
+    ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
+    ServesAgent { agent_id: String, reply: oneshot::Sender<bool> },
+    Stop { reply: oneshot::Sender<()> },
 }
 
 /// Cheap handle for talking to a running engine.
@@ -137,8 +97,7 @@ fn gone() -> Error {
 }
 
 impl EngineHandle {
-    /// Sends a command (used by the runner stream service).
-    pub async fn send(&self, cmd: Command) -> Result<()> {
+    async fn send(&self, cmd: Command) -> Result<()> {
         self.tx.send(cmd).await.map_err(|_| gone())
     }
 
@@ -148,8 +107,27 @@ impl EngineHandle {
         rx.await.map_err(|_| gone())
     }
 
-    /// Manual trigger: `(run_id, scheduled_at, created)`.
-    pub async fn trigger(&self, req: TriggerRequest) -> Result<(String, DateTime<Utc>, bool)> {
+    /// Registers a runner stream; returns its session number. Messages for
+    /// the runner go to `tx`, which is never awaited on: a runner whose
+    /// stream does not drain is disconnected. Dropping `kill`'s receiver
+    /// side is how the engine tells the stream's reader to stop.
+    pub async fn runner_hello(&self, hello: RunnerHello, tx: mpsc::Sender<ToRunner>, kill: oneshot::Sender<()>) -> Result<u64> {
+        self.ask(|reply| Command::RunnerHello { hello, tx, kill, reply }).await?
+    }
+
+    /// A message on a runner's stream, stamped with its arrival time (UTC).
+    /// Waits while the engine's queue is full (backpressure on the stream).
+    pub async fn runner_message(&self, runner_id: String, session: u64, received_at: DateTime<Utc>, msg: FromRunner) -> Result<()> {
+        self.send(Command::RunnerMessage { runner_id, session, received_at, msg }).await
+    }
+
+    /// A runner's stream ended.
+    pub async fn runner_gone(&self, runner_id: String, session: u64) {
+        let _ = self.send(Command::RunnerGone { runner_id, session }).await;
+    }
+
+    /// Manual trigger: the run's id, its earliest start, and whether it was created.
+    pub async fn trigger(&self, req: TriggerRequest) -> Result<self::core::Triggered> {
         self.ask(|reply| Command::Trigger { req, reply }).await?
     }
 
@@ -163,283 +141,26 @@ impl EngineHandle {
         self.ask(|reply| Command::ListRunners { reply }).await
     }
 
-    /// Registers a runner stream; returns its session number.
-    pub async fn runner_hello(&self, hello: Hello, tx: mpsc::Sender<ControlMessage>) -> Result<u64> {
-        self.ask(|reply| Command::RunnerHello { hello, tx, reply }).await?
-    }
-}
-
-/// What a timer does when it fires.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Timer {
-    /// Handle the due slots of a task (if `generation` is still current).
-    Fire { task_id: String, generation: u64 },
-    /// A delayed or retrying run may start.
-    RunDue { run_id: String },
-    /// An attempt's control-plane deadline.
-    Deadline { run_id: String, execution_id: String },
-    /// Check for lost runners.
-    RunnerCheck,
-}
-
-/// A task the engine tracks.
-struct TaskEntry {
-    record: TaskRecord,
-    cursor: Option<Cursor>,
-    /// Bumped on every change; stale `Fire` timers are ignored.
-    generation: u64,
-    /// Next slot and the instant it fires (slot + jitter).
-    next: Option<(DateTime<Utc>, DateTime<Utc>)>,
-}
-
-/// The engine's state. See the module docs.
-pub struct Engine {
-    store: Arc<dyn KvStore>,
-    keys: Keys,
-    clock: SharedClock,
-    timing: Timing,
-    leadership: Leadership,
-    leader_id: String,
-    tasks: HashMap<String, TaskEntry>,
-    /// Non-terminal runs.
-    runs: HashMap<String, RunRecord>,
-    runners: HashMap<String, RunnerEntry>,
-    timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Timer)>>,
-    timer_seq: u64,
-    next_session: u64,
-    runner_check_armed: bool,
-    /// Tasks whose due slots wait for their recovered in-flight runs to be
-    /// re-declared or lost (see [`Engine::awaits_redeclare`]).
-    deferred_fires: std::collections::HashSet<String>,
-    /// A leader write was rejected by the fence (see [`EngineExit::Fenced`]).
-    fenced: bool,
-    rx: mpsc::Receiver<Command>,
-}
-
-/// Why the engine task ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineExit {
-    /// Every handle was dropped, or the task watch failed for good.
-    Stopped,
-    /// The store rejected a write for this leader's fencing token: a newer
-    /// leader exists, and this replica must step down
-    /// ([`crate::election::Election::deposed`]).
-    Fenced,
-}
-
-/// Options for [`Engine::start`].
-pub struct EngineConfig {
-    /// The store.
-    pub store: Arc<dyn KvStore>,
-    /// Key layout.
-    pub keys: Keys,
-    /// Clock.
-    pub clock: SharedClock,
-    /// Timing constants.
-    pub timing: Timing,
-    /// The leadership this engine runs under (token and fence).
-    pub leadership: Leadership,
-    /// This replica's id (told to runners in Welcome).
-    pub leader_id: String,
-}
-
-impl Engine {
-    /// Loads state from the store, applies misfire policies and starts the
-    /// engine task. Returns its handle and the task's join handle; dropping
-    /// every handle (or aborting the join handle) stops it.
-    pub async fn start(cfg: EngineConfig) -> Result<(EngineHandle, tokio::task::JoinHandle<EngineExit>)> {
-        let (tx, rx) = mpsc::channel(1024);
-        let mut engine = Engine {
-            store: cfg.store,
-            keys: cfg.keys,
-            clock: cfg.clock,
-            timing: cfg.timing,
-            leadership: cfg.leadership,
-            leader_id: cfg.leader_id,
-            tasks: HashMap::new(),
-            runs: HashMap::new(),
-            runners: HashMap::new(),
-            timers: BinaryHeap::new(),
-            timer_seq: 0,
-            next_session: 0,
-            runner_check_armed: false,
-            deferred_fires: Default::default(),
-            fenced: false,
-            rx,
-        };
-        let watch = engine.load().await?;
-        let join = tokio::spawn(async move { engine.run(watch).await });
-        Ok((EngineHandle { tx }, join))
+    /// A run as the leader knows it now, if it is active (its memory may be
+    /// ahead of the store for lazily written changes: start, progress).
+    pub async fn active_run(&self, run_id: String) -> Result<Option<RunRecord>> {
+        self.ask(|reply| Command::ActiveRun { run_id, reply }).await
     }
 
-    fn now(&self) -> DateTime<Utc> {
-        self.clock.now()
+    /// The runs in the leader's memory (all, or of one task), as it knows
+    /// them now.
+    pub async fn active_runs(&self, task_id: String) -> Result<Vec<RunRecord>> {
+        self.ask(|reply| Command::ActiveRuns { task_id, reply }).await
     }
 
-    fn push_timer(&mut self, at: DateTime<Utc>, t: Timer) {
-        self.timer_seq += 1;
-        self.timers.push(Reverse((at, self.timer_seq, t)));
+    /// Whether a connected runner serves `agent_id`.
+    pub async fn serves_agent(&self, agent_id: String) -> Result<bool> {
+        self.ask(|reply| Command::ServesAgent { agent_id, reply }).await
     }
 
-    /// Reads tasks, cursors and active runs; returns the task watch, opened
-    /// before the read so no change is missed.
-    async fn load(&mut self) -> Result<WatchStream> {
-        let watch = self.store.watch(&self.keys.tasks()).await?;
-        let (task_kvs, _) = self.store.range(&self.keys.tasks()).await?;
-        let (cursor_kvs, _) = self.store.range(&self.keys.cursors()).await?;
-        let mut cursors: HashMap<String, Cursor> = HashMap::new();
-        for kv in cursor_kvs {
-            if let Some(id) = self.keys.id_after(&self.keys.cursors(), &kv.key) {
-                match serde_json::from_slice(&kv.value) {
-                    Ok(c) => {
-                        cursors.insert(id.to_string(), c);
-                    }
-                    Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable cursor"),
-                }
-            }
-        }
-        self.load_active_runs().await?;
-        let n = task_kvs.len();
-        for kv in task_kvs {
-            match serde_json::from_slice::<TaskRecord>(&kv.value) {
-                Ok(rec) => {
-                    let cursor = cursors.remove(&rec.spec.task_id);
-                    self.upsert_task(rec, cursor).await;
-                }
-                Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable task"),
-            }
-        }
-        tracing::info!(tasks = n, active_runs = self.runs.len(), token = self.leadership.token, "engine loaded");
-        self.recover_runs();
-        self.try_dispatch().await;
-        Ok(watch)
-    }
-
-    async fn run(mut self, mut watch: WatchStream) -> EngineExit {
-        loop {
-            let next = self.timers.peek().map(|Reverse((t, _, _))| *t);
-            let sleep = async {
-                match next {
-                    Some(t) => self.clock.sleep_until(t).await,
-                    None => futures::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                biased;
-                cmd = self.rx.recv() => match cmd {
-                    Some(cmd) => self.handle(cmd).await,
-                    None => break,
-                },
-                ev = watch.next() => match ev {
-                    Some(Ok(ev)) => self.on_task_event(ev).await,
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "task watch broke; re-reading tasks");
-                        match self.resync_tasks().await {
-                            Ok(w) => watch = w,
-                            Err(e) => {
-                                tracing::error!(error = %e, "cannot re-read tasks; engine stops");
-                                break;
-                            }
-                        }
-                    }
-                    None => {
-                        tracing::error!("task watch ended; engine stops");
-                        break;
-                    }
-                },
-                _ = sleep => self.fire_timers().await,
-            }
-        }
-        tracing::info!(fenced = self.fenced, "engine stopped");
-        if self.fenced { EngineExit::Fenced } else { EngineExit::Stopped }
-    }
-
-    async fn handle(&mut self, cmd: Command) {
-        match cmd {
-            Command::RunnerHello { hello, tx, reply } => {
-                let r = self.on_hello(hello, tx).await;
-                let _ = reply.send(r);
-            }
-            Command::RunnerMessage { runner_id, session, msg } => self.on_runner_message(&runner_id, session, msg).await,
-            Command::RunnerGone { runner_id, session } => self.on_runner_gone(&runner_id, session),
-            Command::Trigger { req, reply } => {
-                let r = self.trigger(req).await;
-                let _ = reply.send(r);
-            }
-            Command::CancelRun { run_id, reason, reply } => {
-                let r = self.cancel_run(&run_id, &reason).await;
-                let _ = reply.send(r);
-            }
-            Command::ListRunners { reply } => {
-                let _ = reply.send(self.runner_snapshots());
-            }
-        }
-        self.release_deferred_fires();
-    }
-
-    async fn fire_timers(&mut self) {
-        let now = self.now();
-        while let Some(Reverse((at, _, _))) = self.timers.peek() {
-            if *at > now {
-                break;
-            }
-            let Some(Reverse((_, _, timer))) = self.timers.pop() else { break };
-            match timer {
-                Timer::Fire { task_id, generation } => self.on_fire(&task_id, generation).await,
-                Timer::RunDue { run_id } => self.on_run_due(&run_id).await,
-                Timer::Deadline { run_id, execution_id } => self.on_deadline(&run_id, &execution_id).await,
-                Timer::RunnerCheck => self.on_runner_check().await,
-            }
-        }
-        self.release_deferred_fires();
-    }
-
-    async fn on_task_event(&mut self, ev: WatchEvent) {
-        match ev {
-            WatchEvent::Put(kv) => match serde_json::from_slice::<TaskRecord>(&kv.value) {
-                Ok(rec) => {
-                    let cursor = if self.tasks.contains_key(&rec.spec.task_id) { None } else { self.read_cursor(&rec.spec.task_id).await };
-                    self.upsert_task(rec, cursor).await;
-                }
-                Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable task"),
-            },
-            WatchEvent::Delete { key, .. } => {
-                if let Some(id) = self.keys.id_after(&self.keys.tasks(), &key).map(str::to_string) {
-                    self.remove_task(&id).await;
-                }
-            }
-        }
-    }
-
-    async fn resync_tasks(&mut self) -> Result<WatchStream> {
-        let watch = self.store.watch(&self.keys.tasks()).await?;
-        let (kvs, _) = self.store.range(&self.keys.tasks()).await?;
-        let mut seen = std::collections::HashSet::new();
-        for kv in kvs {
-            if let Ok(rec) = serde_json::from_slice::<TaskRecord>(&kv.value) {
-                seen.insert(rec.spec.task_id.clone());
-                let changed = self.tasks.get(&rec.spec.task_id).is_none_or(|e| e.record != rec);
-                if changed {
-                    let cursor = if self.tasks.contains_key(&rec.spec.task_id) { None } else { self.read_cursor(&rec.spec.task_id).await };
-                    self.upsert_task(rec, cursor).await;
-                }
-            }
-        }
-        let gone: Vec<String> = self.tasks.keys().filter(|k| !seen.contains(*k)).cloned().collect();
-        for id in gone {
-            self.remove_task(&id).await;
-        }
-        Ok(watch)
-    }
-
-    async fn read_cursor(&self, task_id: &str) -> Option<Cursor> {
-        match self.store.get(&self.keys.cursor(task_id)).await {
-            Ok(Some(kv)) => serde_json::from_slice(&kv.value).ok(),
-            Ok(None) => None,
-            Err(e) => {
-                tracing::error!(task_id, error = %e, "cannot read cursor");
-                None
-            }
-        }
+    /// Writes what is persisted lazily, then stops the engine (a graceful
+    /// handover). Returns when it stopped.
+    pub async fn stop(&self) {
+        let _ = self.ask(|reply| Command::Stop { reply }).await;
     }
 }

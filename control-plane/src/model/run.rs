@@ -58,29 +58,114 @@ impl RunStatus {
     }
 }
 
-/// Why a SKIPPED record exists.
-pub mod skip_reason {
-    /// `concurrency_limit` runs were active and `overlap_policy` is `skip`.
-    pub const CONCURRENCY_LIMIT: &str = "concurrency_limit";
-    /// Slots missed while no scheduler ran (coalesced).
-    pub const MISFIRED: &str = "misfired";
-    /// Slots due while the task was paused (coalesced).
-    pub const PAUSED: &str = "paused";
+/// What created a run; stored and shown as `cron`, `interval`, `once`, `manual`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerKind {
+    /// A cron trigger's slot.
+    Cron,
+    /// An interval trigger's slot.
+    Interval,
+    /// A `once` trigger's instant.
+    Once,
+    /// `TriggerTask`.
+    Manual,
 }
 
-/// Outcome names of an attempt.
-pub mod outcome {
+impl TriggerKind {
+    /// Lower-case name, as stored and in the API's `trigger_kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerKind::Cron => "cron",
+            TriggerKind::Interval => "interval",
+            TriggerKind::Once => "once",
+            TriggerKind::Manual => "manual",
+        }
+    }
+}
+
+/// Why a SKIPPED record exists; stored as `concurrency_limit`, `misfired`, `paused`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// `concurrency_limit` runs were active and `overlap_policy` is `skip`.
+    ConcurrencyLimit,
+    /// Slots missed by more than the misfire grace (coalesced), or
+    /// `misfire_policy: skip`.
+    Misfired,
+    /// Slots due while the task was paused (coalesced).
+    Paused,
+}
+
+impl SkipReason {
+    /// Lower-case name, as stored and in the API's `skip_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::ConcurrencyLimit => "concurrency_limit",
+            SkipReason::Misfired => "misfired",
+            SkipReason::Paused => "paused",
+        }
+    }
+}
+
+/// How an attempt ended, as the control plane records it; stored as the
+/// lower-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
     /// Exit code 0.
-    pub const SUCCEEDED: &str = "succeeded";
+    Succeeded,
     /// Non-zero exit, or the agent could not start.
-    pub const FAILED: &str = "failed";
+    Failed,
     /// Killed at its deadline (or the runner never reported by then).
-    pub const TIMEOUT: &str = "timeout";
-    /// Cancelled.
-    pub const CANCELLED: &str = "cancelled";
-    /// Its runner was lost (silent too long, or the control plane restarted
-    /// and nobody re-declared it).
-    pub const LOST: &str = "lost";
+    Timeout,
+    /// Cancelled (by a user, `overlap_policy: cancel_running`, or a task deletion).
+    Cancelled,
+    /// Its runner was silent past the runner fence deadline (its agent was
+    /// stopped by the runner's self-fence), or a restarted runner came back
+    /// without it.
+    Lost,
+    /// Stopped because its runner shut down or lost the leader: not counted
+    /// against `max_retries` (at most [`MAX_FREE_INTERRUPTIONS`] per run).
+    Interrupted,
+}
+
+impl Outcome {
+    /// Lower-case name, as stored and in the API's `outcome`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Timeout => "timeout",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Lost => "lost",
+            Outcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Interruptions per run that do not count as attempts (issue 6: "at most 3
+/// interruptions per run, then the attempt counts").
+pub const MAX_FREE_INTERRUPTIONS: u32 = 3;
+
+/// A runner's report about an attempt the control plane had already ended
+/// (presumed lost, timed out by the backstop, cancelled). Evidence only:
+/// it never changes the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptReport {
+    /// What the runner says happened.
+    pub outcome: Outcome,
+    /// The runner's error text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The agent's exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The agent's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    /// When the runner says it ended (UTC).
+    pub finished_at: DateTime<Utc>,
 }
 
 /// One execution of a run on a runner.
@@ -90,7 +175,8 @@ pub struct Attempt {
     pub attempt: u32,
     /// Unique per attempt (UUID v4).
     pub execution_id: String,
-    /// The runner it was assigned to.
+    /// The runner it was assigned to: the only runner whose reports about
+    /// this execution count.
     pub runner_id: String,
     /// That runner process's `Hello.instance_id` (empty if it sent none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -103,15 +189,31 @@ pub struct Attempt {
     /// When it ended (UTC).
     #[serde(default)]
     pub finished_at: Option<DateTime<Utc>>,
-    /// See [`outcome`]; `None` while open.
+    /// `None` while open.
     #[serde(default)]
-    pub outcome: Option<String>,
+    pub outcome: Option<Outcome>,
     /// Why it failed.
     #[serde(default)]
     pub error: Option<String>,
     /// The agent's exit code, when it exited.
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// The control plane ended this attempt (cancel, deadline backstop) and
+    /// its runner has not yet confirmed that the agent is gone: it still
+    /// holds a concurrency slot of its task and a slot of its runner.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub awaiting_runner: bool,
+    /// The runner's own report, when it came after the control plane had
+    /// ended the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<AttemptReport>,
+}
+
+impl Attempt {
+    /// Still running as far as the control plane knows.
+    pub fn is_open(&self) -> bool {
+        self.outcome.is_none()
+    }
 }
 
 /// Latest progress report of a run.
@@ -136,8 +238,8 @@ pub struct RunRecord {
     pub task_id: String,
     /// Agent that runs it.
     pub agent_id: String,
-    /// `cron`, `interval`, `once` or `manual`.
-    pub trigger: String,
+    /// What created it.
+    pub trigger: TriggerKind,
     /// Current state.
     pub status: RunStatus,
     /// Nominal slot time (UTC); for manual runs, the earliest start.
@@ -160,9 +262,9 @@ pub struct RunRecord {
     /// Latest progress.
     #[serde(default)]
     pub progress: Option<Progress>,
-    /// For SKIPPED: see [`skip_reason`].
+    /// For SKIPPED: why.
     #[serde(default)]
-    pub skip_reason: Option<String>,
+    pub skip_reason: Option<SkipReason>,
     /// For a coalesced SKIPPED record: how many slots.
     #[serde(default)]
     pub missed_count: Option<u64>,
@@ -190,9 +292,17 @@ pub struct RunRecord {
     /// Tail of the latest attempt's stderr.
     #[serde(default)]
     pub stderr_tail: String,
-    /// Dispatch priority (copied from the task).
+    /// Dispatch priority (copied from the task), `-1000..=1000`.
     #[serde(default)]
     pub priority: i32,
+    /// A PENDING run not dispatched by this instant (UTC) ends TIMEOUT
+    /// (`execution.start_timeout_seconds`, counted from when it became
+    /// ready for dispatch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_by: Option<DateTime<Utc>>,
+    /// Attempts interrupted by a runner shutdown or self-fence.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub interruptions: u32,
     /// Fencing token of the leader that last wrote the record.
     #[serde(default)]
     pub fencing_token: u64,
@@ -202,12 +312,19 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// A fresh PENDING run.
-    pub fn pending(run_id: String, task_id: &str, agent_id: &str, trigger: &str, scheduled_at: DateTime<Utc>, now: DateTime<Utc>) -> Self {
+    pub fn pending(
+        run_id: String,
+        task_id: &str,
+        agent_id: &str,
+        trigger: TriggerKind,
+        scheduled_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Self {
         RunRecord {
             run_id,
             task_id: task_id.to_string(),
             agent_id: agent_id.to_string(),
-            trigger: trigger.to_string(),
+            trigger,
             status: RunStatus::Pending,
             scheduled_at,
             dispatched_at: None,
@@ -227,6 +344,8 @@ impl RunRecord {
             stdout_tail: String::new(),
             stderr_tail: String::new(),
             priority: 0,
+            start_by: None,
+            interruptions: 0,
             fencing_token: 0,
             updated_at: now,
         }
@@ -238,15 +357,15 @@ impl RunRecord {
         run_id: String,
         task_id: &str,
         agent_id: &str,
-        trigger: &str,
-        reason: &str,
+        trigger: TriggerKind,
+        reason: SkipReason,
         (count, from, until): (u64, DateTime<Utc>, DateTime<Utc>),
         error: String,
         now: DateTime<Utc>,
     ) -> Self {
         let mut r = RunRecord::pending(run_id, task_id, agent_id, trigger, from, now);
         r.status = RunStatus::Skipped;
-        r.skip_reason = Some(reason.to_string());
+        r.skip_reason = Some(reason);
         r.missed_count = Some(count);
         r.missed_from = Some(from);
         r.missed_until = Some(until);
@@ -262,13 +381,46 @@ impl RunRecord {
     }
 
     /// The open (latest, unfinished) attempt.
+    pub fn current_attempt(&self) -> Option<&Attempt> {
+        self.attempts.last().filter(|a| a.is_open())
+    }
+
+    /// The open (latest, unfinished) attempt, mutable.
     pub fn current_attempt_mut(&mut self) -> Option<&mut Attempt> {
-        self.attempts.last_mut().filter(|a| a.outcome.is_none())
+        self.attempts.last_mut().filter(|a| a.is_open())
     }
 
     /// Execution id of the open attempt.
     pub fn current_execution(&self) -> Option<&str> {
-        self.attempts.last().filter(|a| a.outcome.is_none()).map(|a| a.execution_id.as_str())
+        self.current_attempt().map(|a| a.execution_id.as_str())
+    }
+
+    /// The attempt with this execution id.
+    pub fn attempt_mut(&mut self, execution_id: &str) -> Option<&mut Attempt> {
+        self.attempts.iter_mut().find(|a| a.execution_id == execution_id)
+    }
+
+    /// Attempts that count against `max_retries`: all but the first
+    /// [`MAX_FREE_INTERRUPTIONS`] interrupted ones.
+    pub fn counted_attempts(&self) -> u32 {
+        let mut interrupted = 0;
+        let mut counted = 0;
+        for a in &self.attempts {
+            if a.outcome == Some(Outcome::Interrupted) {
+                interrupted += 1;
+                if interrupted <= MAX_FREE_INTERRUPTIONS {
+                    continue;
+                }
+            }
+            counted += 1;
+        }
+        counted
+    }
+
+    /// Whether some attempt still holds a concurrency slot: open, or ended
+    /// by the control plane and not yet confirmed gone by its runner.
+    pub fn holds_agent(&self) -> bool {
+        self.attempts.iter().any(|a| a.is_open() || a.awaiting_runner)
     }
 }
 
@@ -291,4 +443,8 @@ pub fn manual_run_id(task_id: &str, key: &str) -> String {
 /// The task id part of a run id.
 pub fn task_of_run(run_id: &str) -> &str {
     run_id.split('.').next().unwrap_or(run_id)
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }

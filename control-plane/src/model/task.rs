@@ -23,6 +23,10 @@ pub const MAX_BACKOFF_SECONDS: f64 = 7.0 * 86_400.0;
 pub const MAX_JITTER_SECONDS: u64 = 86_400;
 /// Largest `execution.concurrency_limit`.
 pub const MAX_CONCURRENCY: u32 = 10_000;
+/// Dispatch priority bounds: `-1000..=1000` (higher dispatches first).
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+/// Default `execution.start_timeout_seconds`: one hour.
+pub const DEFAULT_START_TIMEOUT_SECONDS: i64 = 3600;
 /// Largest task definition, as JSON: 256 KiB (it rides in every run's context).
 pub const MAX_SPEC_BYTES: usize = 256 * 1024;
 
@@ -217,8 +221,12 @@ pub struct ExecutionSpec {
     pub misfire_policy: MisfirePolicy,
     /// How late (seconds) a missed slot may still run; default 60.
     pub misfire_grace_seconds: u64,
-    /// Higher dispatches first; default 0.
+    /// Higher dispatches first; default 0; `-1000..=1000`.
     pub priority: i32,
+    /// Seconds a run may wait for dispatch (a runner serving its agent, a
+    /// free slot, the concurrency limit) before it ends TIMEOUT; retries do
+    /// not apply to it. Default 3600; `1..=31536000`.
+    pub start_timeout_seconds: i64,
     /// Runner label selector.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selector: Option<Selector>,
@@ -235,6 +243,7 @@ impl Default for ExecutionSpec {
             misfire_policy: MisfirePolicy::default(),
             misfire_grace_seconds: 60,
             priority: 0,
+            start_timeout_seconds: DEFAULT_START_TIMEOUT_SECONDS,
             selector: None,
         }
     }
@@ -301,6 +310,18 @@ impl TaskSpec {
             return Err(Error::invalid(
                 "execution.timeout_seconds",
                 format!("must be in 1..={MAX_TIMEOUT_SECONDS} (got {})", ex.timeout_seconds),
+            ));
+        }
+        if ex.start_timeout_seconds <= 0 || ex.start_timeout_seconds > MAX_TIMEOUT_SECONDS {
+            return Err(Error::invalid(
+                "execution.start_timeout_seconds",
+                format!("must be in 1..={MAX_TIMEOUT_SECONDS} (got {})", ex.start_timeout_seconds),
+            ));
+        }
+        if !PRIORITY_RANGE.contains(&ex.priority) {
+            return Err(Error::invalid(
+                "execution.priority",
+                format!("must be in {}..={} (got {})", PRIORITY_RANGE.start(), PRIORITY_RANGE.end(), ex.priority),
             ));
         }
         if ex.concurrency_limit == 0 || ex.concurrency_limit > MAX_CONCURRENCY {
@@ -478,6 +499,20 @@ mod tests {
         assert_eq!(err_field(&SEED.replace("daily_report_001", "daily report")), "task_id");
         assert_eq!(err_field(&SEED.replace("webhook://alert", "mailto:x")), "notify.on_failure[0]");
         assert_eq!(err_field(&SEED.replace("\"concurrency_limit\": 2", "\"concurrency_limit\": 0")), "execution.concurrency_limit");
+    }
+
+    /// Issue 6: `priority: -2147483648` overflowed a negation in dispatch
+    /// ordering (and panicked a debug engine at every restart).
+    #[test]
+    fn priority_and_start_timeout_are_bounded() {
+        let with = |extra: &str| SEED.replace("\"max_retries\": 3", &format!("\"max_retries\": 3, {extra}"));
+        assert_eq!(err_field(&with(r#""priority": -2147483648"#)), "execution.priority");
+        assert_eq!(err_field(&with(r#""priority": 1001"#)), "execution.priority");
+        TaskSpec::from_json(&with(r#""priority": -1000"#)).expect("lower bound accepted");
+        TaskSpec::from_json(&with(r#""priority": 1000"#)).expect("upper bound accepted");
+        assert_eq!(err_field(&with(r#""start_timeout_seconds": 0"#)), "execution.start_timeout_seconds");
+        let spec = TaskSpec::from_json(SEED).expect("seed");
+        assert_eq!(spec.execution.start_timeout_seconds, 3600);
     }
 
     /// Values that validated but overflowed the engine's time arithmetic

@@ -14,6 +14,7 @@
 use chrono::{DateTime, Duration, Utc};
 
 use super::{Schedule, next_slot};
+use crate::model::run::TriggerKind;
 use crate::model::task::MisfirePolicy;
 
 /// Longest enumeration of slots older than the grace window; past it the
@@ -33,11 +34,14 @@ pub struct SlotWindow {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DuePlan {
     /// Slots to run now, oldest first, with their trigger kind.
-    pub run: Vec<(DateTime<Utc>, &'static str)>,
+    pub run: Vec<(DateTime<Utc>, TriggerKind)>,
     /// Slots covered by one SKIPPED record: `(count, first, last)`.
     pub skipped: Option<(u64, DateTime<Utc>, DateTime<Utc>)>,
-    /// Latest slot in the window (the new cursor), if any slot was due.
+    /// The new cursor: every slot up to here is handled (`None`: no slot was due).
     pub last_slot: Option<DateTime<Utc>>,
+    /// `run_all` had more slots to run than `max_runs`: plan again from
+    /// `last_slot`.
+    pub more: bool,
 }
 
 /// Counts the slots in `(after, until]`: `(count, first, last)`, or `None`
@@ -61,43 +65,62 @@ pub fn count_slots(schedules: &[Schedule], after: DateTime<Utc>, until: DateTime
     acc
 }
 
-/// Plans the slots in `window` under `policy` with `grace` (seconds).
-pub fn plan_due_slots(schedules: &[Schedule], window: SlotWindow, policy: MisfirePolicy, grace_seconds: u64) -> DuePlan {
+/// Two coalesced ranges as one (the first is older).
+fn merge(
+    a: Option<(u64, DateTime<Utc>, DateTime<Utc>)>,
+    b: Option<(u64, DateTime<Utc>, DateTime<Utc>)>,
+) -> Option<(u64, DateTime<Utc>, DateTime<Utc>)> {
+    match (a, b) {
+        (Some((n, f, _)), Some((m, _, l))) => Some((n + m, f, l)),
+        (x, None) | (None, x) => x,
+    }
+}
+
+/// Plans the slots in `window` under `policy` with `grace` (seconds),
+/// running at most `max_runs` slots (only `run_all` can want more; it then
+/// says `more` and the caller plans again from `last_slot`).
+pub fn plan_due_slots(schedules: &[Schedule], window: SlotWindow, policy: MisfirePolicy, grace_seconds: u64, max_runs: usize) -> DuePlan {
     let SlotWindow { after, now } = window;
     let grace = Duration::seconds(grace_seconds.min(i64::MAX as u64 / 1000) as i64);
     let recent_from = std::cmp::max(after, now.checked_sub_signed(grace).unwrap_or(DateTime::<Utc>::MIN_UTC));
 
-    // Slots older than the grace: count, first and last only.
+    // Slots older than the grace, and within it: count, first and last only.
     let old = count_slots(schedules, after, recent_from);
-    // Slots within the grace: all of them (bounded by grace / period).
-    let mut recent: Vec<(DateTime<Utc>, &'static str)> = Vec::new();
-    let mut t = recent_from;
-    while let Some((s, sched)) = next_slot(schedules, t) {
-        if s > now {
-            break;
+    let recent = count_slots(schedules, recent_from, now);
+    let kind_at = |t: DateTime<Utc>| next_slot(schedules, t - Duration::milliseconds(1)).map_or(TriggerKind::Cron, |(_, s)| s.kind());
+    let last_slot = recent.map(|(_, _, l)| l).or(old.map(|(_, _, l)| l));
+    // On time: the only due slot, within the grace.
+    if let (None, Some((1, _, l))) = (old, recent) {
+        return DuePlan { run: vec![(l, kind_at(l))], skipped: None, last_slot, more: false };
+    }
+    match policy {
+        MisfirePolicy::RunOnce => {
+            let Some((n, f, l)) = recent else { return DuePlan { run: Vec::new(), skipped: old, last_slot, more: false } };
+            // The recent slots before the latest are coalesced with the old ones.
+            let left_out =
+                if n > 1 { count_slots(schedules, recent_from, l - Duration::milliseconds(1)).map(|(m, _, p)| (m, f, p)) } else { None };
+            DuePlan { run: vec![(l, kind_at(l))], skipped: merge(old, left_out), last_slot, more: false }
         }
-        recent.push((s, sched.kind()));
-        t = s;
+        MisfirePolicy::Skip => DuePlan { run: Vec::new(), skipped: merge(old, recent), last_slot, more: false },
+        MisfirePolicy::RunAll => {
+            let mut run = Vec::new();
+            let mut t = recent_from;
+            let mut more = false;
+            while let Some((s, sched)) = next_slot(schedules, t) {
+                if s > now {
+                    break;
+                }
+                if run.len() >= max_runs.max(1) {
+                    more = true;
+                    break;
+                }
+                run.push((s, sched.kind()));
+                t = s;
+            }
+            let last_slot = if more { run.last().map(|(s, _)| *s) } else { last_slot };
+            DuePlan { run, skipped: old, last_slot, more }
+        }
     }
-
-    let last_slot = recent.last().map(|(s, _)| *s).or(old.map(|(_, _, l)| l));
-    if old.is_none() && recent.len() == 1 {
-        return DuePlan { run: recent, skipped: None, last_slot };
-    }
-    let run: Vec<(DateTime<Utc>, &'static str)> = match policy {
-        MisfirePolicy::RunOnce => recent.last().copied().into_iter().collect(),
-        MisfirePolicy::RunAll => recent.clone(),
-        MisfirePolicy::Skip => Vec::new(),
-    };
-    // Everything not run is coalesced: the old slots plus the recent ones left out.
-    let mut skipped = old;
-    for (s, _) in recent.iter().filter(|r| !run.contains(r)) {
-        skipped = Some(match skipped {
-            None => (1, *s, *s),
-            Some((n, f, _)) => (n + 1, f, *s),
-        });
-    }
-    DuePlan { run, skipped, last_slot }
 }
 
 #[cfg(test)]
@@ -116,8 +139,8 @@ mod tests {
     fn on_time_slot_runs_under_every_policy() {
         for p in [MisfirePolicy::RunOnce, MisfirePolicy::RunAll, MisfirePolicy::Skip] {
             let w = SlotWindow { after: t("2026-11-30T10:00:00Z"), now: t("2026-11-30T10:01:00.050Z") };
-            let plan = plan_due_slots(&every_minute(), w, p, 60);
-            assert_eq!(plan.run, vec![(t("2026-11-30T10:01:00Z"), "interval")]);
+            let plan = plan_due_slots(&every_minute(), w, p, 60, 50);
+            assert_eq!(plan.run, vec![(t("2026-11-30T10:01:00Z"), TriggerKind::Interval)]);
             assert_eq!(plan.skipped, None);
         }
     }
@@ -126,8 +149,8 @@ mod tests {
     #[test]
     fn long_outage_coalesces_under_run_once() {
         let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T10:00:30Z") };
-        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunOnce, 60);
-        assert_eq!(plan.run, vec![(t("2026-11-30T10:00:00Z"), "interval")]);
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunOnce, 60, 50);
+        assert_eq!(plan.run, vec![(t("2026-11-30T10:00:00Z"), TriggerKind::Interval)]);
         assert_eq!(plan.skipped, Some((119, t("2026-11-30T08:01:00Z"), t("2026-11-30T09:59:00Z"))));
         assert_eq!(plan.last_slot, Some(t("2026-11-30T10:00:00Z")));
     }
@@ -135,7 +158,7 @@ mod tests {
     #[test]
     fn run_all_runs_only_slots_within_grace() {
         let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T10:00:30Z") };
-        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunAll, 150);
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunAll, 150, 50);
         assert_eq!(plan.run.iter().map(|r| r.0).collect::<Vec<_>>(), vec![t("2026-11-30T09:59:00Z"), t("2026-11-30T10:00:00Z")]);
         assert_eq!(plan.skipped, Some((118, t("2026-11-30T08:01:00Z"), t("2026-11-30T09:58:00Z"))));
     }
@@ -143,12 +166,44 @@ mod tests {
     #[test]
     fn skip_runs_nothing_and_stale_run_once_runs_nothing() {
         let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T08:05:30Z") };
-        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::Skip, 60);
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::Skip, 60, 50);
         assert!(plan.run.is_empty());
         assert_eq!(plan.skipped, Some((5, t("2026-11-30T08:01:00Z"), t("2026-11-30T08:05:00Z"))));
         let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T08:03:30Z") };
-        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunOnce, 10);
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunOnce, 10, 50);
         assert!(plan.run.is_empty());
         assert_eq!(plan.skipped.map(|s| s.0), Some(3));
+    }
+
+    /// A long `run_all` catch-up comes in steps of `max_runs`, the cursor
+    /// at the last slot of each step; nothing within the grace is skipped.
+    #[test]
+    fn run_all_catch_up_comes_in_bounded_steps() {
+        let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T08:07:30Z") };
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunAll, 3600, 3);
+        assert_eq!(plan.run.len(), 3);
+        assert!(plan.more);
+        assert_eq!(plan.skipped, None);
+        assert_eq!(plan.last_slot, Some(t("2026-11-30T08:03:00Z")));
+        let w = SlotWindow { after: t("2026-11-30T08:03:00Z"), now: t("2026-11-30T08:07:30Z") };
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunAll, 3600, 3);
+        assert_eq!(
+            plan.run.iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![t("2026-11-30T08:04:00Z"), t("2026-11-30T08:05:00Z"), t("2026-11-30T08:06:00Z")]
+        );
+        let w = SlotWindow { after: t("2026-11-30T08:06:00Z"), now: t("2026-11-30T08:07:30Z") };
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunAll, 3600, 3);
+        assert!(!plan.more);
+        assert_eq!(plan.last_slot, Some(t("2026-11-30T08:07:00Z")));
+    }
+
+    /// run_once after an outage: the latest slot runs, every other one is
+    /// in one record whose range ends right before it.
+    #[test]
+    fn run_once_coalesces_the_recent_slots_it_leaves_out() {
+        let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T08:03:30Z") };
+        let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunOnce, 600, 50);
+        assert_eq!(plan.run, vec![(t("2026-11-30T08:03:00Z"), TriggerKind::Interval)]);
+        assert_eq!(plan.skipped, Some((2, t("2026-11-30T08:01:00Z"), t("2026-11-30T08:02:00Z"))));
     }
 }

@@ -12,6 +12,7 @@ pub use cron::CronSchedule;
 pub use misfire::{DuePlan, SlotWindow, count_slots, plan_due_slots};
 
 use crate::error::{Error, Result};
+use crate::model::run::TriggerKind;
 use crate::model::task::TriggerSpec;
 
 /// A compiled time trigger.
@@ -49,12 +50,12 @@ impl Schedule {
         }
     }
 
-    /// `"cron"`, `"interval"` or `"once"`: the run's trigger kind.
-    pub fn kind(&self) -> &'static str {
+    /// The trigger kind of its runs.
+    pub fn kind(&self) -> TriggerKind {
         match self {
-            Schedule::Cron(_) => "cron",
-            Schedule::Interval { .. } => "interval",
-            Schedule::Once { .. } => "once",
+            Schedule::Cron(_) => TriggerKind::Cron,
+            Schedule::Interval { .. } => TriggerKind::Interval,
+            Schedule::Once { .. } => TriggerKind::Once,
         }
     }
 

@@ -23,7 +23,7 @@ impl ClusterService for ClusterSvc {
             advertise_address: l.advertise_address,
             fencing_token: l.token,
             is_self,
-            store: self.0.store.describe(),
+            store: self.0.repo.store().describe(),
         }))
     }
 
@@ -43,7 +43,7 @@ impl ClusterService for ClusterSvc {
             leader_id: l.leader_id,
             leader_address: l.advertise_address,
             fencing_token: l.token,
-            store: self.0.store.describe(),
+            store: self.0.repo.store().describe(),
             answered_by: self.0.election.id(),
         }))
     }

@@ -1,26 +1,55 @@
 //! Conversions between the core's model and `punchclock.v1` messages.
 
-use chrono::{DateTime, Utc};
-use prost_types::Timestamp;
+use punchclock_proto::time::{to_timestamp as ts, to_timestamp_opt as ots};
 use punchclock_proto::v1 as pb;
 
 use crate::api::TaskView;
 use crate::engine::RunnerSnapshot;
+use crate::model::run::{Outcome, SkipReason, TriggerKind};
 use crate::model::{RunRecord, RunStatus};
 
-/// UTC instant → protobuf timestamp.
-pub fn ts(t: DateTime<Utc>) -> Timestamp {
-    Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }
+/// Core trigger kind → API enum.
+pub fn trigger_to_pb(t: TriggerKind) -> pb::TriggerKind {
+    match t {
+        TriggerKind::Cron => pb::TriggerKind::Cron,
+        TriggerKind::Interval => pb::TriggerKind::Interval,
+        TriggerKind::Once => pb::TriggerKind::Once,
+        TriggerKind::Manual => pb::TriggerKind::Manual,
+    }
 }
 
-/// Optional instant → optional timestamp.
-pub fn ots(t: Option<DateTime<Utc>>) -> Option<Timestamp> {
-    t.map(ts)
+/// Core skip reason → API enum.
+pub fn skip_to_pb(s: Option<SkipReason>) -> pb::SkipReason {
+    match s {
+        None => pb::SkipReason::Unspecified,
+        Some(SkipReason::ConcurrencyLimit) => pb::SkipReason::ConcurrencyLimit,
+        Some(SkipReason::Misfired) => pb::SkipReason::Misfired,
+        Some(SkipReason::Paused) => pb::SkipReason::Paused,
+    }
 }
 
-/// Protobuf timestamp → UTC instant (`None` if out of range).
-pub fn from_ts(t: &Timestamp) -> Option<DateTime<Utc>> {
-    DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32)
+/// Core attempt outcome → API enum (`Unspecified` while open).
+pub fn attempt_outcome_to_pb(o: Option<Outcome>) -> pb::AttemptOutcome {
+    match o {
+        None => pb::AttemptOutcome::Unspecified,
+        Some(Outcome::Succeeded) => pb::AttemptOutcome::Succeeded,
+        Some(Outcome::Failed) => pb::AttemptOutcome::Failed,
+        Some(Outcome::Timeout) => pb::AttemptOutcome::Timeout,
+        Some(Outcome::Cancelled) => pb::AttemptOutcome::Cancelled,
+        Some(Outcome::Lost) => pb::AttemptOutcome::Lost,
+        Some(Outcome::Interrupted) => pb::AttemptOutcome::Interrupted,
+    }
+}
+
+/// Core outcome → the runner-report enum (what a runner can report).
+pub fn report_outcome_to_pb(o: Outcome) -> pb::Outcome {
+    match o {
+        Outcome::Succeeded => pb::Outcome::Succeeded,
+        Outcome::Failed | Outcome::Lost => pb::Outcome::Failed,
+        Outcome::Timeout => pb::Outcome::Timeout,
+        Outcome::Cancelled => pb::Outcome::Cancelled,
+        Outcome::Interrupted => pb::Outcome::Interrupted,
+    }
 }
 
 /// Core status → API enum.
@@ -62,7 +91,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
         run_id: r.run_id.clone(),
         task_id: r.task_id.clone(),
         agent_id: r.agent_id.clone(),
-        trigger_kind: r.trigger.clone(),
+        trigger_kind: r.trigger.as_str().to_string(),
         status: status_to_pb(r.status) as i32,
         scheduled_at: Some(ts(r.scheduled_at)),
         dispatched_at: ots(r.dispatched_at),
@@ -78,9 +107,18 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
                 dispatched_at: Some(ts(a.dispatched_at)),
                 started_at: ots(a.started_at),
                 finished_at: ots(a.finished_at),
-                outcome: a.outcome.clone().unwrap_or_default(),
+                outcome: a.outcome.map(|o| o.as_str().to_string()).unwrap_or_default(),
                 error: a.error.clone().unwrap_or_default(),
                 exit_code: a.exit_code,
+                outcome_code: attempt_outcome_to_pb(a.outcome) as i32,
+                report: a.report.as_ref().map(|rep| pb::AttemptReport {
+                    outcome: report_outcome_to_pb(rep.outcome) as i32,
+                    error: rep.error.clone().unwrap_or_default(),
+                    exit_code: rep.exit_code,
+                    result_json: json_or_empty(&rep.result),
+                    finished_at: Some(ts(rep.finished_at)),
+                }),
+                awaiting_runner: a.awaiting_runner,
             })
             .collect(),
         result_json: json_or_empty(&r.result),
@@ -90,7 +128,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
             checkpoint_json: json_or_empty(&p.checkpoint),
             updated_at: Some(ts(p.updated_at)),
         }),
-        skip_reason: r.skip_reason.clone().unwrap_or_default(),
+        skip_reason: r.skip_reason.map(|s| s.as_str().to_string()).unwrap_or_default(),
         missed_count: r.missed_count.unwrap_or(0),
         missed_from: ots(r.missed_from),
         missed_until: ots(r.missed_until),
@@ -102,6 +140,10 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
         fencing_token: r.fencing_token,
         error: r.error.clone().unwrap_or_default(),
         updated_at: Some(ts(r.updated_at)),
+        trigger: trigger_to_pb(r.trigger) as i32,
+        skip: skip_to_pb(r.skip_reason) as i32,
+        start_by: ots(r.start_by),
+        interruptions: r.interruptions,
     }
 }
 

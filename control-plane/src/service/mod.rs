@@ -28,6 +28,7 @@ pub fn status(e: Error) -> Status {
     let code = match &e {
         Error::InvalidArgument { .. } => Code::InvalidArgument,
         Error::NotFound { .. } => Code::NotFound,
+        Error::AlreadyExists { .. } => Code::AlreadyExists,
         Error::FailedPrecondition(_) => Code::FailedPrecondition,
         Error::Unavailable { .. } | Error::Fenced(_) | Error::Store(_) => Code::Unavailable,
         Error::Internal(_) => Code::Internal,

@@ -1,26 +1,45 @@
-//! `RunnerService.Connect`: one bidi stream per runner, served by the leader.
-//! The first message must be Hello; the rest are forwarded to the engine
-//! tagged with the stream's session so a late end of an old stream cannot
-//! tear down a newer one.
+//! `RunnerService.Connect`: one bidi stream per runner, served by the
+//! leader. The first message must be Hello; the rest are converted to the
+//! engine's protocol types, stamped with their arrival time and forwarded
+//! tagged with the stream's session, so a late end of an old stream cannot
+//! tear down a newer one. Messages from the engine are converted back as
+//! they are streamed out.
+//!
+//! The engine never waits on a runner: it `try_send`s into the bounded
+//! outbound queue and drops the runner's sender when the queue is full.
+//! That ends the response stream, and dropping the kill switch stops the
+//! reader below.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
+use punchclock_proto::time::{from_timestamp_opt, to_timestamp};
 use punchclock_proto::v1 as pb;
 use punchclock_proto::v1::runner_message::Msg;
 use punchclock_proto::v1::runner_service_server::RunnerService;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::status;
 use crate::api::Core;
-use crate::engine::Command;
+use crate::engine::protocol::{FinishedReport, FromRunner, InFlightExec, ReportedOutcome, RunnerHello, ToRunner};
 use crate::error::Error;
 
-/// Outbound messages buffered per runner stream.
+/// Outbound messages buffered per runner stream: a runner that leaves this
+/// many unread is disconnected.
 const OUTBOUND_BUFFER: usize = 256;
+/// Longest runner id.
+pub const MAX_RUNNER_ID_LEN: usize = 128;
+/// Longest error text and progress message kept from a runner, in bytes.
+const MAX_TEXT_BYTES: usize = 4096;
+/// Longest output tail kept from a runner, in bytes (the runner keeps 64 KiB).
+const MAX_TAIL_BYTES: usize = 64 * 1024;
+/// Largest result or checkpoint kept from a runner, as JSON text, in
+/// bytes; larger ones are replaced by a marker (a run record must fit a
+/// store transaction).
+const MAX_JSON_BYTES: usize = 512 * 1024;
 
 /// `punchclock.v1.RunnerService`.
 pub struct RunnerSvc(pub Arc<Core>);
@@ -33,17 +52,26 @@ impl RunnerService for RunnerSvc {
         let engine = self.0.engine().await.map_err(status)?;
         let mut inbound = req.into_inner();
         let hello = match inbound.message().await? {
-            Some(pb::RunnerMessage { msg: Some(Msg::Hello(h)) }) => h,
+            Some(pb::RunnerMessage { msg: Some(Msg::Hello(h)) }) => hello_from_pb(h).map_err(status)?,
             _ => return Err(status(Error::invalid("msg", "the first message on the stream must be Hello"))),
         };
         let runner_id = hello.runner_id.clone();
         let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
-        let session = engine.runner_hello(hello, tx).await.map_err(status)?;
+        let (kill, mut killed) = oneshot::channel::<()>();
+        let session = engine.runner_hello(hello, tx, kill).await.map_err(status)?;
+        let clock = self.0.clock.clone();
         tokio::spawn(async move {
             loop {
-                match inbound.message().await {
+                let next = tokio::select! {
+                    // The engine dropped this session (not draining, silent, replaced).
+                    _ = &mut killed => break,
+                    m = inbound.message() => m,
+                };
+                match next {
                     Ok(Some(pb::RunnerMessage { msg: Some(msg) })) => {
-                        if engine.send(Command::RunnerMessage { runner_id: runner_id.clone(), session, msg }).await.is_err() {
+                        let received_at = clock.now();
+                        let Some(msg) = from_pb(msg) else { continue };
+                        if engine.runner_message(runner_id.clone(), session, received_at, msg).await.is_err() {
                             break;
                         }
                     }
@@ -55,8 +83,186 @@ impl RunnerService for RunnerSvc {
                     }
                 }
             }
-            let _ = engine.send(Command::RunnerGone { runner_id, session }).await;
+            engine.runner_gone(runner_id, session).await;
         });
-        Ok(Response::new(ReceiverStream::new(rx).map(Ok).boxed()))
+        Ok(Response::new(ReceiverStream::new(rx).map(|m| Ok(to_pb(m))).boxed()))
+    }
+}
+
+/// Validates and converts a Hello.
+///
+/// Errors: [`Error::InvalidArgument`] naming `hello.runner_id` when it is
+/// empty, longer than 128 characters, or has characters other than
+/// letters, digits, `_`, `-`, `.`, `:` and `@` (it appears in logs and records).
+pub fn hello_from_pb(h: pb::Hello) -> crate::error::Result<RunnerHello> {
+    let id = &h.runner_id;
+    if id.is_empty() {
+        return Err(Error::invalid("hello.runner_id", "must not be empty"));
+    }
+    if id.chars().count() > MAX_RUNNER_ID_LEN {
+        return Err(Error::invalid("hello.runner_id", format!("longer than {MAX_RUNNER_ID_LEN} characters")));
+    }
+    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || "_-.:@".contains(*c))) {
+        return Err(Error::invalid("hello.runner_id", format!("has {c:?}; use letters, digits and _ - . : @")));
+    }
+    Ok(RunnerHello {
+        runner_id: h.runner_id,
+        agents: h.agents,
+        slots: h.slots,
+        labels: h.labels.into_iter().collect(),
+        version: cap(h.version, MAX_TEXT_BYTES),
+        in_flight: h
+            .in_flight
+            .into_iter()
+            .map(|f| InFlightExec { run_id: f.run_id, execution_id: f.execution_id, attempt: f.attempt })
+            .collect(),
+        instance_id: cap(h.instance_id, MAX_TEXT_BYTES),
+    })
+}
+
+/// Cuts `s` to at most `max` bytes (at a character boundary), keeping the end.
+fn cap_tail(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_string()
+}
+
+/// Cuts `s` to at most `max` bytes (at a character boundary), keeping the start.
+fn cap(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// A JSON document from a runner: parsed (non-JSON text becomes a string),
+/// or a marker object when it is too large to keep.
+fn json_from(s: String) -> Option<serde_json::Value> {
+    if s.is_empty() {
+        return None;
+    }
+    if s.len() > MAX_JSON_BYTES {
+        return Some(serde_json::json!({ "truncated": true, "bytes": s.len(), "limit": MAX_JSON_BYTES }));
+    }
+    Some(serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s)))
+}
+
+fn outcome_from_pb(o: i32) -> ReportedOutcome {
+    match pb::Outcome::try_from(o).unwrap_or(pb::Outcome::Unspecified) {
+        pb::Outcome::Succeeded => ReportedOutcome::Succeeded,
+        pb::Outcome::Timeout => ReportedOutcome::Timeout,
+        pb::Outcome::Cancelled => ReportedOutcome::Cancelled,
+        pb::Outcome::Refused => ReportedOutcome::Refused,
+        pb::Outcome::Interrupted => ReportedOutcome::Interrupted,
+        pb::Outcome::Failed | pb::Outcome::Unspecified => ReportedOutcome::Failed,
+    }
+}
+
+/// A runner message after Hello, in the engine's terms (`None`: a second
+/// Hello, which is ignored).
+pub fn from_pb(m: Msg) -> Option<FromRunner> {
+    Some(match m {
+        Msg::Hello(_) => return None,
+        Msg::Heartbeat(h) => FromRunner::Heartbeat { seq: h.seq, draining: h.draining },
+        Msg::Started(s) => {
+            FromRunner::Started { run_id: s.run_id, execution_id: s.execution_id, started_at: from_timestamp_opt(s.started_at.as_ref()) }
+        }
+        Msg::Progress(p) => FromRunner::Progress {
+            run_id: p.run_id,
+            execution_id: p.execution_id,
+            percent: p.percent.filter(|v| v.is_finite()).map(|v| v.clamp(0.0, 100.0)),
+            message: cap(p.message, MAX_TEXT_BYTES),
+            checkpoint: json_from(p.checkpoint_json),
+        },
+        Msg::Finished(f) => FromRunner::Finished(Box::new(FinishedReport {
+            run_id: f.run_id,
+            execution_id: f.execution_id,
+            outcome: outcome_from_pb(f.outcome),
+            result: json_from(f.result_json),
+            error: cap(f.error, MAX_TEXT_BYTES),
+            exit_code: f.exit_code,
+            stdout_tail: cap_tail(f.stdout_tail, MAX_TAIL_BYTES),
+            stderr_tail: cap_tail(f.stderr_tail, MAX_TAIL_BYTES),
+            started_at: from_timestamp_opt(f.started_at.as_ref()),
+            finished_at: from_timestamp_opt(f.finished_at.as_ref()),
+        })),
+    })
+}
+
+fn in_flight_pb(f: InFlightExec) -> pb::InFlight {
+    pb::InFlight { run_id: f.run_id, execution_id: f.execution_id, attempt: f.attempt }
+}
+
+/// An engine message on the wire.
+pub fn to_pb(m: ToRunner) -> pb::ControlMessage {
+    use pb::control_message::Msg as Out;
+    let msg = match m {
+        ToRunner::Welcome { fencing_token, heartbeat_interval_ms, leader_id, unknown, fence_ms } => Out::Welcome(pb::Welcome {
+            fencing_token,
+            heartbeat_interval_ms,
+            leader_id,
+            unknown: unknown.into_iter().map(in_flight_pb).collect(),
+            fence_ms,
+        }),
+        ToRunner::Assign(a) => Out::Assign(pb::Assign {
+            run_id: a.run_id,
+            execution_id: a.execution_id,
+            attempt: a.attempt,
+            task_id: a.task_id,
+            agent_id: a.agent_id,
+            context_json: a.context_json,
+            checkpoint_json: a.checkpoint_json,
+            deadline: Some(to_timestamp(a.deadline)),
+            timeout_seconds: a.timeout_seconds,
+            fencing_token: a.fencing_token,
+            traceparent: String::new(),
+            scheduled_at: Some(to_timestamp(a.scheduled_at)),
+        }),
+        ToRunner::Cancel { run_id, execution_id, reason } => Out::Cancel(pb::Cancel { run_id, execution_id, reason }),
+        ToRunner::FinishedAck { run_id, execution_id } => Out::FinishedAck(pb::FinishedAck { run_id, execution_id }),
+        ToRunner::HeartbeatAck { fencing_token, seq } => Out::HeartbeatAck(pb::HeartbeatAck { fencing_token, seq }),
+    };
+    pb::ControlMessage { msg: Some(msg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runner_ids_are_bounded_and_plain() {
+        let hello = |id: &str| hello_from_pb(pb::Hello { runner_id: id.into(), ..Default::default() });
+        assert!(hello("runner-host1.example:7@x").is_ok());
+        assert!(matches!(hello(""), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(hello(&"r".repeat(129)), Err(Error::InvalidArgument { .. })));
+        match hello("bad\nid") {
+            Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "hello.runner_id"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn oversized_runner_text_is_capped() {
+        let f = pb::Finished {
+            result_json: format!("\"{}\"", "x".repeat(MAX_JSON_BYTES + 10)),
+            stdout_tail: "é".repeat(MAX_TAIL_BYTES),
+            error: "e".repeat(10_000),
+            outcome: pb::Outcome::Interrupted as i32,
+            ..Default::default()
+        };
+        let Some(FromRunner::Finished(f)) = from_pb(Msg::Finished(f)) else { panic!("finished") };
+        assert_eq!(f.outcome, ReportedOutcome::Interrupted);
+        assert_eq!(f.result.as_ref().and_then(|r| r.get("truncated")), Some(&serde_json::Value::Bool(true)));
+        assert!(f.stdout_tail.len() <= MAX_TAIL_BYTES);
+        assert!(f.error.len() <= MAX_TEXT_BYTES);
     }
 }

@@ -6,7 +6,9 @@ use punchclock_proto::v1 as pb;
 use punchclock_proto::v1::task_service_server::TaskService;
 use tonic::{Request, Response, Status};
 
-use super::convert::{from_ts, task_to_pb, ts};
+use punchclock_proto::time::{from_timestamp, to_timestamp};
+
+use super::convert::task_to_pb;
 use super::status;
 use crate::api::{Core, TaskView};
 use crate::engine::TriggerRequest;
@@ -23,10 +25,11 @@ fn view(record: crate::model::TaskRecord) -> TaskView {
 impl TaskService for TaskSvc {
     async fn apply_task(&self, req: Request<pb::ApplyTaskRequest>) -> Result<Response<pb::ApplyTaskResponse>, Status> {
         let r = req.into_inner();
-        let (rec, created) = self.0.apply_task(&r.spec_json, r.dry_run).await.map_err(status)?;
-        let task_id = rec.spec.task_id.clone();
-        let task = if r.dry_run { task_to_pb(&view(rec)) } else { task_to_pb(&self.0.get_task(&task_id).await.map_err(status)?) };
-        Ok(Response::new(pb::ApplyTaskResponse { task: Some(task), created }))
+        let applied = self.0.apply_task(&r.spec_json, r.dry_run).await.map_err(status)?;
+        let task_id = applied.record.spec.task_id.clone();
+        let task =
+            if r.dry_run { task_to_pb(&view(applied.record)) } else { task_to_pb(&self.0.get_task(&task_id).await.map_err(status)?) };
+        Ok(Response::new(pb::ApplyTaskResponse { task: Some(task), created: applied.created, warnings: applied.warnings }))
     }
 
     async fn get_task(&self, req: Request<pb::GetTaskRequest>) -> Result<Response<pb::Task>, Status> {
@@ -71,17 +74,21 @@ impl TaskService for TaskSvc {
         let req = TriggerRequest {
             task_id: r.task_id,
             params,
-            not_before: r.not_before.as_ref().and_then(from_ts),
+            not_before: r.not_before.as_ref().and_then(from_timestamp),
             delay_seconds: r.delay_seconds,
             idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
         };
-        let (run_id, at, created) = self.0.trigger(req).await.map_err(status)?;
-        Ok(Response::new(pb::TriggerTaskResponse { run_id, scheduled_at: Some(ts(at)), created }))
+        let t = self.0.trigger(req).await.map_err(status)?;
+        Ok(Response::new(pb::TriggerTaskResponse {
+            run_id: t.run_id,
+            scheduled_at: Some(to_timestamp(t.scheduled_at)),
+            created: t.created,
+        }))
     }
 
     async fn preview_schedule(&self, req: Request<pb::PreviewScheduleRequest>) -> Result<Response<pb::PreviewScheduleResponse>, Status> {
         let r = req.into_inner();
-        let after = r.after.as_ref().and_then(from_ts);
+        let after = r.after.as_ref().and_then(from_timestamp);
         let (times, zone) = self.0.preview(&r.expr, &r.timezone, &r.task_id, after, r.count).await.map_err(status)?;
         let local_times = times
             .iter()
@@ -90,6 +97,6 @@ impl TaskService for TaskSvc {
                 None => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
             })
             .collect();
-        Ok(Response::new(pb::PreviewScheduleResponse { fire_times: times.into_iter().map(ts).collect(), local_times }))
+        Ok(Response::new(pb::PreviewScheduleResponse { fire_times: times.into_iter().map(to_timestamp).collect(), local_times }))
     }
 }

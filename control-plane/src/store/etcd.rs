@@ -14,6 +14,12 @@ use futures::StreamExt;
 use super::{CompareOp, CompareTarget, KeyValue, KvStore, LeaseId, Revision, Txn, TxnOp, TxnResult, WatchEvent, WatchStream};
 use crate::error::{Error, Result};
 
+/// etcd's default `--max-txn-ops` (etcd docs, "Configuration flags").
+pub const MAX_TXN_OPS: usize = 128;
+/// etcd's default `--max-request-bytes` is 1.5 MiB; batches stay at 1 MiB
+/// so keys, compares and framing fit.
+pub const MAX_TXN_BYTES: usize = 1024 * 1024;
+
 /// Deadline of one etcd request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -100,6 +106,14 @@ impl KvStore for EtcdStore {
         let r = self.client.kv_client().get(prefix, Some(GetOptions::new().with_prefix())).await.map_err(err)?;
         let rev = r.header().map_or(0, |h| h.revision());
         Ok((r.kvs().iter().map(kv_of).collect(), rev))
+    }
+
+    fn max_txn_ops(&self) -> usize {
+        MAX_TXN_OPS
+    }
+
+    fn max_txn_bytes(&self) -> usize {
+        MAX_TXN_BYTES
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {

@@ -2,8 +2,8 @@
 //! transactions with compares, watches and leases — the etcd v3 model, so
 //! the embedded store (redb) and etcd are interchangeable.
 //!
-//! Keys are plain strings built by [`Keys`] under a prefix (default
-//! `/punchclock/`); values are JSON documents of the `model` types.
+//! Keys are plain strings built by [`crate::repo::Keys`] under a prefix
+//! (default `/punchclock/`); values are encoded by [`crate::repo`] only.
 
 pub mod conformance;
 pub mod embedded;
@@ -239,71 +239,17 @@ pub trait KvStore: Send + Sync + 'static {
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()>;
     /// Human description (`embedded:/path`, `etcd://h1:2379`).
     fn describe(&self) -> String;
-}
-
-/// Builds every key the control plane uses, under one prefix.
-#[derive(Debug, Clone)]
-pub struct Keys {
-    prefix: String,
-}
-
-impl Default for Keys {
-    fn default() -> Self {
-        Keys::new("/punchclock/")
+    /// Most operations (and compares) one transaction may hold: etcd's
+    /// `--max-txn-ops` (default 128, etcd docs "Configuration flags"); no
+    /// limit for the embedded store.
+    fn max_txn_ops(&self) -> usize {
+        usize::MAX
+    }
+    /// Largest transaction request in bytes: etcd's `--max-request-bytes`
+    /// (default 1.5 MiB) less headroom; no limit for the embedded store.
+    fn max_txn_bytes(&self) -> usize {
+        usize::MAX
     }
 }
 
-impl Keys {
-    /// Keys under `prefix` (a trailing `/` is added if missing).
-    pub fn new(prefix: &str) -> Self {
-        let mut p = prefix.to_string();
-        if !p.ends_with('/') {
-            p.push('/');
-        }
-        Keys { prefix: p }
-    }
-    /// `{prefix}tasks/`
-    pub fn tasks(&self) -> String {
-        format!("{}tasks/", self.prefix)
-    }
-    /// `{prefix}tasks/{id}`: a [`crate::model::TaskRecord`].
-    pub fn task(&self, id: &str) -> String {
-        format!("{}tasks/{id}", self.prefix)
-    }
-    /// `{prefix}schedule/`
-    pub fn cursors(&self) -> String {
-        format!("{}schedule/", self.prefix)
-    }
-    /// `{prefix}schedule/{id}`: a [`crate::model::Cursor`].
-    pub fn cursor(&self, id: &str) -> String {
-        format!("{}schedule/{id}", self.prefix)
-    }
-    /// `{prefix}runs/`
-    pub fn runs(&self) -> String {
-        format!("{}runs/", self.prefix)
-    }
-    /// `{prefix}runs/{task_id}.`: every run of one task.
-    pub fn runs_of(&self, task_id: &str) -> String {
-        format!("{}runs/{task_id}.", self.prefix)
-    }
-    /// `{prefix}runs/{run_id}`: a [`crate::model::RunRecord`].
-    pub fn run(&self, run_id: &str) -> String {
-        format!("{}runs/{run_id}", self.prefix)
-    }
-    /// `{prefix}active/`: index of non-terminal runs.
-    pub fn active_runs(&self) -> String {
-        format!("{}active/", self.prefix)
-    }
-    /// `{prefix}active/{run_id}`: present while the run is not terminal.
-    pub fn active_run(&self, run_id: &str) -> String {
-        format!("{}active/{run_id}", self.prefix)
-    }
-    /// `{prefix}election/`
-    pub fn election(&self) -> String {
-        format!("{}election/", self.prefix)
-    }
-    /// The id after a collection prefix (`tasks/`, `runs/`, ...).
-    pub fn id_after<'a>(&self, collection: &str, key: &'a str) -> Option<&'a str> {
-        key.strip_prefix(collection)
-    }
-}
+pub use crate::repo::Keys;

@@ -1,0 +1,144 @@
+//! The runner's self-fence: a runner that no leader has acknowledged for
+//! the fence deadline (`Welcome.fence_ms`, counted from *sending* the last
+//! acknowledged heartbeat or Hello) stops its agents, so that the leader —
+//! which declares the runner lost only after the deadline plus a margin,
+//! counted from the *arrival* of its last message — can never see two
+//! agents of a task alive at once (control plane `timing.rs`).
+//!
+//! Two enforcers share one deadline:
+//! - the runner itself interrupts its executions `kill_grace` + 1 s before
+//!   the deadline (they are reported `OUTCOME_INTERRUPTED`);
+//! - the agent shim ([`crate::shim`]) reads the deadline from a file in the
+//!   work directory and kills its agent's group (TERM `kill_grace` before
+//!   the deadline, KILL at it) — which works even while the runner process
+//!   is stopped (SIGSTOP) or hung.
+//!
+//! Instants are `CLOCK_BOOTTIME` nanoseconds: one clock for every process
+//! on the host, which also counts time spent suspended.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tracing::warn;
+
+/// Name of the deadline file in the runner's work directory.
+pub const FENCE_FILE: &str = "fence";
+/// The error text of executions stopped by the fence.
+pub const FENCE_REASON: &str = "no leader acknowledged this runner within its fence deadline";
+/// The runner stops its agents this long before the shim would.
+const RUNNER_LEAD: Duration = Duration::from_secs(1);
+
+/// `CLOCK_BOOTTIME` now, in nanoseconds.
+pub fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+/// Reads a deadline file (`None`: absent or unreadable, i.e. no fence).
+pub fn read_deadline(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The fence deadline of one runner process; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    kill_grace: Duration,
+    /// Boottime ns by which the agents must be gone; `None`: no fence.
+    deadline: Mutex<Option<u64>>,
+}
+
+impl Fence {
+    /// A fence with no deadline yet, writing its deadline to `path`.
+    pub fn new(path: PathBuf, kill_grace: Duration) -> Self {
+        Fence { inner: Arc::new(Inner { path, kill_grace, deadline: Mutex::new(None) }) }
+    }
+
+    /// The deadline file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    fn deadline(&self) -> Option<u64> {
+        *self.inner.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The agents may live `remaining` from now: moves the deadline later
+    /// (never earlier) and writes it for the shims.
+    pub fn extend(&self, remaining: Duration) {
+        let at = boottime_ns().saturating_add(u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX));
+        {
+            let mut d = self.inner.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+            match *d {
+                Some(cur) if cur >= at => return,
+                _ => *d = Some(at),
+            }
+        }
+        self.write(at);
+    }
+
+    /// No fence (a leader that sends no fence deadline).
+    pub fn disarm(&self) {
+        *self.inner.deadline.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let _ = std::fs::remove_file(&self.inner.path);
+    }
+
+    fn write(&self, at: u64) {
+        let tmp = self.inner.path.with_extension("tmp");
+        let r = std::fs::write(&tmp, format!("{at}\n")).and_then(|()| std::fs::rename(&tmp, &self.inner.path));
+        if let Err(e) = r {
+            warn!(path = %self.inner.path.display(), error = %e, "cannot write the fence deadline for the agent shims");
+        }
+    }
+
+    /// How long until the runner must stop its agents (zero when overdue);
+    /// `None` without a fence.
+    pub fn stop_in(&self) -> Option<Duration> {
+        let d = self.deadline()?;
+        let lead = u64::try_from((self.inner.kill_grace + RUNNER_LEAD).as_nanos()).unwrap_or(u64::MAX);
+        Some(Duration::from_nanos(d.saturating_sub(lead).saturating_sub(boottime_ns())))
+    }
+
+    /// Whether agents must be stopped now: the deadline less the kill
+    /// grace has passed.
+    pub fn expired(&self) -> bool {
+        let Some(d) = self.deadline() else { return false };
+        let grace = u64::try_from(self.inner.kill_grace.as_nanos()).unwrap_or(u64::MAX);
+        boottime_ns() >= d.saturating_sub(grace)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_only_moves_later_and_reaches_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = Fence::new(dir.path().join(FENCE_FILE), Duration::from_millis(100));
+        assert_eq!(f.stop_in(), None);
+        assert!(!f.expired());
+        f.extend(Duration::from_secs(60));
+        let first = read_deadline(f.path()).expect("written");
+        f.extend(Duration::from_secs(1));
+        assert_eq!(read_deadline(f.path()), Some(first), "an earlier deadline does not replace a later one");
+        assert!(!f.expired());
+        assert!(f.stop_in().expect("armed") > Duration::from_secs(55));
+        f.disarm();
+        assert_eq!(read_deadline(f.path()), None);
+        let g = Fence::new(dir.path().join("g"), Duration::from_millis(100));
+        g.extend(Duration::from_millis(50));
+        assert!(g.expired(), "within the kill grace of the deadline");
+        assert_eq!(g.stop_in(), Some(Duration::ZERO));
+    }
+}

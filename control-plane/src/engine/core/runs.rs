@@ -1,0 +1,686 @@
+//! The run lifecycle: admission under the overlap policy, dispatch in
+//! priority order, attempts and how they end, retries, the start timeout,
+//! cancellation, and the one function that ends a run ([`EngineCore::finish`]).
+//!
+//! Concurrency counts agents, not records: a run holds a slot of its task
+//! while it has an open attempt, or an attempt the control plane ended
+//! (cancel, deadline backstop) whose runner has not yet confirmed the agent
+//! gone ([`crate::model::Attempt::awaiting_runner`]).
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+
+use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
+use crate::dispatch::retry::{self, RetryDecision};
+use crate::engine::TriggerRequest;
+use crate::engine::lifecycle::Lifecycle;
+use crate::engine::protocol::{Assignment, ToRunner};
+use crate::error::{Error, Result};
+use crate::model::run::{MAX_FREE_INTERRUPTIONS, Outcome, SkipReason, TriggerKind, manual_run_id};
+use crate::model::task::{DEFAULT_START_TIMEOUT_SECONDS, ExecutionSpec, OverlapPolicy};
+use crate::model::{Attempt, RunRecord, RunStatus};
+
+/// Longest manual-trigger delay: one year.
+pub const MAX_DELAY_SECONDS: u64 = 365 * 86_400;
+
+/// Pause before a refused or never-started run may be assigned again.
+const REQUEUE_PAUSE: chrono::Duration = chrono::Duration::seconds(1);
+
+/// How an attempt ended, as the engine records it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct AttemptEnd {
+    pub outcome: Option<Outcome>,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub result: Option<serde_json::Value>,
+    pub stdout_tail: Option<String>,
+    pub stderr_tail: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    /// The control plane ended it without the runner confirming the agent
+    /// is gone: it keeps holding its slots until the runner reports or is lost.
+    pub awaiting_runner: bool,
+}
+
+impl AttemptEnd {
+    /// An end decided by the control plane.
+    pub(super) fn presumed(outcome: Outcome, error: impl Into<String>, awaiting_runner: bool) -> Self {
+        AttemptEnd { outcome: Some(outcome), error: Some(error.into()), awaiting_runner, ..Default::default() }
+    }
+}
+
+impl EngineCore {
+    fn start_timeout(&self, task_id: &str) -> chrono::Duration {
+        let s = self.tasks.get(task_id).map_or(DEFAULT_START_TIMEOUT_SECONDS, |t| t.record.spec.execution.start_timeout_seconds);
+        chrono::Duration::seconds(s)
+    }
+
+    /// Agents of a task alive or not confirmed gone (open attempts and
+    /// attempts awaiting their runner).
+    pub(super) fn live_agents(&self, task_id: &str) -> usize {
+        self.by_task.get(task_id).map_or(0, |ids| ids.iter().filter(|id| self.runs.get(*id).is_some_and(RunRecord::holds_agent)).count())
+    }
+
+    /// Adds a new record to memory and to this turn's creations.
+    pub(super) fn create(&mut self, now: DateTime<Utc>, mut run: RunRecord) {
+        run.fencing_token = self.cfg.token;
+        run.updated_at = now;
+        let id = run.run_id.clone();
+        self.remember_run(run);
+        self.created.push(id.clone());
+        self.created_set.insert(id);
+    }
+
+    /// Makes a PENDING run (no open attempt) wait for dispatch: in the ready
+    /// queue if due, else a timer; with its start deadline.
+    fn make_ready(&mut self, now: DateTime<Utc>, run_id: &str) {
+        let start_timeout =
+            self.run_task(run_id).map(|t| self.start_timeout(&t)).unwrap_or(chrono::Duration::seconds(DEFAULT_START_TIMEOUT_SECONDS));
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        let due = run.next_attempt_at.filter(|t| *t > now);
+        let eligible = due.unwrap_or(now);
+        if run.start_by.is_none() {
+            run.start_by = Some(eligible.checked_add_signed(start_timeout).unwrap_or(DateTime::<Utc>::MAX_UTC));
+        }
+        let (priority, scheduled_at, start_by) = (run.priority, run.scheduled_at, run.start_by);
+        match due {
+            Some(at) => self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() }),
+            None => {
+                self.ready.insert(run_id, priority, scheduled_at);
+                self.dispatch_needed = true;
+            }
+        }
+        if let Some(at) = start_by {
+            self.push_timer(at, Timer::StartBy { run_id: run_id.to_string() });
+        }
+    }
+
+    fn run_task(&self, run_id: &str) -> Option<String> {
+        self.runs.get(run_id).map(|r| r.task_id.clone())
+    }
+
+    /// Creates a run under its task's overlap policy. `batch`: runs of the
+    /// same `run_all` catch-up, which the new run queues behind instead of
+    /// counting them as overlap. Returns false when the run exists already.
+    pub(super) fn admit(&mut self, now: DateTime<Utc>, mut run: RunRecord, ex: &ExecutionSpec, batch: &HashSet<String>) -> bool {
+        if self.runs.contains_key(&run.run_id) {
+            return false;
+        }
+        let limit = ex.concurrency_limit as usize;
+        let mut active: Vec<(DateTime<Utc>, String, bool)> = self
+            .by_task
+            .get(&run.task_id)
+            .map(|ids| {
+                ids.iter()
+                    .filter(|id| !batch.contains(*id))
+                    .filter_map(|id| self.runs.get(id))
+                    // A manual run waiting out its delay does not hold a slot.
+                    .filter(|r| if r.status.is_terminal() { r.holds_agent() } else { !r.is_delayed(now) })
+                    .map(|r| (r.scheduled_at, r.run_id.clone(), r.status.is_terminal()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if active.len() >= limit {
+            match ex.overlap_policy {
+                OverlapPolicy::Skip => {
+                    let slot = run.scheduled_at;
+                    let why = format!("{} run(s) of the task still active (concurrency_limit {limit}, overlap_policy skip)", active.len());
+                    let skipped = RunRecord::skipped(
+                        run.run_id.clone(),
+                        &run.task_id,
+                        &run.agent_id,
+                        run.trigger,
+                        SkipReason::ConcurrencyLimit,
+                        (1, slot, slot),
+                        why,
+                        now,
+                    );
+                    let run_id = skipped.run_id.clone();
+                    self.create(now, skipped);
+                    tracing::info!(run_id = %run_id, "slot skipped: concurrency limit");
+                    if let Some(r) = self.event_run(&run_id) {
+                        self.fx.events.push(Lifecycle::SlotSkipped {
+                            run: r,
+                            reason: SkipReason::ConcurrencyLimit,
+                            count: 1,
+                            from: slot,
+                            until: slot,
+                        });
+                    }
+                    return true;
+                }
+                OverlapPolicy::Queue => {
+                    run.pending_reason = Some(format!("queued behind {} active run(s) (concurrency_limit {limit})", active.len()));
+                }
+                OverlapPolicy::CancelRunning => {
+                    // Cancel the oldest until the new run fits; runs already
+                    // cancelled (agent not yet gone) cannot be cancelled again,
+                    // and the new run waits for them.
+                    active.sort();
+                    let excess = active.len() + 1 - limit;
+                    for (_, old, terminal) in active.into_iter().take(excess) {
+                        if !terminal {
+                            let reason = format!("cancelled for {} (overlap_policy cancel_running)", run.run_id);
+                            let _ = self.cancel(now, &old, &reason);
+                        }
+                    }
+                    run.pending_reason = Some("waiting for the cancelled run's agent to exit (overlap_policy cancel_running)".into());
+                }
+            }
+        }
+        let run_id = run.run_id.clone();
+        tracing::info!(run_id = %run_id, "run created");
+        self.create(now, run);
+        if let Some(r) = self.event_run(&run_id) {
+            self.fx.events.push(Lifecycle::RunCreated(r));
+        }
+        self.make_ready(now, &run_id);
+        true
+    }
+
+    /// Manual `TriggerTask`.
+    pub(super) fn trigger(&mut self, now: DateTime<Utc>, reply: ReplyId, req: TriggerRequest, explicit_key: bool) {
+        let r = self.trigger_checked(now, reply, req, explicit_key);
+        if let Err(e) = r {
+            self.fx.replies.push((reply, Reply::Trigger(Err(e))));
+        }
+    }
+
+    fn trigger_checked(&mut self, now: DateTime<Utc>, reply: ReplyId, req: TriggerRequest, explicit_key: bool) -> Result<()> {
+        let e =
+            self.tasks.get(&req.task_id).filter(|e| !e.deleted).ok_or_else(|| Error::NotFound { kind: "task", id: req.task_id.clone() })?;
+        let key = req.idempotency_key.clone().unwrap_or_default();
+        crate::model::task::validate_id("idempotency_key", &key)?;
+        if req.delay_seconds > MAX_DELAY_SECONDS {
+            return Err(Error::invalid("delay_seconds", format!("must be at most {MAX_DELAY_SECONDS} (1 year)")));
+        }
+        let at = req.not_before.unwrap_or_else(|| now + chrono::Duration::seconds(req.delay_seconds as i64));
+        if at > now + chrono::Duration::seconds(MAX_DELAY_SECONDS as i64) {
+            return Err(Error::invalid("not_before", "must be within 1 year from now"));
+        }
+        let run_id = manual_run_id(&req.task_id, &key);
+        if let Some(existing) = self.runs.get(&run_id) {
+            let scheduled_at = existing.scheduled_at;
+            self.fx.replies.push((reply, Reply::Trigger(Ok(Triggered { run_id, scheduled_at, created: false }))));
+            return Ok(());
+        }
+        if explicit_key {
+            // The run may exist in the store (terminal): ask for it first.
+            self.fx.reads.push((run_id, ReadPurpose::Trigger { reply, req }));
+            return Ok(());
+        }
+        let spec = e.record.spec.clone();
+        let mut run = RunRecord::pending(run_id.clone(), &req.task_id, &spec.agent_id, TriggerKind::Manual, at, now);
+        let mut params = spec.params();
+        params.extend(req.params);
+        run.params = params;
+        run.priority = spec.execution.priority;
+        if at > now {
+            run.next_attempt_at = Some(at);
+            run.pending_reason = Some(format!("delayed until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+        }
+        self.admit(now, run, &spec.execution, &HashSet::new());
+        self.fx.replies.push((reply, Reply::Trigger(Ok(Triggered { run_id, scheduled_at: at, created: true }))));
+        Ok(())
+    }
+
+    /// The answer to a read the core asked for.
+    pub(super) fn on_run_loaded(&mut self, now: DateTime<Utc>, run_id: &str, stored: Option<RunRecord>, purpose: ReadPurpose) {
+        match purpose {
+            ReadPurpose::Trigger { reply, req } => match stored {
+                Some(run) => {
+                    let t = Triggered { run_id: run_id.to_string(), scheduled_at: run.scheduled_at, created: false };
+                    self.fx.replies.push((reply, Reply::Trigger(Ok(t))));
+                }
+                None => self.trigger(now, reply, req, false),
+            },
+            ReadPurpose::Cancel { reply } => {
+                let r = match (self.runs.get(run_id), stored) {
+                    (Some(_), _) => self.cancel(now, run_id, "cancelled by user").map(Box::new),
+                    (None, Some(run)) => Err(Error::FailedPrecondition(format!("run {run_id} is already {}", run.status.as_str()))),
+                    (None, None) => Err(Error::NotFound { kind: "run", id: run_id.to_string() }),
+                };
+                self.fx.replies.push((reply, Reply::Cancel(r)));
+            }
+            ReadPurpose::LateReport { runner_id, session, report } => self.late_report_loaded(now, &runner_id, session, stored, *report),
+        }
+    }
+
+    /// Assigns every ready run that has concurrency room and a runner,
+    /// highest priority first, then oldest slot. Runs that cannot go get a
+    /// pending reason (persisted lazily).
+    pub(super) fn dispatch(&mut self, now: DateTime<Utc>) {
+        if !self.dispatch_needed || self.ready.is_empty() {
+            self.dispatch_needed = false;
+            return;
+        }
+        self.dispatch_needed = false;
+        let mut live: HashMap<String, usize> = HashMap::new();
+        let mut no_runner: HashSet<(String, Vec<(String, String)>)> = HashSet::new();
+        for run_id in self.ready.in_order() {
+            let Some(run) = self.runs.get(&run_id) else {
+                self.ready.remove(&run_id);
+                continue;
+            };
+            let (task_id, agent_id) = (run.task_id.clone(), run.agent_id.clone());
+            let Some(task) = self.tasks.get(&task_id) else {
+                self.finish(now, &run_id, RunStatus::Cancelled, "task was deleted before the run started".into());
+                continue;
+            };
+            let ex = &task.record.spec.execution;
+            let limit = ex.concurrency_limit as usize;
+            let selector = ex.selector.as_ref().map(|s| s.labels.clone()).unwrap_or_default();
+            let in_flight = match live.get(&task_id) {
+                Some(n) => *n,
+                None => {
+                    let n = self.live_agents(&task_id);
+                    live.insert(task_id.clone(), n);
+                    n
+                }
+            };
+            let sel_key = (agent_id.clone(), selector.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>());
+            let reason = if in_flight >= limit {
+                format!("queued behind {in_flight} running run(s) (concurrency_limit {limit})")
+            } else if no_runner.contains(&sel_key) {
+                self.registry.waiting_reason(&agent_id, &selector)
+            } else {
+                match self.registry.choose(&agent_id, &selector) {
+                    Some(runner_id) => {
+                        self.assign(now, &run_id, &runner_id);
+                        *live.entry(task_id).or_default() += 1;
+                        continue;
+                    }
+                    None => {
+                        no_runner.insert(sel_key);
+                        self.registry.waiting_reason(&agent_id, &selector)
+                    }
+                }
+            };
+            if let Some(run) = self.runs.get_mut(&run_id)
+                && run.pending_reason.as_deref() != Some(reason.as_str())
+            {
+                run.pending_reason = Some(reason);
+                self.touch(now, &run_id, Urgency::Lazy);
+            }
+        }
+    }
+
+    fn context_json(&self, run: &RunRecord, execution_id: &str, attempt: u32) -> String {
+        let mut ctx = self.tasks.get(&run.task_id).map(|t| t.record.spec.context.clone()).unwrap_or_default();
+        ctx.insert("task_id".into(), run.task_id.clone().into());
+        ctx.insert("run_id".into(), run.run_id.clone().into());
+        ctx.insert("execution_id".into(), execution_id.into());
+        ctx.insert("attempt".into(), attempt.into());
+        ctx.insert("scheduled_at".into(), run.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true).into());
+        ctx.insert("trigger".into(), run.trigger.as_str().into());
+        ctx.insert("params".into(), serde_json::Value::Object(run.params.clone()));
+        ctx.insert("checkpoint".into(), run.progress.as_ref().and_then(|p| p.checkpoint.clone()).unwrap_or(serde_json::Value::Null));
+        serde_json::Value::Object(ctx).to_string()
+    }
+
+    /// A new attempt of `run_id` on `runner_id`: RUNNING from here (the
+    /// runner's `Started` only adds the start time).
+    fn assign(&mut self, now: DateTime<Utc>, run_id: &str, runner_id: &str) {
+        let Some(run) = self.runs.get(run_id) else { return };
+        let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds.max(1));
+        self.exec_seq += 1;
+        let execution_id = execution_id(run_id, run.attempts.len(), self.cfg.token, now, self.exec_seq);
+        let attempt = u32::try_from(run.attempts.len()).unwrap_or(u32::MAX - 1) + 1;
+        let context_json = self.context_json(run, &execution_id, attempt);
+        let instance = self.registry.get(runner_id).map(|r| r.instance_id.clone()).unwrap_or_default();
+        let deadline = now.checked_add_signed(chrono::Duration::seconds(timeout_s)).unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        run.attempts.push(Attempt {
+            attempt,
+            execution_id: execution_id.clone(),
+            runner_id: runner_id.to_string(),
+            runner_instance: instance,
+            dispatched_at: now,
+            started_at: None,
+            finished_at: None,
+            outcome: None,
+            error: None,
+            exit_code: None,
+            awaiting_runner: false,
+            report: None,
+        });
+        run.status = RunStatus::Running;
+        run.dispatched_at = Some(now);
+        run.pending_reason = None;
+        run.next_attempt_at = None;
+        run.start_by = None;
+        let assignment = Assignment {
+            run_id: run.run_id.clone(),
+            execution_id: execution_id.clone(),
+            attempt,
+            task_id: run.task_id.clone(),
+            agent_id: run.agent_id.clone(),
+            context_json,
+            checkpoint_json: run.progress.as_ref().and_then(|p| p.checkpoint.as_ref()).map(|c| c.to_string()).unwrap_or_default(),
+            deadline,
+            timeout_seconds: timeout_s as u64,
+            fencing_token: self.cfg.token,
+            scheduled_at: run.scheduled_at,
+        };
+        self.ready.remove(run_id);
+        if let Some(r) = self.registry.get_mut(runner_id) {
+            r.running.insert(execution_id.clone(), run_id.to_string());
+        }
+        self.touch(now, run_id, Urgency::Now);
+        let slack = Self::dur(self.timing().deadline_slack());
+        self.push_timer(
+            deadline.checked_add_signed(slack).unwrap_or(DateTime::<Utc>::MAX_UTC),
+            Timer::Deadline { run_id: run_id.to_string(), execution_id: execution_id.clone() },
+        );
+        self.send(runner_id, ToRunner::Assign(Box::new(assignment)));
+        tracing::info!(run_id, runner_id, execution_id = %execution_id, attempt, "assigned");
+        if let Some(r) = self.event_run(run_id) {
+            self.fx.events.push(Lifecycle::RunDispatched { run: r, runner_id: runner_id.to_string(), execution_id, attempt });
+        }
+    }
+
+    /// Ends the open attempt `execution_id` of a run and moves the run on:
+    /// SUCCEEDED, CANCELLED, PENDING again (interrupted), RETRYING (with
+    /// backoff) or FAILED/TIMEOUT. No-op if that attempt is not open.
+    pub(super) fn end_attempt(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str, end: AttemptEnd) {
+        let Some(run) = self.runs.get(run_id) else { return };
+        if run.current_execution() != Some(execution_id) {
+            return;
+        }
+        let Some(outcome) = end.outcome else { return };
+        if !end.awaiting_runner {
+            self.registry.release(execution_id);
+        }
+        let (max_retries, backoff) = self
+            .tasks
+            .get(&run.task_id)
+            .map(|t| (t.record.spec.execution.max_retries, t.record.spec.execution.retry_backoff))
+            .unwrap_or((0, Default::default()));
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        if let Some(a) = run.current_attempt_mut() {
+            a.finished_at = Some(now);
+            a.outcome = Some(outcome);
+            a.error = end.error.clone();
+            a.exit_code = end.exit_code;
+            a.awaiting_runner = end.awaiting_runner;
+            if a.started_at.is_none() {
+                a.started_at = end.started_at;
+            }
+        }
+        if let Some(t) = end.started_at {
+            run.actual_started_at.get_or_insert(t);
+        }
+        run.error = end.error.clone();
+        if end.result.is_some() {
+            run.result = end.result;
+        }
+        if let Some(s) = end.stdout_tail {
+            run.stdout_tail = s;
+        }
+        if let Some(s) = end.stderr_tail {
+            run.stderr_tail = s;
+        }
+        self.dispatch_needed = true;
+        tracing::info!(run_id, execution_id, outcome = outcome.as_str(), "attempt ended");
+        let interrupted_free = outcome == Outcome::Interrupted
+            && run.attempts.iter().filter(|a| a.outcome == Some(Outcome::Interrupted)).count() as u32 <= MAX_FREE_INTERRUPTIONS;
+        match outcome {
+            Outcome::Succeeded => {
+                self.attempt_event(run_id, execution_id, outcome);
+                self.finish(now, run_id, RunStatus::Succeeded, String::new());
+            }
+            Outcome::Cancelled => {
+                self.attempt_event(run_id, execution_id, outcome);
+                let why = end.error.unwrap_or_else(|| "cancelled".into());
+                self.finish(now, run_id, RunStatus::Cancelled, why);
+            }
+            Outcome::Interrupted if interrupted_free => {
+                // Not the agent's failure: dispatched again, no attempt spent.
+                run.interruptions = run.interruptions.saturating_add(1);
+                run.status = RunStatus::Pending;
+                run.start_by = None;
+                let n = run.interruptions;
+                run.pending_reason = Some(format!("interrupted ({n} of {MAX_FREE_INTERRUPTIONS} free); waiting for dispatch"));
+                self.touch(now, run_id, Urgency::Now);
+                self.attempt_event(run_id, execution_id, outcome);
+                self.make_ready(now, run_id);
+            }
+            _ => {
+                let counted = run.counted_attempts();
+                match retry::decide(now, counted, max_retries, &backoff, run_id) {
+                    RetryDecision::RetryAt(at) => {
+                        run.status = RunStatus::Retrying;
+                        run.next_attempt_at = Some(at);
+                        run.start_by = None;
+                        tracing::info!(run_id, outcome = outcome.as_str(), attempt = counted, retry_at = %at, "attempt failed; retrying");
+                        self.touch(now, run_id, Urgency::Now);
+                        self.attempt_event(run_id, execution_id, outcome);
+                        self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() });
+                    }
+                    RetryDecision::GiveUp => {
+                        let status = if outcome == Outcome::Timeout { RunStatus::Timeout } else { RunStatus::Failed };
+                        self.attempt_event(run_id, execution_id, outcome);
+                        let why = end.error.unwrap_or_default();
+                        self.finish(now, run_id, status, why);
+                    }
+                }
+            }
+        }
+    }
+
+    fn attempt_event(&mut self, run_id: &str, execution_id: &str, outcome: Outcome) {
+        if let Some(r) = self.event_run(run_id) {
+            self.fx.events.push(Lifecycle::AttemptEnded { run: r, execution_id: execution_id.to_string(), outcome });
+        }
+    }
+
+    /// Ends a run: the one place a run becomes SUCCEEDED, FAILED, TIMEOUT or
+    /// CANCELLED. Terminal is final: a run already terminal is left as it is.
+    pub(super) fn finish(&mut self, now: DateTime<Utc>, run_id: &str, status: RunStatus, error: String) {
+        debug_assert!(status.is_terminal() && status != RunStatus::Skipped);
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        if run.status.is_terminal() {
+            return;
+        }
+        run.status = status;
+        run.finished_at = Some(now);
+        run.next_attempt_at = None;
+        run.pending_reason = None;
+        run.start_by = None;
+        if !error.is_empty() {
+            run.error = Some(error);
+        }
+        self.ready.remove(run_id);
+        self.dispatch_needed = true;
+        self.touch(now, run_id, Urgency::Now);
+        tracing::info!(run_id, status = status.as_str(), "run finished");
+        if let Some(r) = self.event_run(run_id) {
+            self.fx.events.push(Lifecycle::RunFinished(r));
+        }
+    }
+
+    /// Undoes the run's open attempt if it never started on its runner (the
+    /// runner refused it, or the same runner process reconnected without
+    /// it): no attempt ran, so none is spent. PENDING again after a short
+    /// pause. Returns false, changing nothing, when it started.
+    pub(super) fn requeue_unstarted(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str, why: String) -> bool {
+        let Some(run) = self.runs.get_mut(run_id) else { return false };
+        if !run.current_attempt().is_some_and(|a| a.execution_id == execution_id && a.started_at.is_none()) {
+            return false;
+        }
+        run.attempts.pop();
+        run.status = RunStatus::Pending;
+        run.next_attempt_at = Some(now + REQUEUE_PAUSE);
+        run.pending_reason = Some(why);
+        if run.attempts.is_empty() {
+            run.dispatched_at = None;
+        }
+        self.registry.release(execution_id);
+        self.touch(now, run_id, Urgency::Now);
+        self.make_ready(now, run_id);
+        true
+    }
+
+    /// A retry's backoff elapsed, or a delayed or requeued run's time came.
+    pub(super) fn on_run_due(&mut self, now: DateTime<Utc>, run_id: &str) {
+        let start_timeout = self.run_task(run_id).map(|t| self.start_timeout(&t)).unwrap_or_default();
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        if run.status.is_terminal() || run.current_attempt().is_some() || run.next_attempt_at.is_some_and(|t| t > now) {
+            return;
+        }
+        if run.status == RunStatus::Retrying {
+            run.status = RunStatus::Pending;
+            run.start_by = Some(now.checked_add_signed(start_timeout).unwrap_or(DateTime::<Utc>::MAX_UTC));
+        }
+        run.next_attempt_at = None;
+        self.touch(now, run_id, Urgency::Lazy);
+        self.make_ready(now, run_id);
+    }
+
+    /// `execution.start_timeout_seconds`: a run not dispatched by its
+    /// `start_by` ends TIMEOUT, freeing its slot; retries do not apply.
+    pub(super) fn on_start_by(&mut self, now: DateTime<Utc>, run_id: &str) {
+        let Some(run) = self.runs.get(run_id) else { return };
+        let due = run.status == RunStatus::Pending && run.current_attempt().is_none() && run.start_by.is_some_and(|t| t <= now);
+        if !due {
+            return;
+        }
+        let secs = self.tasks.get(&run.task_id).map_or(DEFAULT_START_TIMEOUT_SECONDS, |t| t.record.spec.execution.start_timeout_seconds);
+        let reason = run.pending_reason.clone().unwrap_or_else(|| "waiting for dispatch".into());
+        tracing::warn!(run_id, reason = %reason, "run not started in time");
+        self.finish(now, run_id, RunStatus::Timeout, format!("not started within {secs} s: {reason}"));
+    }
+
+    /// The control plane's own deadline for an attempt passed without a
+    /// result: TIMEOUT, and the attempt holds its slots until the runner
+    /// reports the agent gone or is lost.
+    pub(super) fn on_deadline(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str) {
+        let Some(run) = self.runs.get(run_id) else { return };
+        if run.current_execution() != Some(execution_id) {
+            return;
+        }
+        let runner_id = run.current_attempt().map(|a| a.runner_id.clone()).unwrap_or_default();
+        self.send(
+            &runner_id,
+            ToRunner::Cancel { run_id: run_id.into(), execution_id: execution_id.into(), reason: "deadline passed".into() },
+        );
+        let slack = self.timing().deadline_slack().as_secs();
+        let why = format!("no result from runner {runner_id} by {slack} s after the deadline");
+        self.end_attempt(now, run_id, execution_id, AttemptEnd::presumed(Outcome::Timeout, why, true));
+    }
+
+    /// `CancelRun` from the API.
+    pub(super) fn cancel_command(&mut self, now: DateTime<Utc>, reply: ReplyId, run_id: &str, reason: &str) {
+        let reason = if reason.is_empty() { "cancelled by user" } else { reason };
+        if self.runs.get(run_id).is_some_and(|r| !r.status.is_terminal()) {
+            let r = self.cancel(now, run_id, reason).map(Box::new);
+            self.fx.replies.push((reply, Reply::Cancel(r)));
+        } else {
+            self.fx.reads.push((run_id.to_string(), ReadPurpose::Cancel { reply }));
+        }
+    }
+
+    /// Cancels a run: at once if it has no open attempt; else its runner is
+    /// told to stop the agent, and the attempt holds its slots until the
+    /// runner reports it gone (the agent may take the kill grace to exit).
+    pub(super) fn cancel(&mut self, now: DateTime<Utc>, run_id: &str, reason: &str) -> Result<RunRecord> {
+        let Some(run) = self.runs.get(run_id) else { return Err(Error::NotFound { kind: "run", id: run_id.to_string() }) };
+        if run.status.is_terminal() {
+            return Err(Error::FailedPrecondition(format!("run {run_id} is already {}", run.status.as_str())));
+        }
+        if let Some(a) = run.current_attempt() {
+            let (runner_id, exec) = (a.runner_id.clone(), a.execution_id.clone());
+            self.send(&runner_id, ToRunner::Cancel { run_id: run_id.into(), execution_id: exec.clone(), reason: reason.into() });
+            self.end_attempt(now, run_id, &exec, AttemptEnd::presumed(Outcome::Cancelled, reason, true));
+        } else {
+            self.finish(now, run_id, RunStatus::Cancelled, reason.to_string());
+        }
+        tracing::info!(run_id, reason, "run cancelled");
+        self.runs.get(run_id).cloned().ok_or_else(|| Error::Internal("cancelled run vanished".into()))
+    }
+
+    /// An attempt whose runner process may have been replaced by another
+    /// (same runner id, new instance): once the old process's fence has
+    /// passed, its agent is gone and the attempt stops holding a slot.
+    pub(super) fn release_orphan(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str) {
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        let Some(a) = run.attempt_mut(execution_id) else { return };
+        if !a.awaiting_runner {
+            return;
+        }
+        a.awaiting_runner = false;
+        self.registry.release(execution_id);
+        self.dispatch_needed = true;
+        self.touch(now, run_id, Urgency::Now);
+    }
+
+    /// Recovery at load: runs from the `active/` index get their timers;
+    /// open attempts wait for their runner (a placeholder entry) to
+    /// re-declare them.
+    pub(super) fn recover_runs(&mut self, now: DateTime<Utc>, runs: Vec<RunRecord>) {
+        let slack = Self::dur(self.timing().deadline_slack());
+        let wait = Self::dur(self.timing().redeclare_wait());
+        for run in runs {
+            let run_id = run.run_id.clone();
+            for a in run.attempts.iter().filter(|a| a.is_open() || a.awaiting_runner) {
+                let entry = self.registry.entry_or_placeholder(&a.runner_id, now);
+                entry.running.insert(a.execution_id.clone(), run_id.clone());
+            }
+            let open = run.current_attempt().map(|a| (a.execution_id.clone(), a.dispatched_at));
+            let terminal = run.status.is_terminal();
+            let next = run.next_attempt_at;
+            let pending = run.status == RunStatus::Pending;
+            self.remember_run(run);
+            if terminal {
+                continue;
+            }
+            if let Some((exec, dispatched_at)) = open {
+                let timeout_s = self
+                    .runs
+                    .get(&run_id)
+                    .map(|r| r.task_id.clone())
+                    .and_then(|t| self.tasks.get(&t))
+                    .map_or(3600, |t| t.record.spec.execution.timeout_seconds);
+                let deadline = dispatched_at
+                    .checked_add_signed(chrono::Duration::seconds(timeout_s.min(i64::MAX / 1000)) + slack)
+                    .unwrap_or(DateTime::<Utc>::MAX_UTC);
+                // Never before the runner had its chance to re-declare and report.
+                let at = std::cmp::max(deadline, now + wait);
+                self.push_timer(at, Timer::Deadline { run_id, execution_id: exec });
+            } else if next.is_some() || pending {
+                if next.is_none_or(|t| t <= now)
+                    && let Some(r) = self.runs.get_mut(&run_id)
+                    && r.status == RunStatus::Retrying
+                {
+                    r.status = RunStatus::Pending;
+                }
+                self.make_ready(now, &run_id);
+            }
+        }
+    }
+}
+
+/// A new execution id: unique per attempt. Derived, not random, so the
+/// core stays deterministic: the run, the attempt index, the term and the
+/// instant and a per-term counter (UUID-shaped for the runner's
+/// directories and logs). Ids are not secrets: ownership is checked by
+/// runner id.
+fn execution_id(run_id: &str, attempts: usize, token: u64, now: DateTime<Utc>, seq: u64) -> String {
+    let mut h1: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h2: u64 = 0x8422_2325_cbf2_9ce4;
+    let mut mix = |bytes: &[u8]| {
+        for b in bytes {
+            h1 ^= u64::from(*b);
+            h1 = h1.wrapping_mul(0x0100_0000_01b3);
+            h2 = h2.rotate_left(5) ^ u64::from(*b);
+            h2 = h2.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    };
+    mix(run_id.as_bytes());
+    mix(&attempts.to_le_bytes());
+    mix(&token.to_le_bytes());
+    mix(&now.timestamp_nanos_opt().unwrap_or_default().to_le_bytes());
+    mix(&seq.to_le_bytes());
+    let b = ((h1 as u128) << 64) | h2 as u128;
+    uuid::Uuid::from_u128(b).hyphenated().to_string()
+}

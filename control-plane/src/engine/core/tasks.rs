@@ -1,0 +1,381 @@
+//! Task definitions and their slots: firing, misfires, and settling the
+//! slots due under a definition before it changes (edit, pause, delete).
+//!
+//! Every due slot leaves a record. A change to a task first queues the old
+//! definition with the instant of the change (`TaskEntry::settle`); the next
+//! fire settles those slots by the old definition's misfire policy, then
+//! goes on with the new one. While a new leader waits for runners to
+//! re-declare a task's recovered runs, fires (settlements included) wait
+//! too, so their overlap decision knows whether those runs are alive.
+
+use std::collections::{HashSet, VecDeque};
+
+use chrono::{DateTime, Utc};
+
+use super::{EngineCore, MAX_RUNS_PER_FIRE, TaskEntry, Timer};
+use crate::engine::lifecycle::Lifecycle;
+use crate::model::run::{SkipReason, TriggerKind, slot_run_id};
+use crate::model::task::MisfirePolicy;
+use crate::model::{Cursor, RunRecord, TaskRecord};
+use crate::schedule::{Schedule, SlotWindow, count_slots, jitter_for, next_slot, plan_due_slots};
+
+/// The compiled triggers of a definition. Compiled when needed rather than
+/// kept: a parsed cron holds a year bitmap of ~5 KB, and re-parsing is
+/// microseconds at each fire (see the bench-idle memory figure).
+fn schedules(rec: &TaskRecord) -> Vec<Schedule> {
+    rec.spec.schedules().unwrap_or_default()
+}
+
+impl TaskEntry {
+    /// Slots strictly after this instant are still to come.
+    fn baseline(&self) -> DateTime<Utc> {
+        self.cursor.as_ref().and_then(|c| c.last_slot).unwrap_or(self.record.created_at)
+    }
+}
+
+impl EngineCore {
+    /// A task created or changed.
+    pub(super) fn task_put(&mut self, now: DateTime<Utc>, rec: TaskRecord, cursor: Option<Cursor>) {
+        let id = rec.spec.task_id.clone();
+        if let Err(e) = rec.spec.schedules() {
+            tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");
+            return;
+        }
+        match self.tasks.get_mut(&id) {
+            Some(e) => {
+                if e.record == rec && !e.deleted {
+                    return;
+                }
+                let baseline = e.baseline();
+                let old = std::mem::replace(&mut e.record, rec);
+                // Slots the old definition made due are settled by it first.
+                if !e.deleted && !old.paused && next_slot(&schedules(&old), baseline).is_some_and(|(s, _)| s <= now) {
+                    e.settle.push_back((old, now));
+                }
+                e.deleted = false;
+            }
+            None => {
+                self.insert_task(rec, cursor);
+            }
+        }
+        self.task_started(now, &id);
+    }
+
+    /// Tracks a task new to the core; returns its id, or `None` when its
+    /// stored definition does not compile.
+    pub(super) fn insert_task(&mut self, rec: TaskRecord, cursor: Option<Cursor>) -> Option<String> {
+        let id = rec.spec.task_id.clone();
+        if let Err(e) = rec.spec.schedules() {
+            tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");
+            return None;
+        }
+        let entry = TaskEntry {
+            record: rec,
+            cursor,
+            generation: 0,
+            settle: VecDeque::new(),
+            deleted: false,
+            deferred: false,
+            catchup: HashSet::new(),
+        };
+        self.tasks.insert(id.clone(), entry);
+        Some(id)
+    }
+
+    /// The first decisions after a definition arrives: a past `once`, the
+    /// slots of a pause, the next fire, pending settlements.
+    pub(super) fn task_started(&mut self, now: DateTime<Utc>, id: &str) {
+        self.run_past_once(now, id);
+        self.cover_paused_slots(now, id);
+        self.arm(now, id);
+        if self.tasks.get(id).is_some_and(|e| !e.settle.is_empty()) {
+            self.fire_now(now, id);
+        }
+    }
+
+    /// A task deleted: its due slots are settled, then its waiting runs are
+    /// cancelled and its cursor deleted. Running runs finish on their own.
+    pub(super) fn task_deleted(&mut self, now: DateTime<Utc>, task_id: &str) {
+        let Some(e) = self.tasks.get_mut(task_id) else { return };
+        if e.deleted {
+            return;
+        }
+        let baseline = e.baseline();
+        if !e.record.paused && next_slot(&schedules(&e.record), baseline).is_some_and(|(s, _)| s <= now) {
+            let rec = e.record.clone();
+            e.settle.push_back((rec, now));
+        }
+        e.deleted = true;
+        if e.settle.is_empty() {
+            self.remove_task(now, task_id);
+        } else {
+            self.fire_now(now, task_id);
+        }
+    }
+
+    /// The task watch broke: reconcile with every stored task.
+    pub(super) fn tasks_reloaded(&mut self, now: DateTime<Utc>, tasks: Vec<(TaskRecord, Option<Cursor>)>) {
+        let mut seen = HashSet::new();
+        for (rec, cursor) in tasks {
+            seen.insert(rec.spec.task_id.clone());
+            let cursor = if self.tasks.contains_key(&rec.spec.task_id) { None } else { cursor };
+            self.task_put(now, rec, cursor);
+        }
+        let gone: Vec<String> = self.tasks.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+        for id in gone {
+            self.task_deleted(now, &id);
+        }
+    }
+
+    fn remove_task(&mut self, now: DateTime<Utc>, task_id: &str) {
+        if self.tasks.remove(task_id).is_none() {
+            return;
+        }
+        self.deferred.remove(task_id);
+        let waiting: Vec<String> = self
+            .by_task
+            .get(task_id)
+            .map(|ids| {
+                ids.iter()
+                    .filter(|id| self.runs.get(*id).is_some_and(|r| !r.status.is_terminal() && r.current_attempt().is_none()))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for run_id in waiting {
+            self.finish(now, &run_id, crate::model::RunStatus::Cancelled, "task deleted before the run started".into());
+        }
+        self.cursors.insert(task_id.to_string(), None);
+        tracing::info!(task_id, "task removed from the schedule");
+    }
+
+    /// A `once` trigger already past when the task was created runs once,
+    /// right away (an explicit backfill), unless the task has fired before.
+    fn run_past_once(&mut self, now: DateTime<Utc>, task_id: &str) {
+        let Some(e) = self.tasks.get(task_id) else { return };
+        if e.cursor.is_some() || e.record.paused {
+            return;
+        }
+        let created = e.record.created_at;
+        let past: Vec<DateTime<Utc>> = schedules(&e.record)
+            .iter()
+            .filter_map(|s| match s {
+                Schedule::Once { at } if *at <= created => Some(*at),
+                _ => None,
+            })
+            .collect();
+        if past.is_empty() {
+            return;
+        }
+        let rec = e.record.clone();
+        for at in past {
+            self.admit_slot(now, &rec, at, TriggerKind::Once, &HashSet::new());
+        }
+        self.set_cursor(now, task_id, created);
+    }
+
+    /// On resume: one SKIPPED record (`paused`) covers the slots between the
+    /// last handled slot and the resume; the schedule continues from there.
+    fn cover_paused_slots(&mut self, now: DateTime<Utc>, task_id: &str) {
+        let Some(e) = self.tasks.get(task_id) else { return };
+        let Some(resumed_at) = e.record.resumed_at else { return };
+        if e.record.paused || resumed_at <= e.baseline() || !e.settle.is_empty() {
+            return;
+        }
+        let scheds = schedules(&e.record);
+        if let Some(range) = count_slots(&scheds, e.baseline(), resumed_at) {
+            let kind = scheds.first().map_or(TriggerKind::Cron, Schedule::kind);
+            let rec = e.record.clone();
+            let why = format!("{} slot(s) due while the task was paused", range.0);
+            self.skip_record(now, &rec, kind, SkipReason::Paused, range, why);
+            tracing::info!(task_id, missed = range.0, "resumed; paused slots covered by one SKIPPED record");
+        }
+        self.set_cursor(now, task_id, resumed_at);
+    }
+
+    /// Sets the next fire timer of a task (none if paused, deleted or no slot left).
+    pub(super) fn arm(&mut self, _now: DateTime<Utc>, task_id: &str) {
+        let Some(e) = self.tasks.get_mut(task_id) else { return };
+        e.generation += 1;
+        if e.record.paused || e.deleted {
+            return;
+        }
+        let scheds = schedules(&e.record);
+        let Some((slot, sched)) = next_slot(&scheds, e.baseline()) else { return };
+        let fire_at = slot.checked_add_signed(jitter_for(task_id, slot, sched.jitter_ms())).unwrap_or(slot);
+        let generation = e.generation;
+        self.push_timer(fire_at, Timer::Fire { task_id: task_id.to_string(), generation });
+    }
+
+    /// A fire at once (settlement, continued catch-up, released deferral).
+    fn fire_now(&mut self, now: DateTime<Utc>, task_id: &str) {
+        if let Some(generation) = self.tasks.get(task_id).map(|e| e.generation) {
+            self.push_timer(now, Timer::Fire { task_id: task_id.to_string(), generation });
+        }
+    }
+
+    /// Handles the slots due for a task: settlements of earlier
+    /// definitions first, then the current one.
+    pub(super) fn on_fire(&mut self, now: DateTime<Utc>, task_id: &str, generation: u64) {
+        let Some(e) = self.tasks.get_mut(task_id) else { return };
+        if e.generation != generation {
+            return;
+        }
+        if self.awaits_redeclare(task_id) {
+            if let Some(e) = self.tasks.get_mut(task_id) {
+                e.deferred = true;
+            }
+            self.deferred.insert(task_id.to_string());
+            return;
+        }
+        let mut budget = MAX_RUNS_PER_FIRE;
+        while let Some((def, until)) = self.tasks.get(task_id).and_then(|e| e.settle.front().cloned()) {
+            if !self.plan_and_admit(now, task_id, &def, until, &mut budget) {
+                self.fire_now(now, task_id);
+                return;
+            }
+            if let Some(e) = self.tasks.get_mut(task_id) {
+                e.settle.pop_front();
+            }
+        }
+        let Some(e) = self.tasks.get(task_id) else { return };
+        if e.deleted {
+            self.remove_task(now, task_id);
+            return;
+        }
+        if !e.record.paused {
+            let def = e.record.clone();
+            if !self.plan_and_admit(now, task_id, &def, now, &mut budget) {
+                self.arm(now, task_id);
+                self.fire_now(now, task_id);
+                return;
+            }
+        }
+        self.arm(now, task_id);
+    }
+
+    /// Plans the slots of `def` in `(cursor, until]` and records them: one
+    /// coalesced SKIPPED record for what does not run, a run per slot that
+    /// does (at most `budget`), the cursor past them. Returns false when a
+    /// `run_all` catch-up has more to run (the cursor is at its last run).
+    fn plan_and_admit(&mut self, now: DateTime<Utc>, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
+        let Some(e) = self.tasks.get(task_id) else { return true };
+        let ex = &def.spec.execution;
+        let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
+        let scheds = schedules(def);
+        let plan = plan_due_slots(&scheds, SlotWindow { after: e.baseline(), now: until }, policy, grace, *budget);
+        let kind = scheds.first().map_or(TriggerKind::Cron, Schedule::kind);
+        if let Some(range) = plan.skipped {
+            let why = match policy {
+                MisfirePolicy::Skip => format!("{} slot(s) missed: misfire_policy skip", range.0),
+                _ => format!("{} slot(s) missed by more than misfire_grace_seconds ({grace} s)", range.0),
+            };
+            tracing::warn!(task_id, missed = range.0, from = %range.1, until = %range.2, "missed slots coalesced");
+            self.skip_record(now, def, kind, SkipReason::Misfired, range, why);
+        }
+        // A catch-up's runs queue behind each other (run_all), whatever the
+        // overlap policy says about runs from before it.
+        let catchup = plan.run.len() > 1 || plan.more || self.tasks.get(task_id).is_some_and(|e| !e.catchup.is_empty());
+        let mut batch = self.tasks.get(task_id).map(|e| e.catchup.clone()).unwrap_or_default();
+        for (slot, kind) in &plan.run {
+            if let Some(run_id) = self.admit_slot(now, def, *slot, *kind, &batch)
+                && catchup
+            {
+                batch.insert(run_id);
+            }
+        }
+        *budget = budget.saturating_sub(plan.run.len());
+        if let Some(e) = self.tasks.get_mut(task_id) {
+            e.catchup = if plan.more { batch } else { HashSet::new() };
+        }
+        if let Some(last) = plan.last_slot {
+            self.set_cursor(now, task_id, last);
+        }
+        !plan.more
+    }
+
+    /// Creates the run of one slot under the overlap policy (see
+    /// `runs.rs`). Returns its id when created.
+    fn admit_slot(
+        &mut self,
+        now: DateTime<Utc>,
+        def: &TaskRecord,
+        slot: DateTime<Utc>,
+        kind: TriggerKind,
+        batch: &HashSet<String>,
+    ) -> Option<String> {
+        let spec = &def.spec;
+        let mut run = RunRecord::pending(slot_run_id(&spec.task_id, slot), &spec.task_id, &spec.agent_id, kind, slot, now);
+        run.params = spec.params();
+        run.priority = spec.execution.priority;
+        let id = run.run_id.clone();
+        self.admit(now, run, &spec.execution, batch).then_some(id)
+    }
+
+    /// A SKIPPED record covering `range` (`(count, first, last)`); its id is
+    /// the first slot's run id.
+    fn skip_record(
+        &mut self,
+        now: DateTime<Utc>,
+        def: &TaskRecord,
+        kind: TriggerKind,
+        reason: SkipReason,
+        range: (u64, DateTime<Utc>, DateTime<Utc>),
+        why: String,
+    ) {
+        let spec = &def.spec;
+        let run = RunRecord::skipped(slot_run_id(&spec.task_id, range.1), &spec.task_id, &spec.agent_id, kind, reason, range, why, now);
+        if self.runs.contains_key(&run.run_id) {
+            return;
+        }
+        let run_id = run.run_id.clone();
+        self.create(now, run);
+        if let Some(r) = self.event_run(&run_id) {
+            self.fx.events.push(Lifecycle::SlotSkipped { run: r, reason, count: range.0, from: range.1, until: range.2 });
+        }
+    }
+
+    /// Every slot up to `last` is handled: written with this turn's records
+    /// of the task, in the same transaction.
+    fn set_cursor(&mut self, now: DateTime<Utc>, task_id: &str, last: DateTime<Utc>) {
+        let Some(e) = self.tasks.get_mut(task_id) else { return };
+        let cursor = Cursor { last_slot: Some(last), updated_at: Some(now) };
+        e.cursor = Some(cursor.clone());
+        self.cursors.insert(task_id.to_string(), Some(cursor));
+    }
+
+    /// True while a run of the task holds an attempt recovered at load whose
+    /// runner has not yet said Hello (its entry is still the placeholder of
+    /// session 0). The takeover rule of DESIGN (Store and leadership): wait
+    /// for runners to re-declare their in-flight runs, bounded by
+    /// `redeclare_wait`, then resume; slots due meanwhile follow the misfire
+    /// policy. Without the wait, the first slot after a restart meets a run
+    /// that is really gone and is skipped for overlap.
+    pub(super) fn awaits_redeclare(&self, task_id: &str) -> bool {
+        if !self.registry.has_placeholders() {
+            return false;
+        }
+        let Some(ids) = self.by_task.get(task_id) else { return false };
+        ids.iter().filter_map(|id| self.runs.get(id)).any(|run| {
+            run.attempts
+                .iter()
+                .any(|a| (a.is_open() || a.awaiting_runner) && self.registry.get(&a.runner_id).is_some_and(|r| r.session == 0))
+        })
+    }
+
+    /// Re-fires deferred tasks whose recovered runs are now re-declared,
+    /// finished or lost.
+    pub(super) fn release_deferred(&mut self, now: DateTime<Utc>) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let ready: Vec<String> = self.deferred.iter().filter(|t| !self.awaits_redeclare(t)).cloned().collect();
+        for task_id in ready {
+            self.deferred.remove(&task_id);
+            if let Some(e) = self.tasks.get_mut(&task_id) {
+                e.deferred = false;
+            }
+            self.fire_now(now, &task_id);
+        }
+    }
+}

@@ -1,0 +1,787 @@
+//! Unit tests of the decision core: no runtime, no store, no socket. Each
+//! drives [`EngineCore`] with inputs and a hand-moved clock and checks the
+//! effects it asks for.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::*;
+use crate::engine::protocol::{Assignment, FinishedReport, InFlightExec, ReportedOutcome, RunnerHello};
+use crate::error::Error;
+use crate::model::run::{Outcome, SkipReason, TriggerKind};
+use crate::model::{RunStatus, TaskSpec};
+
+const TOKEN: u64 = 7;
+
+fn t0() -> DateTime<Utc> {
+    "2026-12-01T10:00:00Z".parse().expect("t0")
+}
+
+/// A core and its clock.
+struct H {
+    core: EngineCore,
+    now: DateTime<Utc>,
+    /// Effects drained so far, in order.
+    log: Vec<Effects>,
+}
+
+impl H {
+    fn new() -> H {
+        H::at(t0())
+    }
+
+    fn at(now: DateTime<Utc>) -> H {
+        let mut core = EngineCore::new(CoreConfig { timing: Timing::default(), token: TOKEN, leader_id: "leader".into() });
+        core.load(now, Vec::new(), Vec::new());
+        let mut h = H { core, now, log: Vec::new() };
+        h.drain();
+        h
+    }
+
+    /// Loads a core from "the store": tasks with cursors, active runs.
+    fn loaded(now: DateTime<Utc>, tasks: Vec<(TaskRecord, Option<Cursor>)>, runs: Vec<RunRecord>) -> H {
+        let mut core = EngineCore::new(CoreConfig { timing: Timing::default(), token: TOKEN + 1, leader_id: "leader".into() });
+        core.load(now, tasks, runs);
+        let mut h = H { core, now, log: Vec::new() };
+        h.drain();
+        h
+    }
+
+    fn drain(&mut self) -> Effects {
+        let fx = self.core.poll_effects();
+        let copy = Effects {
+            writes: fx.writes.clone(),
+            disconnects: fx.disconnects.clone(),
+            sends: fx.sends.clone(),
+            events: fx.events.clone(),
+            replies: Vec::new(),
+            reads: fx.reads.clone(),
+        };
+        self.log.push(copy);
+        fx
+    }
+
+    fn record(&self, json: serde_json::Value) -> TaskRecord {
+        let spec = TaskSpec::from_json(&json.to_string()).expect("valid task");
+        TaskRecord { spec, paused: false, paused_at: None, resumed_at: None, created_at: self.now, updated_at: self.now }
+    }
+
+    fn put(&mut self, rec: TaskRecord) -> Effects {
+        self.core.handle(self.now, Input::TaskPut { record: Box::new(rec), cursor: None });
+        self.drain()
+    }
+
+    fn task(&mut self, json: serde_json::Value) -> Effects {
+        let rec = self.record(json);
+        self.put(rec)
+    }
+
+    fn hello_with(&mut self, id: &str, agents: &[&str], slots: u32, instance: &str, in_flight: Vec<InFlightExec>) -> (u64, Effects) {
+        let hello = RunnerHello {
+            runner_id: id.into(),
+            agents: agents.iter().map(|a| a.to_string()).collect(),
+            slots,
+            labels: BTreeMap::new(),
+            version: "test".into(),
+            in_flight,
+            instance_id: instance.into(),
+        };
+        let s = self.core.runner_hello(self.now, hello).expect("hello accepted");
+        (s, self.drain())
+    }
+
+    fn hello(&mut self, id: &str, agents: &[&str], slots: u32) -> (u64, Effects) {
+        self.hello_with(id, agents, slots, &format!("{id}-instance"), Vec::new())
+    }
+
+    /// Moves the clock and fires every timer due, draining effects.
+    fn advance(&mut self, d: Duration) -> Effects {
+        self.now += d;
+        let mut all = Effects::default();
+        loop {
+            let more = self.core.handle_timeout(self.now, 16);
+            let fx = self.drain();
+            all.writes.extend(fx.writes);
+            all.disconnects.extend(fx.disconnects);
+            all.sends.extend(fx.sends);
+            all.events.extend(fx.events);
+            all.replies.extend(fx.replies);
+            all.reads.extend(fx.reads);
+            if !more {
+                return all;
+            }
+        }
+    }
+
+    /// Advances `secs` seconds one at a time, `alive` runners heartbeating
+    /// each second; returns every effect.
+    fn tick(&mut self, secs: i64, alive: &[(&str, u64)]) -> Effects {
+        let mut all = Effects::default();
+        for _ in 0..secs {
+            for (r, s) in alive {
+                self.heartbeat(r, *s);
+            }
+            let fx = self.advance(Duration::seconds(1));
+            all.writes.extend(fx.writes);
+            all.disconnects.extend(fx.disconnects);
+            all.sends.extend(fx.sends);
+            all.events.extend(fx.events);
+            all.reads.extend(fx.reads);
+        }
+        all
+    }
+
+    fn msg(&mut self, runner: &str, session: u64, msg: FromRunner) -> Effects {
+        self.core.handle(self.now, Input::Runner { runner_id: runner.into(), session, received_at: self.now, msg });
+        self.drain()
+    }
+
+    fn heartbeat(&mut self, runner: &str, session: u64) -> Effects {
+        self.msg(runner, session, FromRunner::Heartbeat { seq: 1, draining: false })
+    }
+
+    fn finished(&mut self, runner: &str, session: u64, a: &Assignment, outcome: ReportedOutcome) -> Effects {
+        let report = FinishedReport {
+            run_id: a.run_id.clone(),
+            execution_id: a.execution_id.clone(),
+            outcome,
+            result: Some(serde_json::json!({"by": runner})),
+            error: if outcome == ReportedOutcome::Succeeded { String::new() } else { format!("{outcome:?}") },
+            exit_code: Some(if outcome == ReportedOutcome::Succeeded { 0 } else { 1 }),
+            stdout_tail: String::new(),
+            stderr_tail: String::new(),
+            started_at: None,
+            finished_at: Some(self.now),
+        };
+        self.msg(runner, session, FromRunner::Finished(Box::new(report)))
+    }
+
+    fn run(&self, run_id: &str) -> RunRecord {
+        self.core.active_run(run_id).unwrap_or_else(|| panic!("run {run_id} not in memory"))
+    }
+
+    /// The last stored state of a run (from the writes drained so far).
+    fn stored(&self, run_id: &str) -> Option<RunRecord> {
+        self.log.iter().flat_map(|fx| fx.writes.iter().flatten()).rev().find_map(|op| match op {
+            StoreOp::CreateRun(r) | StoreOp::PutRun(r) if r.run_id == run_id => Some((**r).clone()),
+            _ => None,
+        })
+    }
+
+    /// Transactions (polls with writes) that wrote this run.
+    fn writes_of(&self, run_id: &str) -> usize {
+        self.log
+            .iter()
+            .filter(|fx| {
+                fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::CreateRun(r) | StoreOp::PutRun(r) if r.run_id == run_id))
+            })
+            .count()
+    }
+
+    fn trigger(&mut self, task: &str, key: &str) -> Effects {
+        let req = TriggerRequest {
+            task_id: task.into(),
+            params: Default::default(),
+            not_before: None,
+            delay_seconds: 0,
+            idempotency_key: Some(key.into()),
+        };
+        self.core.handle(self.now, Input::Trigger { reply: 1, req, explicit_key: false });
+        self.drain()
+    }
+}
+
+fn assigns(fx: &Effects) -> Vec<(String, Assignment)> {
+    fx.sends
+        .iter()
+        .filter_map(|o| match &o.msg {
+            ToRunner::Assign(a) => Some((o.runner_id.clone(), (**a).clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn one_assign(fx: &Effects) -> Assignment {
+    let a = assigns(fx);
+    assert_eq!(a.len(), 1, "exactly one assignment: {a:?}");
+    a[0].1.clone()
+}
+
+fn acks(fx: &Effects) -> usize {
+    fx.sends.iter().filter(|o| matches!(o.msg, ToRunner::FinishedAck { .. })).count()
+}
+
+fn manual(task: &str) -> serde_json::Value {
+    serde_json::json!({"task_id": task, "agent_id": "a"})
+}
+
+fn every_10s(task: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut v = serde_json::json!({"task_id": task, "agent_id": "a", "trigger": {"type": "interval", "every": "10s"}});
+    if let (Some(o), serde_json::Value::Object(e)) = (v.get_mut("execution"), &extra) {
+        o.as_object_mut().expect("object").extend(e.clone());
+    } else {
+        v["execution"] = extra;
+    }
+    v
+}
+
+// ------------------------------------------------------------------ admission
+
+/// Every overlap policy, with `concurrency_limit: 1` and a run active.
+#[test]
+fn admission_follows_the_overlap_policy() {
+    for (policy, expect_status, expect_reason) in [
+        ("skip", RunStatus::Skipped, Some(SkipReason::ConcurrencyLimit)),
+        ("queue", RunStatus::Pending, None),
+        ("cancel_running", RunStatus::Pending, None),
+    ] {
+        let mut h = H::new();
+        h.task(every_10s("t", serde_json::json!({"overlap_policy": policy})));
+        let (s, _) = h.hello("r1", &["a"], 4);
+        let fx = h.tick(10, &[("r1", s)]);
+        let first = one_assign(&fx);
+        let fx = h.tick(10, &[("r1", s)]);
+        assert!(assigns(&fx).is_empty(), "{policy}: the limit holds");
+        let second = "t.20261201T100020Z";
+        let stored = h.stored(second).expect("the second slot has a record");
+        assert_eq!(stored.status, expect_status, "{policy}: {stored:?}");
+        assert_eq!(stored.skip_reason, expect_reason, "{policy}");
+        match policy {
+            "cancel_running" => {
+                let old = h.run(&first.run_id);
+                assert_eq!(old.status, RunStatus::Cancelled);
+                assert!(old.attempts[0].awaiting_runner, "the old agent still holds its slot");
+                assert!(
+                    fx.sends.iter().any(|o| matches!(&o.msg, ToRunner::Cancel { execution_id, .. } if *execution_id == first.execution_id))
+                );
+                // The replacement starts only once the runner reports the old agent gone.
+                let fx = h.tick(4, &[("r1", s)]);
+                assert!(assigns(&fx).is_empty());
+                let fx = h.finished("r1", s, &first, ReportedOutcome::Cancelled);
+                assert_eq!(one_assign(&fx).run_id, second);
+                assert_eq!(acks(&fx), 1);
+            }
+            "queue" => {
+                let fx = h.finished("r1", s, &first, ReportedOutcome::Succeeded);
+                assert_eq!(one_assign(&fx).run_id, second, "the queued run goes next");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Issue 6, invariant 6: `run_all` after an outage runs every missed slot
+/// within the grace, oldest first, one after another — none is SKIPPED for
+/// overlapping the others.
+#[test]
+fn run_all_queues_missed_slots_behind_each_other() {
+    let created = t0() - Duration::seconds(75);
+    let mut rec = H::new().record(every_10s("t", serde_json::json!({"misfire_policy": "run_all", "misfire_grace_seconds": 3600})));
+    rec.created_at = created;
+    let cursor = Cursor { last_slot: Some(t0() - Duration::seconds(70)), updated_at: None };
+    let mut h = H::loaded(t0(), vec![(rec, Some(cursor))], Vec::new());
+    let fx = h.advance(Duration::zero());
+    let created: Vec<&RunRecord> =
+        fx.writes.iter().flatten().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some(&**r) } else { None }).collect();
+    assert_eq!(created.len(), 7, "slots 09:59:00..10:00:00: {created:?}");
+    assert!(created.iter().all(|r| r.status == RunStatus::Pending), "{created:?}");
+    assert!(
+        fx.writes.iter().any(|g| g.iter().any(|op| matches!(op, StoreOp::PutCursor { .. }))
+            && g.iter().filter(|op| matches!(op, StoreOp::CreateRun(_))).count() == 7),
+        "records and cursor in one group"
+    );
+    let (s, fx) = h.hello("r1", &["a"], 4);
+    let a = one_assign(&fx);
+    assert_eq!(a.run_id, "t.20261201T095900Z", "oldest first");
+    let mut order = vec![a.run_id.clone()];
+    let mut cur = a;
+    for _ in 0..6 {
+        let fx = h.finished("r1", s, &cur, ReportedOutcome::Succeeded);
+        cur = one_assign(&fx);
+        order.push(cur.run_id.clone());
+    }
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted);
+}
+
+#[test]
+fn misfires_coalesce_into_one_record_with_the_cursor() {
+    let mut rec = H::new().record(every_10s("t", serde_json::json!({})));
+    rec.created_at = t0() - Duration::hours(1);
+    let cursor = Cursor { last_slot: Some(t0() - Duration::minutes(30)), updated_at: None };
+    let mut h = H::loaded(t0() + Duration::seconds(5), vec![(rec, Some(cursor))], Vec::new());
+    let fx = h.advance(Duration::zero());
+    let group = fx.writes.iter().find(|g| g.iter().any(|op| matches!(op, StoreOp::PutCursor { .. }))).expect("a group with the cursor");
+    let runs: Vec<&RunRecord> = group.iter().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some(&**r) } else { None }).collect();
+    assert_eq!(runs.len(), 2, "one skipped record and the latest slot's run: {runs:?}");
+    let skipped = runs.iter().find(|r| r.status == RunStatus::Skipped).expect("skipped");
+    assert_eq!(skipped.skip_reason, Some(SkipReason::Misfired));
+    assert_eq!(skipped.missed_count, Some(179));
+    assert!(skipped.error.as_deref().is_some_and(|e| e.contains("misfire_grace_seconds")), "{skipped:?}");
+    assert!(runs.iter().any(|r| r.run_id == "t.20261201T100000Z" && r.status == RunStatus::Pending));
+}
+
+// ---------------------------------------------------------------- dispatch
+
+/// A successful single-attempt run costs two transactions: created and
+/// assigned together, then finished; `Started` rides along.
+#[test]
+fn a_successful_run_costs_two_transactions() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let fx = h.trigger("m", "k1");
+    let a = one_assign(&fx);
+    assert_eq!(fx.writes.len(), 1, "created and assigned in one group");
+    let fx = h.msg("r1", s, FromRunner::Started { run_id: a.run_id.clone(), execution_id: a.execution_id.clone(), started_at: None });
+    assert!(fx.writes.is_empty(), "Started alone writes nothing");
+    assert!(fx.events.iter().any(|e| matches!(e, Lifecycle::RunStarted(_))));
+    let fx = h.finished("r1", s, &a, ReportedOutcome::Succeeded);
+    assert_eq!(acks(&fx), 1);
+    assert_eq!(h.writes_of(&a.run_id), 2);
+    let stored = h.stored(&a.run_id).expect("stored");
+    assert_eq!(stored.status, RunStatus::Succeeded);
+    assert!(stored.actual_started_at.is_some(), "the start rode along with the finish");
+    assert!(h.core.active_run(&a.run_id).is_none(), "a written terminal run leaves memory");
+}
+
+#[test]
+fn dispatch_prefers_priority_then_the_older_slot() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "lo", "agent_id": "a", "execution": {"priority": -1000, "concurrency_limit": 5}}));
+    h.task(serde_json::json!({"task_id": "hi", "agent_id": "a", "execution": {"priority": 1000}}));
+    h.trigger("lo", "1");
+    h.trigger("hi", "1");
+    h.now += Duration::seconds(1);
+    h.trigger("lo", "2");
+    let (_, fx) = h.hello("r1", &["a"], 2);
+    let got: Vec<String> = assigns(&fx).into_iter().map(|(_, a)| a.run_id).collect();
+    assert_eq!(got, vec!["hi.manual-1", "lo.manual-1"]);
+    let waiting = h.run("lo.manual-2");
+    assert_eq!(waiting.pending_reason.as_deref(), Some("waiting for a free slot on runners serving agent \"a\""));
+}
+
+/// Invariant 8: a run no runner serves ends TIMEOUT at its start deadline,
+/// with the reason, whatever `max_retries` says; the slot frees.
+#[test]
+fn start_timeout_ends_a_run_no_runner_serves() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "x", "execution": {"start_timeout_seconds": 30, "max_retries": 5}}));
+    h.trigger("m", "1");
+    let run = h.run("m.manual-1");
+    assert_eq!(run.start_by, Some(t0() + Duration::seconds(30)));
+    assert_eq!(run.pending_reason.as_deref(), Some("no connected runner serves agent \"x\""));
+    h.advance(Duration::seconds(29));
+    assert_eq!(h.run("m.manual-1").status, RunStatus::Pending);
+    h.advance(Duration::seconds(1));
+    let stored = h.stored("m.manual-1").expect("stored");
+    assert_eq!(stored.status, RunStatus::Timeout);
+    assert_eq!(stored.error.as_deref(), Some("not started within 30 s: no connected runner serves agent \"x\""));
+    assert!(stored.attempts.is_empty());
+}
+
+// ------------------------------------------------------------ attempts end
+
+#[test]
+fn failed_attempts_retry_with_backoff_then_fail() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a",
+        "execution": {"max_retries": 1, "retry_backoff": {"base_seconds": 3, "cap_seconds": 60, "jitter_seconds": 0}}}));
+    let (s, _) = h.hello("r1", &["a"], 1);
+    let a1 = one_assign(&h.trigger("m", "1"));
+    h.finished("r1", s, &a1, ReportedOutcome::Failed);
+    let run = h.run("m.manual-1");
+    assert_eq!(run.status, RunStatus::Retrying);
+    assert_eq!(run.next_attempt_at, Some(h.now + Duration::seconds(3)));
+    assert!(assigns(&h.advance(Duration::milliseconds(2999))).is_empty());
+    let a2 = one_assign(&h.advance(Duration::milliseconds(1)));
+    assert_eq!(a2.attempt, 2);
+    h.finished("r1", s, &a2, ReportedOutcome::Timeout);
+    let stored = h.stored("m.manual-1").expect("stored");
+    assert_eq!(stored.status, RunStatus::Timeout, "the last attempt's outcome names the end");
+    assert_eq!(stored.attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(), vec![Some(Outcome::Failed), Some(Outcome::Timeout)]);
+}
+
+/// Invariant 7: interruptions (runner shutdown) do not spend an attempt, up
+/// to 3 per run; the 4th counts.
+#[test]
+fn interruptions_are_free_three_times_then_count() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "execution": {"max_retries": 0}}));
+    let (s, _) = h.hello("r1", &["a"], 1);
+    let mut a = one_assign(&h.trigger("m", "1"));
+    for n in 1..=3 {
+        let fx = h.finished("r1", s, &a, ReportedOutcome::Interrupted);
+        assert_eq!(h.run("m.manual-1").interruptions, n);
+        a = one_assign(&fx);
+        assert_eq!(a.attempt, n + 1);
+    }
+    h.finished("r1", s, &a, ReportedOutcome::Interrupted);
+    let stored = h.stored("m.manual-1").expect("stored");
+    assert_eq!(stored.status, RunStatus::Failed, "the 4th interruption counts, and max_retries is 0");
+}
+
+/// A refused assignment spends no attempt: the run waits and goes again.
+#[test]
+fn a_refused_assignment_is_undone() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (s, _) = h.hello("r1", &["a"], 1);
+    let a = one_assign(&h.trigger("m", "1"));
+    let fx = h.finished("r1", s, &a, ReportedOutcome::Refused);
+    assert_eq!(acks(&fx), 1);
+    let run = h.run("m.manual-1");
+    assert_eq!((run.status, run.attempts.len()), (RunStatus::Pending, 0));
+    assert!(run.pending_reason.as_deref().is_some_and(|r| r.contains("refused")), "{run:?}");
+    let again = one_assign(&h.advance(Duration::seconds(1)));
+    assert_eq!(again.attempt, 1);
+    assert_ne!(again.execution_id, a.execution_id);
+}
+
+// ------------------------------------------------------------- ownership
+
+/// Invariant 1: reports about another runner's execution change nothing;
+/// a Hello re-declaring it does not take it.
+#[test]
+fn reports_about_another_runners_execution_change_nothing() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (s1, _) = h.hello("r1", &["a"], 1);
+    let a = one_assign(&h.trigger("m", "1"));
+    let (s2, _) = h.hello("r2", &["a"], 1);
+    let before = h.run(&a.run_id);
+    let fx = h.msg("r2", s2, FromRunner::Started { run_id: a.run_id.clone(), execution_id: a.execution_id.clone(), started_at: None });
+    assert!(fx.events.is_empty() && fx.writes.is_empty());
+    let fx = h.msg(
+        "r2",
+        s2,
+        FromRunner::Progress {
+            run_id: a.run_id.clone(),
+            execution_id: a.execution_id.clone(),
+            percent: Some(99.0),
+            message: "forged".into(),
+            checkpoint: None,
+        },
+    );
+    assert!(fx.events.is_empty() && fx.writes.is_empty());
+    let fx = h.finished("r2", s2, &a, ReportedOutcome::Succeeded);
+    assert!(fx.writes.is_empty(), "{:?}", fx.writes);
+    assert_eq!(h.run(&a.run_id), before, "the forged reports changed nothing");
+    // A re-connecting r2 claiming the execution is told it is unknown.
+    h.now += Duration::seconds(10);
+    h.msg("r1", s1, FromRunner::Heartbeat { seq: 9, draining: false });
+    h.core.handle(h.now, Input::RunnerGone { runner_id: "r2".into(), session: s2 });
+    let (_, fx) = h.hello_with("r2", &["a"], 1, "r2-instance", vec![InFlightExec::new(&a.run_id, &a.execution_id, 1)]);
+    let unknown = fx.sends.iter().find_map(|o| if let ToRunner::Welcome { unknown, .. } = &o.msg { Some(unknown.clone()) } else { None });
+    assert_eq!(unknown.map(|u| u.len()), Some(1));
+    assert_eq!(h.core.runner_snapshots().iter().find(|r| r.runner_id == "r2").map(|r| r.busy), Some(0));
+    // The owner still finishes it.
+    h.finished("r1", s1, &a, ReportedOutcome::Succeeded);
+    assert_eq!(h.stored(&a.run_id).map(|r| r.status), Some(RunStatus::Succeeded));
+}
+
+// --------------------------------------------------------------- loss
+
+/// Invariants 2 and 3: a silent runner gets no new work at 3 heartbeats,
+/// but its attempt is lost only past the fence deadline and margin; the
+/// next run starts only then; a late success stays evidence.
+#[test]
+fn a_silent_runner_is_lost_only_past_its_fence_and_late_reports_are_evidence() {
+    let mut h = H::new();
+    let timing = Timing::default();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "execution": {"max_retries": 0, "concurrency_limit": 1, "overlap_policy": "queue"}}));
+    let (s1, _) = h.hello("r1", &["a"], 1);
+    let (s2, _) = h.hello("r2", &["a"], 1);
+    let a = one_assign(&h.trigger("m", "1"));
+    let owner = if h.run(&a.run_id).attempts[0].runner_id == "r1" { ("r1", s1, "r2", s2) } else { ("r2", s2, "r1", s1) };
+    h.trigger("m", "2");
+    let step = Duration::seconds(1);
+    let mut disconnected_at = None;
+    let mut waited = Duration::zero();
+    while h.core.active_run(&a.run_id).is_some_and(|r| r.status == RunStatus::Running) {
+        let fx = h.advance(step);
+        waited += step;
+        h.msg(owner.2, owner.3, FromRunner::Heartbeat { seq: 1, draining: false });
+        if fx.disconnects.iter().any(|(id, _)| id == owner.0) {
+            disconnected_at.get_or_insert(waited);
+        }
+        assert!(
+            assigns(&fx).is_empty() || h.core.active_run(&a.run_id).is_none_or(|r| r.status != RunStatus::Running),
+            "no second agent while the first may live"
+        );
+        assert!(waited < Duration::seconds(60), "never lost");
+    }
+    let silent = Duration::from_std(timing.runner_silent_after()).expect("d");
+    let lost = Duration::from_std(timing.runner_lost_after()).expect("d");
+    assert!(disconnected_at.is_some_and(|d| d > silent && d <= silent + step + step), "{disconnected_at:?}");
+    assert!(waited > lost && waited <= lost + step + step, "lost after {waited:?}");
+    let failed = h.stored(&a.run_id).expect("stored");
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert_eq!(failed.attempts[0].outcome, Some(Outcome::Lost));
+    assert_eq!(h.stored("m.manual-2").map(|r| r.status), Some(RunStatus::Running), "the queued run went once the first was lost");
+    // The lost runner comes back and reports success: evidence only.
+    let (s1b, _) =
+        h.hello_with(owner.0, &["a"], 1, &format!("{}-instance", owner.0), vec![InFlightExec::new(&a.run_id, &a.execution_id, 1)]);
+    let fx = h.finished(owner.0, s1b, &a, ReportedOutcome::Succeeded);
+    assert!(fx.reads.len() == 1, "the run left memory: the store is asked");
+    let (run_id, purpose) = fx.reads[0].clone();
+    h.core.handle(h.now, Input::RunLoaded { run_id, run: Some(Box::new(failed)), purpose });
+    let fx = h.drain();
+    assert_eq!(acks(&fx), 1);
+    let after = h.stored(&a.run_id).expect("stored");
+    assert_eq!(after.status, RunStatus::Failed, "terminal is final");
+    let report = after.attempts[0].report.clone().expect("the late report is kept");
+    assert_eq!(report.outcome, Outcome::Succeeded);
+    assert_eq!(report.result, Some(serde_json::json!({"by": owner.0})));
+}
+
+/// The deadline backstop ends an attempt TIMEOUT but its slot is held
+/// until the runner reports the agent gone.
+#[test]
+fn deadline_backstop_holds_the_slot_until_the_runner_confirms() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "execution": {"timeout_seconds": 10, "overlap_policy": "queue"}}));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let a = one_assign(&h.trigger("m", "1"));
+    h.trigger("m", "2");
+    let slack = Duration::from_std(Timing::default().deadline_slack()).expect("d");
+    let mut fx = Effects::default();
+    for _ in 0..(10 + slack.num_seconds()) {
+        fx = h.advance(Duration::seconds(1));
+        h.heartbeat("r1", s);
+    }
+    assert!(fx.sends.iter().any(|o| matches!(&o.msg, ToRunner::Cancel { execution_id, .. } if *execution_id == a.execution_id)));
+    let timed_out = h.run(&a.run_id);
+    assert_eq!(timed_out.status, RunStatus::Timeout);
+    assert!(timed_out.attempts[0].awaiting_runner);
+    assert!(assigns(&fx).is_empty(), "the next run waits for the agent");
+    let fx = h.finished("r1", s, &a, ReportedOutcome::Timeout);
+    assert_eq!(one_assign(&fx).run_id, "m.manual-2");
+    assert_eq!(h.stored(&a.run_id).map(|r| r.attempts[0].awaiting_runner), Some(false));
+}
+
+/// A runner process replaced by another with the same id (new instance):
+/// its unreported execution is lost, and holds its task's slot until the
+/// old process's fence has passed.
+#[test]
+fn a_restarted_runner_without_its_execution_frees_the_slot_after_the_old_fence() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "execution": {"overlap_policy": "queue"}}));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let a = one_assign(&h.trigger("m", "1"));
+    h.msg("r1", s, FromRunner::Started { run_id: a.run_id.clone(), execution_id: a.execution_id.clone(), started_at: None });
+    h.trigger("m", "2");
+    h.core.handle(h.now, Input::RunnerGone { runner_id: "r1".into(), session: s });
+    h.now += Duration::seconds(1);
+    let (s2, fx) = h.hello_with("r1", &["a"], 4, "new-instance", Vec::new());
+    assert!(assigns(&fx).is_empty(), "the old process may still run the agent");
+    assert_eq!(h.run(&a.run_id).attempts[0].outcome, Some(Outcome::Lost));
+    let lost = Duration::from_std(Timing::default().runner_lost_after()).expect("d");
+    let mut got = None;
+    for i in 0..=lost.num_seconds() {
+        let fx = h.advance(Duration::seconds(1));
+        h.heartbeat("r1", s2);
+        if let Some((_, x)) = assigns(&fx).into_iter().next() {
+            got = Some((i, x));
+            break;
+        }
+    }
+    let (i, next) = got.expect("dispatched once the old fence passed");
+    assert_eq!(next.run_id, "m.manual-2");
+    assert!(i + 2 >= lost.num_seconds(), "not before the old process's fence: {i}");
+}
+
+/// The same runner process reconnecting without an assignment it never
+/// started: dispatched again as the same attempt.
+#[test]
+fn the_same_process_reconnecting_without_an_unstarted_assignment_gets_it_again() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (s, _) = h.hello("r1", &["a"], 1);
+    let a = one_assign(&h.trigger("m", "1"));
+    h.core.handle(h.now, Input::RunnerGone { runner_id: "r1".into(), session: s });
+    let (_, fx) = h.hello("r1", &["a"], 1);
+    assert!(assigns(&fx).is_empty());
+    assert!(h.run("m.manual-1").attempts.is_empty());
+    let again = one_assign(&h.advance(Duration::seconds(1)));
+    assert_eq!((again.attempt, again.run_id), (1, a.run_id));
+}
+
+// ----------------------------------------------------------- cancellation
+
+#[test]
+fn cancel_of_a_pending_run_is_immediate_and_of_a_running_one_waits_for_the_agent() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "execution": {"concurrency_limit": 1, "overlap_policy": "queue"}}));
+    let (s, _) = h.hello("r1", &["a"], 2);
+    let a = one_assign(&h.trigger("m", "1"));
+    h.trigger("m", "2");
+    h.core.handle(h.now, Input::Cancel { reply: 9, run_id: "m.manual-2".into(), reason: String::new() });
+    let fx = h.drain();
+    assert!(matches!(fx.replies.first(), Some((9, Reply::Cancel(Ok(r)))) if r.status == RunStatus::Cancelled));
+    h.trigger("m", "3");
+    h.core.handle(h.now, Input::Cancel { reply: 10, run_id: a.run_id.clone(), reason: "stop".into() });
+    let fx = h.drain();
+    assert!(fx.sends.iter().any(|o| matches!(o.msg, ToRunner::Cancel { .. })));
+    assert!(assigns(&fx).is_empty(), "no replacement while the cancelled agent may live");
+    let fx = h.finished("r1", s, &a, ReportedOutcome::Cancelled);
+    assert_eq!(one_assign(&fx).run_id, "m.manual-3");
+    // Cancelling a finished run: the store is asked, then refused.
+    h.core.handle(h.now, Input::Cancel { reply: 11, run_id: "m.manual-2".into(), reason: String::new() });
+    let fx = h.drain();
+    let (run_id, purpose) = fx.reads[0].clone();
+    let stored = h.stored("m.manual-2").map(Box::new);
+    h.core.handle(h.now, Input::RunLoaded { run_id, run: stored, purpose });
+    assert!(matches!(h.drain().replies.first(), Some((11, Reply::Cancel(Err(Error::FailedPrecondition(_)))))));
+}
+
+#[test]
+fn a_trigger_with_a_known_key_reads_the_store_first() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    let req = TriggerRequest {
+        task_id: "m".into(),
+        params: Default::default(),
+        not_before: None,
+        delay_seconds: 0,
+        idempotency_key: Some("k".into()),
+    };
+    h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: true });
+    let fx = h.drain();
+    assert!(fx.writes.is_empty() && fx.replies.is_empty());
+    let (run_id, purpose) = fx.reads[0].clone();
+    let existing = RunRecord::pending(run_id.clone(), "m", "a", TriggerKind::Manual, t0() - Duration::hours(1), t0());
+    h.core.handle(h.now, Input::RunLoaded { run_id: run_id.clone(), run: Some(Box::new(existing)), purpose: purpose.clone() });
+    let fx = h.drain();
+    assert!(matches!(&fx.replies[0].1, Reply::Trigger(Ok(t)) if !t.created && t.scheduled_at == t0() - Duration::hours(1)));
+    assert!(fx.writes.is_empty());
+    h.core.handle(h.now, Input::RunLoaded { run_id, run: None, purpose });
+    let fx = h.drain();
+    assert!(matches!(&fx.replies[0].1, Reply::Trigger(Ok(t)) if t.created));
+    assert_eq!(fx.writes.len(), 1);
+}
+
+// ------------------------------------------------------- task changes
+
+/// Invariant 5: slots due while a new leader waits for re-declaration get
+/// records, even when the task is paused (or deleted) before they fire.
+#[test]
+fn slots_due_before_a_pause_are_settled_after_redeclaration() {
+    let start = t0();
+    let mut rec = H::new().record(every_10s("t", serde_json::json!({})));
+    rec.created_at = start - Duration::minutes(5);
+    let mut running =
+        RunRecord::pending("t.20261201T095950Z".into(), "t", "a", TriggerKind::Interval, start - Duration::seconds(10), start);
+    running.status = RunStatus::Running;
+    running.attempts.push(crate::model::Attempt {
+        attempt: 1,
+        execution_id: "e-old".into(),
+        runner_id: "r1".into(),
+        runner_instance: "i1".into(),
+        dispatched_at: start - Duration::seconds(10),
+        started_at: Some(start - Duration::seconds(10)),
+        finished_at: None,
+        outcome: None,
+        error: None,
+        exit_code: None,
+        awaiting_runner: false,
+        report: None,
+    });
+    let cursor = Cursor { last_slot: Some(start - Duration::seconds(10)), updated_at: None };
+    let mut h = H::loaded(start, vec![(rec.clone(), Some(cursor))], vec![running]);
+    // Two slots fire while r1 has not said Hello: deferred.
+    let fx = h.advance(Duration::seconds(15));
+    assert!(fx.writes.is_empty(), "nothing decided before re-declaration: {:?}", fx.writes);
+    // The task is paused meanwhile.
+    let mut paused = rec.clone();
+    paused.paused = true;
+    paused.paused_at = Some(h.now);
+    h.put(paused);
+    // r1 comes back without the old run (lost); the due slots are settled.
+    let (_, _) = h.hello_with("r1", &["a"], 4, "i2", Vec::new());
+    let fx = h.advance(Duration::zero());
+    let _ = fx;
+    for slot in ["t.20261201T100000Z", "t.20261201T100010Z"] {
+        let covered = h.log.iter().flat_map(|f| f.writes.iter().flatten()).any(|op| match op {
+            StoreOp::CreateRun(r) => {
+                r.run_id == slot
+                    || (r.missed_from.is_some_and(|f| f <= slot_time(slot)) && r.missed_until.is_some_and(|u| u >= slot_time(slot)))
+            }
+            _ => false,
+        });
+        assert!(covered, "slot {slot} has a record");
+    }
+    // And nothing more fires while paused.
+    let fx = h.advance(Duration::seconds(60));
+    assert!(!fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::CreateRun(_))));
+}
+
+fn slot_time(run_id: &str) -> DateTime<Utc> {
+    let stamp = run_id.split('.').nth(1).expect("stamp");
+    chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%SZ").expect("stamp").and_utc()
+}
+
+#[test]
+fn deleting_a_task_settles_its_due_slots_and_cancels_its_waiting_runs() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "t", "agent_id": "x", "trigger": {"type": "interval", "every": "10s"}, "execution": {"overlap_policy": "queue"}}));
+    h.advance(Duration::seconds(10));
+    assert_eq!(h.run("t.20261201T100010Z").status, RunStatus::Pending);
+    h.now += Duration::seconds(2);
+    h.core.handle(h.now, Input::TaskDeleted { task_id: "t".into() });
+    let fx = h.drain();
+    assert!(fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::DeleteCursor { task_id } if task_id == "t")));
+    assert_eq!(h.stored("t.20261201T100010Z").map(|r| r.status), Some(RunStatus::Cancelled));
+    let fx = h.advance(Duration::seconds(30));
+    assert!(fx.writes.is_empty());
+}
+
+#[test]
+fn heartbeats_are_acknowledged_with_their_seq_and_nothing_is_written() {
+    let mut h = H::new();
+    let (s, fx) = h.hello("r1", &["a"], 1);
+    let fence = fx.sends.iter().find_map(|o| if let ToRunner::Welcome { fence_ms, .. } = o.msg { Some(fence_ms) } else { None });
+    assert_eq!(fence, Some(Timing::default().runner_fence().as_millis() as u64));
+    let fx = h.msg("r1", s, FromRunner::Heartbeat { seq: 42, draining: false });
+    assert!(matches!(fx.sends.as_slice(), [Outbound { msg: ToRunner::HeartbeatAck { seq: 42, fencing_token: TOKEN }, .. }]));
+    assert!(fx.writes.is_empty());
+    // An old session's messages are ignored.
+    let fx = h.msg("r1", s + 100, FromRunner::Heartbeat { seq: 1, draining: false });
+    assert!(fx.sends.is_empty());
+}
+
+#[test]
+fn a_second_live_runner_with_the_same_id_is_refused() {
+    let mut h = H::new();
+    h.hello("r1", &["a"], 1);
+    let hello = RunnerHello { runner_id: "r1".into(), slots: 1, ..Default::default() };
+    assert!(matches!(h.core.runner_hello(h.now, hello), Err(Error::FailedPrecondition(_))));
+}
+
+/// Progress is persisted lazily: many reports, one write per flush.
+#[test]
+fn progress_floods_cost_one_write_per_flush() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (s, _) = h.hello("r1", &["a"], 1);
+    let a = one_assign(&h.trigger("m", "1"));
+    for i in 0..1000 {
+        let fx = h.msg(
+            "r1",
+            s,
+            FromRunner::Progress {
+                run_id: a.run_id.clone(),
+                execution_id: a.execution_id.clone(),
+                percent: Some(f64::from(i % 100)),
+                message: format!("{i}"),
+                checkpoint: None,
+            },
+        );
+        assert!(fx.writes.is_empty());
+    }
+    let fx = h.advance(Duration::from_std(PROGRESS_FLUSH).expect("d"));
+    assert_eq!(fx.writes.len(), 1);
+    assert_eq!(h.stored(&a.run_id).and_then(|r| r.progress).map(|p| p.message), Some("999".to_string()));
+}

@@ -1,0 +1,345 @@
+//! The engine's async shell: one tokio task that feeds the decision core
+//! and performs its effects. It owns everything with I/O in it — the store
+//! (through [`Repo`]), the clock, the runner streams' senders, the reply
+//! channels, the lifecycle bus — and decides nothing.
+//!
+//! One turn: take one input (a batch of up to [`MAX_COMMANDS_PER_TURN`]
+//! queued commands, a task change, or up to [`MAX_TIMERS_PER_TURN`] due
+//! timers — whichever `select!` picks, at random when several are ready, so
+//! neither starves the other), then perform the effects: commit the writes
+//! (one fenced transaction as far as the store allows), close and send to
+//! runners (`try_send`: a runner whose stream does not drain is
+//! disconnected, never awaited), publish lifecycle events, deliver replies,
+//! and feed back the runs the core asked to read.
+//!
+//! A failed write ends the engine ([`EngineExit::Fenced`] when the fence
+//! rejected it, else [`EngineExit::Failed`]); the bootstrap starts a new one
+//! from the store. Memory is never trusted past a write that did not commit.
+
+use std::collections::HashMap;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
+
+use super::core::{CoreConfig, EngineCore, Input, Reply, ReplyId, Triggered};
+use super::lifecycle::{Lifecycle, LifecycleBus};
+use super::protocol::ToRunner;
+use super::{Command, EngineHandle};
+use crate::clock::SharedClock;
+use crate::election::Leadership;
+use crate::error::{Error, Result};
+use crate::model::RunRecord;
+use crate::repo::{Repo, TaskChange};
+use crate::timing::Timing;
+
+/// Commands handled per turn before effects are performed.
+pub const MAX_COMMANDS_PER_TURN: usize = 256;
+/// Timers fired per turn.
+pub const MAX_TIMERS_PER_TURN: usize = 256;
+/// Commands queued for the engine; senders wait when it is full.
+const COMMAND_QUEUE: usize = 1024;
+
+/// Why the engine task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineExit {
+    /// Every handle was dropped, or it was told to stop.
+    Stopped,
+    /// The store rejected a write for this leader's fencing token: a newer
+    /// leader exists, and this replica must step down
+    /// ([`crate::election::Election::deposed`]).
+    Fenced,
+    /// A store read or write failed, or the task watch ended: the next
+    /// engine starts from the store.
+    Failed,
+}
+
+/// Options for [`Engine::start`].
+pub struct EngineConfig {
+    /// Typed store access.
+    pub repo: Repo,
+    /// Clock.
+    pub clock: SharedClock,
+    /// Timing constants.
+    pub timing: Timing,
+    /// The leadership this engine runs under (token and fence).
+    pub leadership: Leadership,
+    /// This replica's id (told to runners in Welcome).
+    pub leader_id: String,
+    /// Where lifecycle events go.
+    pub bus: LifecycleBus,
+}
+
+struct Link {
+    session: u64,
+    tx: mpsc::Sender<ToRunner>,
+    /// Dropped with the link: the stream's reader stops.
+    _kill: oneshot::Sender<()>,
+}
+
+enum Pending {
+    Trigger(oneshot::Sender<Result<Triggered>>),
+    Cancel(oneshot::Sender<Result<RunRecord>>),
+}
+
+/// The engine task's state.
+pub struct Engine {
+    core: EngineCore,
+    repo: Repo,
+    clock: SharedClock,
+    leadership: Leadership,
+    bus: LifecycleBus,
+    rx: mpsc::Receiver<Command>,
+    links: HashMap<String, Link>,
+    pending: HashMap<ReplyId, Pending>,
+    next_reply: ReplyId,
+    stop_reply: Option<oneshot::Sender<()>>,
+    /// Store transactions committed by this engine.
+    transactions: u64,
+}
+
+impl Engine {
+    /// Loads state from the store and starts the engine task. Returns its
+    /// handle and the task's join handle; dropping every handle (or
+    /// aborting the join handle) stops it.
+    ///
+    /// Errors: the store cannot be read.
+    pub async fn start(cfg: EngineConfig) -> Result<(EngineHandle, tokio::task::JoinHandle<EngineExit>)> {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        // Watch first, then read: no change falls in between.
+        let watch = cfg.repo.watch_tasks().await?;
+        let tasks = cfg.repo.load_tasks().await?;
+        let runs = cfg.repo.load_active_runs().await?;
+        let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
+        core.load(cfg.clock.now(), tasks, runs);
+        let engine = Engine {
+            core,
+            repo: cfg.repo,
+            clock: cfg.clock,
+            leadership: cfg.leadership,
+            bus: cfg.bus,
+            rx,
+            links: HashMap::new(),
+            pending: HashMap::new(),
+            next_reply: 0,
+            stop_reply: None,
+            transactions: 0,
+        };
+        let join = tokio::spawn(engine.run(watch));
+        Ok((EngineHandle { tx }, join))
+    }
+
+    async fn run(mut self, mut watch: BoxStream<'static, Result<TaskChange>>) -> EngineExit {
+        let exit = loop {
+            if let Err(exit) = self.perform().await {
+                break exit;
+            }
+            if let Some(reply) = self.stop_reply.take() {
+                let _ = reply.send(());
+                break EngineExit::Stopped;
+            }
+            let next = self.core.poll_timeout();
+            let clock = self.clock.clone();
+            let sleep = async move {
+                match next {
+                    Some(t) => clock.sleep_until(t).await,
+                    None => futures::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                cmd = self.rx.recv() => match cmd {
+                    None => break EngineExit::Stopped,
+                    Some(cmd) => {
+                        self.command(cmd);
+                        for _ in 1..MAX_COMMANDS_PER_TURN {
+                            match self.rx.try_recv() {
+                                Ok(cmd) => self.command(cmd),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                },
+                ev = watch.next() => match ev {
+                    Some(Ok(change)) => {
+                        if let Err(e) = self.task_change(change).await {
+                            tracing::error!(error = %e, "cannot read a task's cursor; the engine restarts");
+                            break EngineExit::Failed;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "task watch broke; reading tasks again");
+                        match self.reload_tasks().await {
+                            Ok(w) => watch = w,
+                            Err(e) => {
+                                tracing::error!(error = %e, "cannot read tasks again; the engine restarts");
+                                break EngineExit::Failed;
+                            }
+                        }
+                    }
+                    None => {
+                        tracing::error!("task watch ended; the engine restarts");
+                        break EngineExit::Failed;
+                    }
+                },
+                _ = sleep => {
+                    let now = self.clock.now();
+                    self.core.handle_timeout(now, MAX_TIMERS_PER_TURN);
+                }
+            }
+        };
+        let _ = self.bus.send(Lifecycle::LeadershipLost { token: self.leadership.token });
+        tracing::info!(?exit, token = self.leadership.token, transactions = self.transactions, "engine stopped");
+        exit
+    }
+
+    async fn task_change(&mut self, change: TaskChange) -> Result<()> {
+        let now = self.clock.now();
+        match change {
+            TaskChange::Put(record) => {
+                let cursor =
+                    if self.core.knows_task(&record.spec.task_id) { None } else { self.repo.get_cursor(&record.spec.task_id).await? };
+                self.core.handle(self.clock.now(), Input::TaskPut { record, cursor });
+            }
+            TaskChange::Deleted(task_id) => self.core.handle(now, Input::TaskDeleted { task_id }),
+        }
+        Ok(())
+    }
+
+    async fn reload_tasks(&mut self) -> Result<BoxStream<'static, Result<TaskChange>>> {
+        let watch = self.repo.watch_tasks().await?;
+        let tasks = self.repo.load_tasks().await?;
+        self.core.handle(self.clock.now(), Input::TasksReloaded { tasks });
+        Ok(watch)
+    }
+
+    fn reply_id(&mut self, p: Pending) -> ReplyId {
+        self.next_reply += 1;
+        self.pending.insert(self.next_reply, p);
+        self.next_reply
+    }
+
+    fn command(&mut self, cmd: Command) {
+        let now = self.clock.now();
+        match cmd {
+            Command::RunnerHello { hello, tx, kill, reply } => {
+                if tx.is_closed() {
+                    let _ = reply.send(Err(Error::Unavailable { reason: "runner stream closed".into(), leader: None }));
+                    return;
+                }
+                let runner_id = hello.runner_id.clone();
+                let r = self.core.runner_hello(now, hello);
+                if let Ok(session) = r {
+                    // Replaces (and so closes) an older stream of this runner.
+                    self.links.insert(runner_id, Link { session, tx, _kill: kill });
+                }
+                let _ = reply.send(r);
+            }
+            Command::RunnerMessage { runner_id, session, received_at, msg } => {
+                self.core.handle(now, Input::Runner { runner_id, session, received_at, msg });
+            }
+            Command::RunnerGone { runner_id, session } => {
+                if self.links.get(&runner_id).is_some_and(|l| l.session == session) {
+                    self.links.remove(&runner_id);
+                }
+                self.core.handle(now, Input::RunnerGone { runner_id, session });
+            }
+            Command::Trigger { mut req, reply } => {
+                let explicit_key = req.idempotency_key.is_some();
+                if req.idempotency_key.is_none() {
+                    req.idempotency_key = Some(uuid::Uuid::new_v4().simple().to_string());
+                }
+                let id = self.reply_id(Pending::Trigger(reply));
+                self.core.handle(now, Input::Trigger { reply: id, req, explicit_key });
+            }
+            Command::CancelRun { run_id, reason, reply } => {
+                let id = self.reply_id(Pending::Cancel(reply));
+                self.core.handle(now, Input::Cancel { reply: id, run_id, reason });
+            }
+            Command::ListRunners { reply } => {
+                let _ = reply.send(self.core.runner_snapshots());
+            }
+            Command::ActiveRun { run_id, reply } => {
+                let _ = reply.send(self.core.active_run(&run_id));
+            }
+            Command::ActiveRuns { task_id, reply } => {
+                let _ = reply.send(self.core.active_runs(&task_id));
+            }
+            Command::ServesAgent { agent_id, reply } => {
+                let _ = reply.send(self.core.serves_agent(&agent_id));
+            }
+            Command::Stop { reply } => {
+                self.core.flush();
+                self.stop_reply = Some(reply);
+            }
+        }
+    }
+
+    /// Performs the core's effects until it has none left.
+    async fn perform(&mut self) -> std::result::Result<(), EngineExit> {
+        loop {
+            let fx = self.core.poll_effects();
+            if fx.is_empty() {
+                return Ok(());
+            }
+            if !fx.writes.is_empty() {
+                match self.repo.commit(&self.leadership, fx.writes).await {
+                    Ok(stats) => self.transactions += stats.transactions as u64,
+                    Err(Error::Fenced(e)) => {
+                        tracing::error!(error = %e, token = self.leadership.token, "leader write rejected by the fencing token; stepping down");
+                        return Err(EngineExit::Fenced);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "store write failed; the engine restarts from the store");
+                        return Err(EngineExit::Failed);
+                    }
+                }
+            }
+            for (runner_id, session) in fx.disconnects {
+                if self.links.get(&runner_id).is_some_and(|l| l.session == session) {
+                    self.links.remove(&runner_id);
+                }
+            }
+            let now = self.clock.now();
+            for out in fx.sends {
+                let failed = match self.links.get(&out.runner_id) {
+                    Some(link) if link.session == out.session => match link.tx.try_send(out.msg) {
+                        Ok(()) => None,
+                        Err(TrySendError::Full(_)) => Some("its stream does not drain"),
+                        Err(TrySendError::Closed(_)) => Some("its stream closed"),
+                    },
+                    // A message for an older session, or a closed one: dropped.
+                    _ => None,
+                };
+                if let Some(why) = failed {
+                    tracing::warn!(runner_id = %out.runner_id, session = out.session, why, "disconnecting runner");
+                    self.links.remove(&out.runner_id);
+                    self.core.handle(now, Input::RunnerGone { runner_id: out.runner_id, session: out.session });
+                }
+            }
+            for ev in fx.events {
+                let _ = self.bus.send(ev);
+            }
+            for (id, reply) in fx.replies {
+                match (self.pending.remove(&id), reply) {
+                    (Some(Pending::Trigger(tx)), Reply::Trigger(r)) => {
+                        let _ = tx.send(r);
+                    }
+                    (Some(Pending::Cancel(tx)), Reply::Cancel(r)) => {
+                        let _ = tx.send(r.map(|b| *b));
+                    }
+                    _ => tracing::error!(reply = id, "reply of the wrong kind or to nobody"),
+                }
+            }
+            for (run_id, purpose) in fx.reads {
+                match self.repo.get_run(&run_id).await {
+                    Ok(run) => self.core.handle(self.clock.now(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
+                    Err(e) => {
+                        tracing::error!(error = %e, run_id, "cannot read a run; the engine restarts");
+                        return Err(EngineExit::Failed);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The key layout: every key the control plane reads or writes, built
+//! under one prefix. Nothing else formats keys.
+
+/// Builds every key the control plane uses, under one prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys::new("/punchclock/")
+    }
+}
+
+impl Keys {
+    /// Keys under `prefix` (a trailing `/` is added if missing).
+    pub fn new(prefix: &str) -> Self {
+        let mut p = prefix.to_string();
+        if !p.ends_with('/') {
+            p.push('/');
+        }
+        Keys { prefix: p }
+    }
+    /// `{prefix}tasks/`
+    pub fn tasks(&self) -> String {
+        format!("{}tasks/", self.prefix)
+    }
+    /// `{prefix}tasks/{id}`: a [`crate::model::TaskRecord`].
+    pub fn task(&self, id: &str) -> String {
+        format!("{}tasks/{id}", self.prefix)
+    }
+    /// `{prefix}schedule/`
+    pub fn cursors(&self) -> String {
+        format!("{}schedule/", self.prefix)
+    }
+    /// `{prefix}schedule/{id}`: a [`crate::model::Cursor`].
+    pub fn cursor(&self, id: &str) -> String {
+        format!("{}schedule/{id}", self.prefix)
+    }
+    /// `{prefix}runs/`
+    pub fn runs(&self) -> String {
+        format!("{}runs/", self.prefix)
+    }
+    /// `{prefix}runs/{task_id}.`: every run of one task.
+    pub fn runs_of(&self, task_id: &str) -> String {
+        format!("{}runs/{task_id}.", self.prefix)
+    }
+    /// `{prefix}runs/{run_id}`: a [`crate::model::RunRecord`].
+    pub fn run(&self, run_id: &str) -> String {
+        format!("{}runs/{run_id}", self.prefix)
+    }
+    /// `{prefix}active/`: index of non-terminal runs.
+    pub fn active_runs(&self) -> String {
+        format!("{}active/", self.prefix)
+    }
+    /// `{prefix}active/{run_id}`: present while the run is not terminal.
+    pub fn active_run(&self, run_id: &str) -> String {
+        format!("{}active/{run_id}", self.prefix)
+    }
+    /// `{prefix}election/`
+    pub fn election(&self) -> String {
+        format!("{}election/", self.prefix)
+    }
+    /// `{prefix}election/leader`: the leader's member record, on its lease;
+    /// its create revision is the fencing token.
+    pub fn election_leader(&self) -> String {
+        format!("{}election/leader", self.prefix)
+    }
+    /// `{prefix}election/members/`
+    pub fn election_members(&self) -> String {
+        format!("{}election/members/", self.prefix)
+    }
+    /// `{prefix}election/members/{id}`: a live replica, on its lease.
+    pub fn election_member(&self, id: &str) -> String {
+        format!("{}election/members/{id}", self.prefix)
+    }
+    /// The id after a collection prefix (`tasks/`, `runs/`, ...).
+    pub fn id_after<'a>(&self, collection: &str, key: &'a str) -> Option<&'a str> {
+        key.strip_prefix(collection)
+    }
+}
