@@ -16,10 +16,7 @@ use chrono::{DateTime, Utc};
 use punchclock_control_plane::bootstrap::RunningServer;
 use punchclock_control_plane::clock::ManualClock;
 use punchclock_proto::v1 as pb;
-use punchclock_proto::v1::runner_service_client::RunnerServiceClient;
-use punchclock_tests::{at, channel, list_runs, status, wait_run};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use punchclock_tests::{RawRunner, at, list_runs, status, wait_run};
 
 async fn server(clock: ManualClock, dir: &std::path::Path) -> (RunningServer, String, tokio::sync::oneshot::Sender<()>) {
     let (s, stop) = punchclock_tests::in_process_server(clock, dir).await;
@@ -27,44 +24,9 @@ async fn server(clock: ManualClock, dir: &std::path::Path) -> (RunningServer, St
     (s, addr, stop)
 }
 
-/// A runner stream driven by the test: says Hello with nothing in flight,
-/// returns the sender (kept alive to keep the stream open) and the inbound
-/// control messages.
-/// Like a real runner, it retries while the server answers `UNAVAILABLE`
-/// (serving, but its engine not yet started).
-async fn connect_runner(addr: &str, instance: &str) -> (mpsc::Sender<pb::RunnerMessage>, tonic::Streaming<pb::ControlMessage>) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (tx, rx) = mpsc::channel(16);
-        let hello =
-            pb::Hello { runner_id: "r1".into(), agents: vec!["a".into()], slots: 4, instance_id: instance.into(), ..Default::default() };
-        tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Hello(hello)) }).await.expect("queue hello");
-        match RunnerServiceClient::new(channel(addr).await).connect(ReceiverStream::new(rx)).await {
-            Ok(inbound) => return (tx, inbound.into_inner()),
-            // Unavailable: not leading yet. FailedPrecondition: the previous
-            // stream of this runner id is not yet seen closed.
-            Err(e)
-                if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::FailedPrecondition)
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("runner stream does not open: {e}"),
-        }
-    }
-}
-
-async fn next_assign(inbound: &mut tonic::Streaming<pb::ControlMessage>) -> pb::Assign {
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(20), inbound.message())
-            .await
-            .expect("a control message within 20 s")
-            .expect("stream ok")
-            .expect("stream open");
-        if let Some(pb::control_message::Msg::Assign(a)) = m.msg {
-            return a;
-        }
-    }
+/// A test-driven runner `r1` serving agent `a`, nothing in flight.
+async fn connect_runner(addr: &str, instance: &str) -> RawRunner {
+    RawRunner::connect(addr, "r1", &["a"], instance, vec![]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,17 +47,15 @@ async fn restart_waits_for_the_runner_before_deciding_overlap() {
     // heartbeats would make it lost): the slot's run waits PENDING for it.
     clock.set(t0 + chrono::Duration::seconds(10));
     wait_run(&addr, "tick", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Pending).await;
-    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
-    let first = next_assign(&mut inbound).await;
+    let mut runner = connect_runner(&addr, "i1").await;
+    let first = runner.next_assign(Duration::from_secs(20)).await;
     assert_eq!(first.task_id, "tick");
-    let started = pb::Started { run_id: first.run_id.clone(), execution_id: first.execution_id.clone(), ..Default::default() };
-    runner.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Started(started)) }).await.expect("send Started");
-    let running = wait_run(&addr, "tick", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Running).await;
+    runner.started(&first).await;
+    let running = wait_run(&addr, "tick", Duration::from_secs(20), |r| r.attempts.first().is_some_and(|a| a.started_at.is_some())).await;
     assert_eq!(running.run_id, first.run_id);
 
     // The control plane stops with that run open; three slots go by.
     drop(runner);
-    drop(inbound);
     let _ = stop.send(());
     srv.wait().await.expect("server stops");
     clock.set(t0 + chrono::Duration::seconds(45));
@@ -103,8 +63,8 @@ async fn restart_waits_for_the_runner_before_deciding_overlap() {
 
     // r1 comes back without the run: its attempt is lost, and only then is
     // the latest missed slot (10:00:40) admitted, and assigned.
-    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
-    let late = next_assign(&mut inbound).await;
+    let mut runner = connect_runner(&addr, "i1").await;
+    let late = runner.next_assign(Duration::from_secs(20)).await;
     let latest = t0 + chrono::Duration::seconds(40);
     let runs = list_runs(&addr, "tick").await;
     let slot = runs.iter().find(|r| at(&r.scheduled_at) == Some(latest)).expect("a record for the latest missed slot");
@@ -142,16 +102,16 @@ async fn unstarted_assignment_is_requeued_for_the_same_process_and_lost_for_a_ne
     }
 
     // The same process: assigned, never started, reconnects without it.
-    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
+    let mut runner = connect_runner(&addr, "i1").await;
     punchclock_tests::cli(&addr, &["task", "trigger", "same", "--key", "k"]);
-    let first = next_assign(&mut inbound).await;
-    drop((runner, inbound));
-    let (runner, mut inbound) = connect_runner(&addr, "i1").await;
+    let first = runner.next_assign(Duration::from_secs(20)).await;
+    drop(runner);
+    let mut runner = connect_runner(&addr, "i1").await;
     let requeued = wait_run(&addr, "same", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Pending && r.attempts.is_empty()).await;
     assert!(requeued.pending_reason.contains("never started"), "{requeued:#?}");
     // The re-dispatch waits a short pause on the (manual) clock.
     clock.advance(chrono::Duration::seconds(2));
-    let again = next_assign(&mut inbound).await;
+    let again = runner.next_assign(Duration::from_secs(20)).await;
     assert_eq!((again.run_id.as_str(), again.attempt), (first.run_id.as_str(), 1), "dispatched again as attempt 1");
     assert_ne!(again.execution_id, first.execution_id);
     let run = list_runs(&addr, "same").await.into_iter().next().expect("run");
@@ -160,18 +120,12 @@ async fn unstarted_assignment_is_requeued_for_the_same_process_and_lost_for_a_ne
 
     // Finish it, then a restarted runner process (new instance id) comes back
     // without an assignment it was given: lost, and with no retries, FAILED.
-    let fin = pb::Finished {
-        run_id: again.run_id.clone(),
-        execution_id: again.execution_id.clone(),
-        outcome: pb::Outcome::Succeeded as i32,
-        ..Default::default()
-    };
-    runner.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Finished(fin)) }).await.expect("send Finished");
+    runner.finished(&again.run_id, &again.execution_id, pb::Outcome::Succeeded, "").await;
     wait_run(&addr, "same", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Succeeded).await;
     punchclock_tests::cli(&addr, &["task", "trigger", "other", "--key", "k"]);
-    next_assign(&mut inbound).await;
-    drop((runner, inbound));
-    let (_runner, _inbound) = connect_runner(&addr, "i2").await;
+    runner.next_assign(Duration::from_secs(20)).await;
+    drop(runner);
+    let _runner = connect_runner(&addr, "i2").await;
     let run = wait_run(&addr, "other", Duration::from_secs(20), punchclock_tests::terminal).await;
     assert_eq!(status(&run), pb::RunStatus::Failed, "{run:#?}");
     assert_eq!(run.attempts.len(), 1);

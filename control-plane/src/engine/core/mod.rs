@@ -17,6 +17,7 @@
 //! cancellation, the one `finish`), `runners.rs` (sessions, reports and
 //! their ownership, re-declaration, silence, loss).
 
+mod deadlines;
 mod runners;
 mod runs;
 mod tasks;
@@ -226,10 +227,6 @@ enum Timer {
     Fire { task_id: String, generation: u64 },
     /// A delayed or retrying run may be dispatched.
     RunDue { run_id: String },
-    /// The control plane's backstop for an attempt's deadline.
-    Deadline { run_id: String, execution_id: String },
-    /// A PENDING run not dispatched by now ends TIMEOUT.
-    StartBy { run_id: String },
     /// An attempt whose old runner process may still be alive stops
     /// holding its concurrency slot (that process's fence has passed).
     ReleaseOrphan { run_id: String, execution_id: String },
@@ -280,6 +277,10 @@ pub struct EngineCore {
     ready: ReadyQueue,
     registry: Registry,
     timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Timer)>>,
+    /// Start deadlines of runs waiting for dispatch (`start_timeout_seconds`).
+    start_by: deadlines::Deadlines<String>,
+    /// The control plane's backstop deadline of each open attempt: `(run, execution)`.
+    attempt_deadlines: deadlines::Deadlines<(String, String)>,
     timer_seq: u64,
     next_session: u64,
     exec_seq: u64,
@@ -318,6 +319,8 @@ impl EngineCore {
             ready: ReadyQueue::default(),
             registry: Registry::default(),
             timers: BinaryHeap::new(),
+            start_by: deadlines::Deadlines::default(),
+            attempt_deadlines: deadlines::Deadlines::default(),
             timer_seq: 0,
             next_session: 0,
             exec_seq: 0,
@@ -377,7 +380,7 @@ impl EngineCore {
 
     /// When [`EngineCore::handle_timeout`] should next be called (UTC).
     pub fn poll_timeout(&self) -> Option<DateTime<Utc>> {
-        self.timers.peek().map(|Reverse((t, _, _))| *t)
+        [self.timers.peek().map(|Reverse((t, _, _))| *t), self.start_by.next(), self.attempt_deadlines.next()].into_iter().flatten().min()
     }
 
     /// Fires up to `max` due timers; returns whether more are due (the
@@ -386,17 +389,23 @@ impl EngineCore {
     pub fn handle_timeout(&mut self, now: DateTime<Utc>, max: usize) -> bool {
         let mut fired = 0;
         while fired < max {
+            fired += 1;
+            if let Some((run_id, execution_id)) = self.attempt_deadlines.pop_due(now) {
+                self.on_deadline(now, &run_id, &execution_id);
+                continue;
+            }
+            if let Some(run_id) = self.start_by.pop_due(now) {
+                self.on_start_by(now, &run_id);
+                continue;
+            }
             match self.timers.peek() {
                 Some(Reverse((at, _, _))) if *at <= now => {}
                 _ => break,
             }
             let Some(Reverse((_, _, timer))) = self.timers.pop() else { break };
-            fired += 1;
             match timer {
                 Timer::Fire { task_id, generation } => self.on_fire(now, &task_id, generation),
                 Timer::RunDue { run_id } => self.on_run_due(now, &run_id),
-                Timer::Deadline { run_id, execution_id } => self.on_deadline(now, &run_id, &execution_id),
-                Timer::StartBy { run_id } => self.on_start_by(now, &run_id),
                 Timer::ReleaseOrphan { run_id, execution_id } => self.release_orphan(now, &run_id, &execution_id),
                 Timer::RunnerCheck => self.on_runner_check(now),
                 Timer::Flush => {
@@ -406,7 +415,7 @@ impl EngineCore {
             }
         }
         self.after_input(now);
-        self.timers.peek().is_some_and(|Reverse((at, _, _))| *at <= now)
+        self.poll_timeout().is_some_and(|at| at <= now)
     }
 
     /// Writes everything persisted lazily with the next effects (a graceful
@@ -567,6 +576,7 @@ impl EngineCore {
     }
 
     fn forget_run(&mut self, run_id: &str) {
+        self.start_by.remove(&run_id.to_string());
         if let Some(run) = self.runs.remove(run_id)
             && let Some(set) = self.by_task.get_mut(&run.task_id)
         {

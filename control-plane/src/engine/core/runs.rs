@@ -91,7 +91,7 @@ impl EngineCore {
             }
         }
         if let Some(at) = start_by {
-            self.push_timer(at, Timer::StartBy { run_id: run_id.to_string() });
+            self.start_by.set(run_id.to_string(), at);
         }
     }
 
@@ -363,15 +363,14 @@ impl EngineCore {
             scheduled_at: run.scheduled_at,
         };
         self.ready.remove(run_id);
+        self.start_by.remove(&run_id.to_string());
         if let Some(r) = self.registry.get_mut(runner_id) {
             r.running.insert(execution_id.clone(), run_id.to_string());
         }
         self.touch(now, run_id, Urgency::Now);
         let slack = Self::dur(self.timing().deadline_slack());
-        self.push_timer(
-            deadline.checked_add_signed(slack).unwrap_or(DateTime::<Utc>::MAX_UTC),
-            Timer::Deadline { run_id: run_id.to_string(), execution_id: execution_id.clone() },
-        );
+        self.attempt_deadlines
+            .set((run_id.to_string(), execution_id.clone()), deadline.checked_add_signed(slack).unwrap_or(DateTime::<Utc>::MAX_UTC));
         self.send(runner_id, ToRunner::Assign(Box::new(assignment)));
         tracing::info!(run_id, runner_id, execution_id = %execution_id, attempt, "assigned");
         if let Some(r) = self.event_run(run_id) {
@@ -388,6 +387,7 @@ impl EngineCore {
             return;
         }
         let Some(outcome) = end.outcome else { return };
+        self.attempt_deadlines.remove(&(run_id.to_string(), execution_id.to_string()));
         if !end.awaiting_runner {
             self.registry.release(execution_id);
         }
@@ -491,6 +491,7 @@ impl EngineCore {
             run.error = Some(error);
         }
         self.ready.remove(run_id);
+        self.start_by.remove(&run_id.to_string());
         self.dispatch_needed = true;
         self.touch(now, run_id, Urgency::Now);
         tracing::info!(run_id, status = status.as_str(), "run finished");
@@ -646,7 +647,7 @@ impl EngineCore {
                     .unwrap_or(DateTime::<Utc>::MAX_UTC);
                 // Never before the runner had its chance to re-declare and report.
                 let at = std::cmp::max(deadline, now + wait);
-                self.push_timer(at, Timer::Deadline { run_id, execution_id: exec });
+                self.attempt_deadlines.set((run_id, exec), at);
             } else if next.is_some() || pending {
                 if next.is_none_or(|t| t <= now)
                     && let Some(r) = self.runs.get_mut(&run_id)

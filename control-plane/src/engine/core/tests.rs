@@ -785,3 +785,19 @@ fn progress_floods_cost_one_write_per_flush() {
     assert_eq!(fx.writes.len(), 1);
     assert_eq!(h.stored(&a.run_id).and_then(|r| r.progress).map(|p| p.message), Some("999".to_string()));
 }
+
+/// Deadlines of dispatched runs and ended attempts are forgotten, not left
+/// to fire as no-ops: at a high run rate they would pile up.
+#[test]
+fn finished_runs_leave_no_deadlines_behind() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "execution": {"concurrency_limit": 100}}));
+    let (s, _) = h.hello("r1", &["a"], 100);
+    for i in 0..500 {
+        let a = one_assign(&h.trigger("m", &i.to_string()));
+        h.finished("r1", s, &a, ReportedOutcome::Succeeded);
+    }
+    assert_eq!((h.core.start_by.len(), h.core.attempt_deadlines.len()), (0, 0));
+    assert!(h.core.timers.len() < 10, "timers piled up: {}", h.core.timers.len());
+    assert!(h.core.active_runs("").is_empty(), "written terminal runs left memory");
+}
