@@ -77,7 +77,7 @@ enum ClusterCmd {
 
 #[derive(Args, Debug, Clone)]
 struct TimingArgs {
-    /// Runner heartbeat interval in milliseconds (runners are lost after 3).
+    /// Runner heartbeat interval in milliseconds: a runner silent for 3 gets no new work; it is lost after its fence (2 × lease TTL + 3 heartbeats) plus one.
     #[arg(long, default_value_t = 2000)]
     heartbeat_ms: u64,
     /// TERM→KILL grace in milliseconds when an agent is stopped.
@@ -317,7 +317,7 @@ pub async fn run(cli: Cli) -> Res {
                 print_json(&serde_json::Value::Array(r.runners.iter().map(runner_json).collect()));
             } else {
                 table(
-                    &["RUNNER", "AGENTS", "SLOTS", "BUSY", "LAST_SEEN"],
+                    &["RUNNER", "AGENTS", "SLOTS", "BUSY", "LABELS", "LAST_SEEN"],
                     r.runners
                         .iter()
                         .map(|x| {
@@ -326,6 +326,11 @@ pub async fn run(cli: Cli) -> Res {
                                 x.agents.join(","),
                                 x.slots.to_string(),
                                 x.busy_slots.to_string(),
+                                {
+                                    let mut labels: Vec<String> = x.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                                    labels.sort();
+                                    if labels.is_empty() { "-".to_string() } else { labels.join(",") }
+                                },
                                 output::t(&x.last_seen).as_str().unwrap_or("-").to_string(),
                             ]
                         })
@@ -420,15 +425,19 @@ async fn dev(a: DevArgs) -> Res {
         a.data_dir.display(),
         a.agents.display()
     );
-    let mut run_stop = stop_rx.clone();
+    let (runner_stop_tx, runner_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let runner = tokio::spawn(punchclock_agent_runner::run(rcfg, async move {
-        let _ = run_stop.wait_for(|s| *s).await;
+        let _ = runner_stop_rx.await;
     }));
     shutdown_signal().await;
-    let _ = stop_tx.send(true);
+    // The runner first: it interrupts its agents and reports them while the
+    // control plane still records reports (they run again at the next start
+    // without spending an attempt); then the control plane.
+    let _ = runner_stop_tx.send(());
     if let Ok(Err(e)) = runner.await {
         eprintln!("runner: {e}");
     }
+    let _ = stop_tx.send(true);
     server.wait().await.map_err(|e| e.to_string())
 }
 
@@ -683,12 +692,14 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
         }
         RunsCmd::Watch { task } => {
             let mut s = rc.watch_runs(pb::WatchRunsRequest { task_id: task, run_id: String::new() }).await.map_err(grpc)?.into_inner();
+            // A change invisible in the chosen format prints nothing new.
+            let mut last: std::collections::HashMap<String, String> = std::collections::HashMap::new();
             while let Some(r) = s.next().await {
                 let r = r.map_err(grpc)?;
-                if fmt == Format::Json {
-                    println!("{}", run_json(&r));
-                } else {
-                    println!("{}", run_row(&r).join("  "));
+                let line = if fmt == Format::Json { run_json(&r).to_string() } else { run_row(&r).join("  ") };
+                if last.get(&r.run_id) != Some(&line) {
+                    println!("{line}");
+                    last.insert(r.run_id.clone(), line);
                 }
             }
             Ok(())

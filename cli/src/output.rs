@@ -37,6 +37,19 @@ pub fn status_name(s: i32) -> &'static str {
     }
 }
 
+/// A runner-reported outcome as a lower-case name.
+fn report_outcome_name(o: i32) -> &'static str {
+    match pb::Outcome::try_from(o).unwrap_or(pb::Outcome::Unspecified) {
+        pb::Outcome::Unspecified => "unspecified",
+        pb::Outcome::Succeeded => "succeeded",
+        pb::Outcome::Failed => "failed",
+        pb::Outcome::Timeout => "timeout",
+        pb::Outcome::Cancelled => "cancelled",
+        pb::Outcome::Refused => "refused",
+        pb::Outcome::Interrupted => "interrupted",
+    }
+}
+
 /// A run as JSON with DESIGN's field names.
 pub fn run_json(r: &pb::Run) -> Value {
     let params = json_field(&r.context_json).get("params").cloned().unwrap_or(Value::Null);
@@ -60,6 +73,14 @@ pub fn run_json(r: &pb::Run) -> Value {
             "outcome": opt_str(&a.outcome),
             "error": opt_str(&a.error),
             "exit_code": a.exit_code,
+            "awaiting_runner": a.awaiting_runner,
+            "report": a.report.as_ref().map(|rep| json!({
+                "outcome": report_outcome_name(rep.outcome),
+                "error": opt_str(&rep.error),
+                "exit_code": rep.exit_code,
+                "result": json_field(&rep.result_json),
+                "finished_at": t(&rep.finished_at),
+            })),
         })).collect::<Vec<_>>(),
         "result": json_field(&r.result_json),
         "progress": r.progress.as_ref().map(|p| json!({
@@ -73,6 +94,8 @@ pub fn run_json(r: &pb::Run) -> Value {
         "missed_from": t(&r.missed_from),
         "missed_until": t(&r.missed_until),
         "pending_reason": opt_str(&r.pending_reason),
+        "start_by": t(&r.start_by),
+        "interruptions": r.interruptions,
         "next_attempt_at": t(&r.next_attempt_at),
         "error": opt_str(&r.error),
         "params": params,

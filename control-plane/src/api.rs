@@ -127,11 +127,15 @@ impl Core {
     /// knows it (followers cannot tell).
     async fn agent_warnings(&self, spec: &TaskSpec) -> Vec<String> {
         let Some(engine) = self.engine.read().ok().and_then(|g| g.clone()) else { return Vec::new() };
-        match engine.serves_agent(spec.agent_id.clone()).await {
-            Ok(false) => vec![format!(
-                "no connected runner serves agent {:?}: its runs wait (execution.start_timeout_seconds {} s) for one",
-                spec.agent_id, spec.execution.start_timeout_seconds
-            )],
+        let selector = spec.execution.selector.as_ref().map(|s| s.labels.clone()).unwrap_or_default();
+        match engine.serves_agent(spec.agent_id.clone(), selector.clone()).await {
+            Ok(false) => {
+                let labels = if selector.is_empty() { String::new() } else { format!(" with labels {selector:?}") };
+                vec![format!(
+                    "no connected runner serves agent {:?}{labels}: its runs wait (execution.start_timeout_seconds {} s) for one",
+                    spec.agent_id, spec.execution.start_timeout_seconds
+                )]
+            }
             _ => Vec::new(),
         }
     }
@@ -181,7 +185,10 @@ impl Core {
         let next_fire_at = if record.paused {
             None
         } else {
+            // As the engine sees it: after a resume, the paused slots are
+            // covered and the schedule goes on from the resume.
             let base = cursor.as_ref().and_then(|c| c.last_slot).unwrap_or(record.created_at);
+            let base = record.resumed_at.map_or(base, |r| base.max(r));
             record.spec.schedules().ok().and_then(|s| next_slot(&s, base).map(|(t, _)| t))
         };
         TaskView { record, cursor, next_fire_at }

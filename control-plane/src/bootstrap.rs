@@ -266,6 +266,11 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                 match ended {
                     // A newer leader exists: step down now (the watch then
                     // says `None` and the engine stays stopped).
+                    // Stopped for a graceful handover: the resignation follows.
+                    Ok(EngineExit::Handover) => {
+                        tracing::info!(token, "engine stopped for a handover");
+                        let _ = tokio::time::timeout(ENGINE_STOP_WAIT, lead.wait_for(|l| l.as_ref().is_none_or(|l| l.token != token))).await;
+                    }
                     Ok(EngineExit::Fenced) => {
                         deposed = Some(token);
                         core.election.deposed(token);

@@ -20,7 +20,8 @@ async fn a_failover_keeps_one_agent_per_concurrency_slot() {
     let _logs = KeepLogsOnPanic::new(dir.path(), "inv_failover_agents");
     let etcd = Etcd::start(1).await;
     let ports = [free_port(), free_port()];
-    let mut servers = [Proc::server(&etcd.store_url(), "cp0", ports[0], dir.path()), Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path())];
+    let mut servers =
+        [Proc::server(&etcd.store_url(), "cp0", ports[0], dir.path()), Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path())];
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let _runner = Proc::runner(&addrs.join(","), "r1", dir.path());
     let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
@@ -32,7 +33,10 @@ async fn a_failover_keeps_one_agent_per_concurrency_slot() {
     let leader = servers.iter().position(|s| s.addr == first.leader_address).expect("leader is one of ours");
     let other = addrs[1 - leader].clone();
     cli(&addrs[leader], &["task", "trigger", "live", "--key", "a"]);
-    wait_run(&addrs[leader], "live", Duration::from_secs(30), |r| r.run_id.ends_with("manual-a") && r.attempts.first().is_some_and(|a| a.started_at.is_some())).await;
+    wait_run(&addrs[leader], "live", Duration::from_secs(30), |r| {
+        r.run_id.ends_with("manual-a") && r.attempts.first().is_some_and(|a| a.started_at.is_some())
+    })
+    .await;
     cli(&addrs[leader], &["task", "trigger", "live", "--key", "b"]);
 
     // The leader dies; the other replica takes over and the runner moves to it.
@@ -53,7 +57,10 @@ async fn a_failover_keeps_one_agent_per_concurrency_slot() {
     // Cancel it: the next run starts once its agent is gone.
     let (max, b) = max_live_agents_until(MARKER, async {
         cli(&other, &["runs", "cancel", &a.run_id]);
-        wait_run(&other, "live", Duration::from_secs(30), |r| r.run_id.ends_with("manual-b") && r.attempts.first().is_some_and(|a| a.started_at.is_some())).await
+        wait_run(&other, "live", Duration::from_secs(30), |r| {
+            r.run_id.ends_with("manual-b") && r.attempts.first().is_some_and(|a| a.started_at.is_some())
+        })
+        .await
     })
     .await;
     assert!(max <= 1, "the next run overlapped the cancelled one");

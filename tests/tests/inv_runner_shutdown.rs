@@ -34,3 +34,26 @@ async fn a_runner_restart_interrupts_its_run_without_spending_an_attempt() {
     assert_eq!(outcomes, [("r1", "interrupted"), ("r2", "succeeded")], "{done:#?}");
     assert!(done.attempts[0].error.contains("runner shutting down"), "{done:#?}");
 }
+
+/// The same for `punchclock dev`, whose runner lives in the control plane's
+/// process: on SIGTERM the runner stops first and its interrupted run is
+/// recorded, so the run goes again at the next start without spending an
+/// attempt. (Found by a walkthrough: the control plane stopped before the
+/// runner's report arrived, and the run came back `lost` and FAILED.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dev_restart_interrupts_its_run_without_spending_an_attempt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "inv_dev_restart");
+    let data = dir.path().join("data");
+    let mut dev = Proc::dev(&data);
+    apply(&dev.addr, json!({"task_id": "g", "agent_id": "sleep_agent", "execution": {"max_retries": 0}})).await;
+    cli(&dev.addr, &["task", "trigger", "g", "--key", "k"]);
+    wait_run(&dev.addr, "g", Duration::from_secs(30), |r| r.attempts.first().is_some_and(|a| a.started_at.is_some())).await;
+    dev.signal(libc::SIGTERM);
+    let _ = dev.child.wait();
+    let dev = Proc::dev(&data);
+    let done = wait_run(&dev.addr, "g", Duration::from_secs(30), punchclock_tests::terminal).await;
+    assert_eq!(status(&done), pb::RunStatus::Succeeded, "{done:#?}");
+    let outcomes: Vec<&str> = done.attempts.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["interrupted", "succeeded"], "{done:#?}");
+}

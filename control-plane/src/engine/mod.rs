@@ -82,7 +82,7 @@ pub(crate) enum Command {
     ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
-    ServesAgent { agent_id: String, reply: oneshot::Sender<bool> },
+    ServesAgent { agent_id: String, selector: std::collections::BTreeMap<String, String>, reply: oneshot::Sender<bool> },
     Stop { reply: oneshot::Sender<()> },
 }
 
@@ -153,9 +153,9 @@ impl EngineHandle {
         self.ask(|reply| Command::ActiveRuns { task_id, reply }).await
     }
 
-    /// Whether a connected runner serves `agent_id`.
-    pub async fn serves_agent(&self, agent_id: String) -> Result<bool> {
-        self.ask(|reply| Command::ServesAgent { agent_id, reply }).await
+    /// Whether a connected runner serves `agent_id` with the labels of `selector`.
+    pub async fn serves_agent(&self, agent_id: String, selector: std::collections::BTreeMap<String, String>) -> Result<bool> {
+        self.ask(|reply| Command::ServesAgent { agent_id, selector, reply }).await
     }
 
     /// Writes what is persisted lazily, then stops the engine (a graceful

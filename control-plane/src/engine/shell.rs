@@ -44,8 +44,10 @@ const COMMAND_QUEUE: usize = 1024;
 /// Why the engine task ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineExit {
-    /// Every handle was dropped, or it was told to stop.
+    /// Every handle was dropped.
     Stopped,
+    /// It was told to stop ([`EngineHandle::stop`]): a graceful handover.
+    Handover,
     /// The store rejected a write for this leader's fencing token: a newer
     /// leader exists, and this replica must step down
     /// ([`crate::election::Election::deposed`]).
@@ -137,7 +139,7 @@ impl Engine {
             }
             if let Some(reply) = self.stop_reply.take() {
                 let _ = reply.send(());
-                break EngineExit::Stopped;
+                break EngineExit::Handover;
             }
             let next = self.core.poll_timeout();
             let clock = self.clock.clone();
@@ -265,8 +267,8 @@ impl Engine {
             Command::ActiveRuns { task_id, reply } => {
                 let _ = reply.send(self.core.active_runs(&task_id));
             }
-            Command::ServesAgent { agent_id, reply } => {
-                let _ = reply.send(self.core.serves_agent(&agent_id));
+            Command::ServesAgent { agent_id, selector, reply } => {
+                let _ = reply.send(self.core.serves_agent(&agent_id, &selector));
             }
             Command::Stop { reply } => {
                 self.core.flush();

@@ -519,9 +519,9 @@ impl EngineCore {
         self.by_task.get(task_id).map(|ids| ids.iter().filter_map(|id| self.runs.get(id).cloned()).collect()).unwrap_or_default()
     }
 
-    /// Whether a connected runner serves `agent_id`.
-    pub fn serves_agent(&self, agent_id: &str) -> bool {
-        self.registry.anyone_serves(agent_id)
+    /// Whether a connected runner serves `agent_id` with every label of `selector`.
+    pub fn serves_agent(&self, agent_id: &str, selector: &BTreeMap<String, String>) -> bool {
+        self.registry.iter().any(|r| r.serves(agent_id, selector))
     }
 
     // ------------------------------------------------------------ helpers

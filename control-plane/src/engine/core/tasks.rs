@@ -268,7 +268,11 @@ impl EngineCore {
         if let Some(range) = plan.skipped {
             let why = match policy {
                 MisfirePolicy::Skip => format!("{} slot(s) missed: misfire_policy skip", range.0),
-                _ => format!("{} slot(s) missed by more than misfire_grace_seconds ({grace} s)", range.0),
+                MisfirePolicy::RunOnce => format!(
+                    "{} slot(s) missed: misfire_policy run_once runs only the latest slot within misfire_grace_seconds ({grace} s)",
+                    range.0
+                ),
+                MisfirePolicy::RunAll => format!("{} slot(s) missed by more than misfire_grace_seconds ({grace} s)", range.0),
             };
             tracing::warn!(task_id, missed = range.0, from = %range.1, until = %range.2, "missed slots coalesced");
             self.skip_record(now, def, kind, SkipReason::Misfired, range, why);

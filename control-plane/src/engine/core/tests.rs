@@ -319,7 +319,7 @@ fn misfires_coalesce_into_one_record_with_the_cursor() {
     let skipped = runs.iter().find(|r| r.status == RunStatus::Skipped).expect("skipped");
     assert_eq!(skipped.skip_reason, Some(SkipReason::Misfired));
     assert_eq!(skipped.missed_count, Some(179));
-    assert!(skipped.error.as_deref().is_some_and(|e| e.contains("misfire_grace_seconds")), "{skipped:?}");
+    assert!(skipped.error.as_deref().is_some_and(|e| e.contains("run_once runs only the latest slot")), "{skipped:?}");
     assert!(runs.iter().any(|r| r.run_id == "t.20261201T100000Z" && r.status == RunStatus::Pending));
 }
 
