@@ -303,6 +303,17 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         }
     };
 
+    // Checked here: behind the shim a missing directory would be reported
+    // as the shim binary not being found.
+    if let Some(working_dir) = &agent.working_dir
+        && !working_dir.is_dir()
+    {
+        return Err(Error::Spawn {
+            agent_id: assign.agent_id.clone(),
+            program: format!("working_dir {}", working_dir.display()),
+            source: io::Error::new(io::ErrorKind::NotFound, "not a directory"),
+        });
+    }
     let mut command = Command::new(&program);
     command
         .args(&args)
@@ -375,7 +386,13 @@ fn supervise(
     settings: &ExecutorSettings,
     events: mpsc::Sender<ExecutionEvent>,
 ) -> Execution {
-    let in_flight = InFlight { run_id: assign.run_id.clone(), execution_id: assign.execution_id.clone(), attempt: assign.attempt };
+    let started_at = clock::now_timestamp();
+    let in_flight = InFlight {
+        run_id: assign.run_id.clone(),
+        execution_id: assign.execution_id.clone(),
+        attempt: assign.attempt,
+        started_at: Some(started_at),
+    };
     // `id()` is `Some` until the child has been awaited, which has not happened yet.
     let pid = child.id().unwrap_or_default();
     let group = ProcessGroup::new(pid);
@@ -407,7 +424,6 @@ fn supervise(
     };
 
     let (cancel_tx, cancel_rx) = oneshot::channel();
-    let started_at = clock::now_timestamp();
     let supervisor = Supervisor {
         started_at,
         fence: settings.fence.clone(),

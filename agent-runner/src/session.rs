@@ -67,6 +67,8 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 const QUEUE_CAPACITY: usize = 1024;
 /// Shutdown: extra time (beyond the kill grace) for executions to end.
 const SHUTDOWN_DRAIN_SLACK: Duration = Duration::from_secs(5);
+/// Shutdown while not connected: how long to try delivering the last reports.
+const SHUTDOWN_DELIVERY: Duration = Duration::from_secs(10);
 /// Shutdown: how long to wait for the last `FinishedAck`s.
 const SHUTDOWN_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Heartbeat intervals without any message from the control plane after
@@ -150,6 +152,16 @@ struct Running {
     execution: Execution,
 }
 
+/// Why an assignment was not started.
+#[derive(Debug)]
+enum Refusal {
+    /// The runner does not take it (unknown agent, no free slot, a
+    /// duplicate): reported REFUSED, no attempt spent.
+    NotTaken(String),
+    /// The agent cannot start here (spawn failed): reported FAILED.
+    CannotStart(String),
+}
+
 /// Heartbeats whose send time is remembered, for acks that come late.
 const HEARTBEATS_REMEMBERED: usize = 64;
 
@@ -173,6 +185,8 @@ struct Runner {
     /// Last heartbeat seq sent, and when recent ones were sent.
     heartbeat_seq: u64,
     heartbeats_sent: std::collections::VecDeque<(u64, Instant)>,
+    /// Highest HeartbeatAck seq received on the current stream.
+    acked_seq: u64,
     events_tx: mpsc::Sender<ExecutionEvent>,
     events_rx: mpsc::Receiver<ExecutionEvent>,
 }
@@ -187,6 +201,7 @@ impl Runner {
             fenced: false,
             heartbeat_seq: 0,
             heartbeats_sent: std::collections::VecDeque::new(),
+            acked_seq: 0,
             executor,
             config,
             running: HashMap::new(),
@@ -259,8 +274,10 @@ impl Runner {
 
         let first = self.offline(time::timeout(HANDSHAKE_TIMEOUT, connection.inbound.message()), shutdown).await;
         let welcome = match first {
+            // Not welcomed yet: the stream is of no use for the last reports.
             None => {
-                self.shut_down(Some(connection)).await;
+                drop(connection);
+                self.shut_down(None).await;
                 return SessionEnd::Shutdown;
             }
             Some(Ok(Ok(Some(ControlMessage { msg: Some(Inbound::Welcome(welcome)) })))) => welcome,
@@ -350,6 +367,11 @@ impl Runner {
     ) -> SessionEnd {
         let mut heartbeat = time::interval_at(Instant::now() + heartbeat_every, heartbeat_every);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Heartbeat seqs count per stream; the acks received say this
+        // runner reads what the leader sends.
+        self.heartbeat_seq = 0;
+        self.heartbeats_sent.clear();
+        self.acked_seq = 0;
         // The leader answers every heartbeat; silence this long means it is
         // paused, partitioned or gone even if TCP still looks open.
         let silent_after = heartbeat_every * SILENT_HEARTBEATS;
@@ -389,7 +411,7 @@ impl Runner {
                     if self.heartbeats_sent.len() > HEARTBEATS_REMEMBERED {
                         self.heartbeats_sent.pop_front();
                     }
-                    connection.send(Outbound::Heartbeat(Heartbeat { running, seq, draining: false })).await
+                    connection.send(Outbound::Heartbeat(Heartbeat { running, seq, draining: false, acked_seq: self.acked_seq })).await
                 }
                 () = fence_sleep(fence_wait) => {
                     self.self_fence();
@@ -426,6 +448,7 @@ impl Runner {
                     );
                     return Err(SessionEnd::Lost);
                 }
+                self.acked_seq = self.acked_seq.max(ack.seq);
                 // The fence runs from when the acknowledged heartbeat was sent.
                 if let (Some(after), Some(&(_, sent))) = (self.fence_after, self.heartbeats_sent.iter().find(|(seq, _)| *seq == ack.seq)) {
                     self.renew_fence(sent, after);
@@ -458,7 +481,10 @@ impl Runner {
         }
         let message = match self.start(&assign).await {
             Ok(started) => Outbound::Started(started),
-            Err(reason) => Outbound::Finished(self.refuse(&assign, reason)),
+            Err(Refusal::NotTaken(reason)) => Outbound::Finished(self.refuse(&assign, Outcome::Refused, reason)),
+            // The agent itself cannot start (bad command or working_dir): an
+            // attempt that failed, retried per the task's policy.
+            Err(Refusal::CannotStart(reason)) => Outbound::Finished(self.refuse(&assign, Outcome::Failed, reason)),
         };
         connection.send(message).await
     }
@@ -480,18 +506,20 @@ impl Runner {
         true
     }
 
-    /// Starts the execution; `Err` is the reason it was refused.
-    async fn start(&mut self, assign: &Assign) -> Result<Started, String> {
+    /// Starts the execution, or says why not.
+    async fn start(&mut self, assign: &Assign) -> Result<Started, Refusal> {
         let Some(AgentSpec::Process(agent)) = self.config.agents.get(&assign.agent_id) else {
-            return Err(format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id));
+            return Err(Refusal::NotTaken(format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id)));
         };
         if self.running.contains_key(&assign.execution_id) {
-            return Err(format!("execution {} is already running on this runner", assign.execution_id));
+            return Err(Refusal::NotTaken(format!("execution {} is already running on this runner", assign.execution_id)));
         }
         if self.running.len() >= usize::try_from(self.config.slots).unwrap_or(usize::MAX) {
-            return Err(format!("no free slot: all {} slots are busy", self.config.slots));
+            return Err(Refusal::NotTaken(format!("no free slot: all {} slots are busy", self.config.slots)));
         }
-        let execution = executor::start(agent, assign, &self.executor, self.events_tx.clone()).await.map_err(|err| err.to_string())?;
+        let execution = executor::start(agent, assign, &self.executor, self.events_tx.clone())
+            .await
+            .map_err(|err| Refusal::CannotStart(err.to_string()))?;
         let started = Started {
             run_id: assign.run_id.clone(),
             execution_id: assign.execution_id.clone(),
@@ -502,9 +530,9 @@ impl Runner {
         Ok(started)
     }
 
-    /// A FAILED `Finished` for an assignment that was not started, kept in
-    /// the outbox like any other.
-    fn refuse(&mut self, assign: &Assign, reason: String) -> Finished {
+    /// A `Finished` (REFUSED, or FAILED when the agent cannot start) for an
+    /// assignment that was not started, kept in the outbox like any other.
+    fn refuse(&mut self, assign: &Assign, outcome: Outcome, reason: String) -> Finished {
         warn!(
             run_id = %assign.run_id,
             execution_id = %assign.execution_id,
@@ -515,7 +543,7 @@ impl Runner {
         let finished = Finished {
             run_id: assign.run_id.clone(),
             execution_id: assign.execution_id.clone(),
-            outcome: Outcome::Refused.into(),
+            outcome: outcome.into(),
             error: reason,
             finished_at: Some(clock::now_timestamp()),
             ..Finished::default()
@@ -582,7 +610,7 @@ impl Runner {
         if let Some(open) = &connection {
             self.heartbeat_seq += 1;
             let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
-            let draining = Heartbeat { running, seq: self.heartbeat_seq, draining: true };
+            let draining = Heartbeat { running, seq: self.heartbeat_seq, draining: true, acked_seq: self.acked_seq };
             if open.send(Outbound::Heartbeat(draining)).await.is_err() {
                 connection = None;
             }
@@ -621,10 +649,66 @@ impl Runner {
         if !self.running.is_empty() {
             warn!(still_running = self.running.len(), "executions did not stop in time");
         }
+        if !self.outbox.is_empty() && connection.is_none() {
+            self.deliver_outbox().await;
+        }
         if !self.outbox.is_empty() {
             warn!(unacknowledged = self.outbox.len(), "shutting down with Finished reports the control plane has not acknowledged");
         }
         info!("runner stopped");
+    }
+
+    /// Shutting down while not connected: one bounded last try to hand the
+    /// unacknowledged reports (interruptions among them) to a leader, so
+    /// they are not presumed lost. Says it is draining, refuses anything
+    /// assigned meanwhile.
+    async fn deliver_outbox(&mut self) {
+        let deadline = Instant::now() + SHUTDOWN_DELIVERY;
+        let mut addresses = Addresses::new(&self.config.control_plane);
+        info!(unacknowledged = self.outbox.len(), "not connected: delivering the last reports before stopping");
+        while !self.outbox.is_empty() && Instant::now() < deadline {
+            let address = addresses.next();
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut connection = match time::timeout(HANDSHAKE_TIMEOUT.min(left), Connection::open(address.clone(), self.hello())).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(Error::Stream { status, .. })) => {
+                    if let Some(leader) = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok()).filter(|l| !l.is_empty()) {
+                        addresses.redirect(leader.to_string());
+                    }
+                    continue;
+                }
+                _ => {
+                    time::sleep(Backoff::INITIAL.min(deadline.saturating_duration_since(Instant::now()))).await;
+                    continue;
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match time::timeout(HANDSHAKE_TIMEOUT.min(left), connection.inbound.message()).await {
+                Ok(Ok(Some(ControlMessage { msg: Some(Inbound::Welcome(_)) }))) => {}
+                Ok(Ok(Some(ControlMessage { msg: Some(Inbound::Reject(reject)) }))) if !reject.leader_address.is_empty() => {
+                    addresses.redirect(reject.leader_address);
+                    continue;
+                }
+                _ => continue,
+            }
+            let draining = Heartbeat { running: 0, seq: 1, draining: true, acked_seq: 0 };
+            let mut open = Some(connection);
+            let reports: Vec<Finished> = self.outbox.iter().cloned().collect();
+            for message in std::iter::once(Outbound::Heartbeat(draining)).chain(reports.into_iter().map(Outbound::Finished)) {
+                if let Some(c) = &open
+                    && c.send(message).await.is_err()
+                {
+                    open = None;
+                }
+            }
+            while !self.outbox.is_empty() && open.is_some() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match time::timeout(left, next_message(&mut open)).await {
+                    Ok(Some(message)) => self.on_control_while_stopping(message, &mut open).await,
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
     }
 
     /// During shutdown: record acks, refuse new assignments.
@@ -632,7 +716,7 @@ impl Runner {
         match message.msg {
             Some(Inbound::FinishedAck(ack)) => self.outbox.ack(&ack.execution_id),
             Some(Inbound::Assign(assign)) if self.accept_token(&assign) => {
-                let finished = self.refuse(&assign, "runner is shutting down".to_owned());
+                let finished = self.refuse(&assign, Outcome::Refused, "runner is shutting down".to_owned());
                 if let Some(open) = connection
                     && open.send(Outbound::Finished(finished)).await.is_err()
                 {
@@ -685,7 +769,12 @@ impl Runner {
                 .running
                 .values()
                 .map(|running| running.execution.in_flight())
-                .chain(self.outbox.iter().map(|f| InFlight { run_id: f.run_id.clone(), execution_id: f.execution_id.clone(), attempt: 0 }))
+                .chain(self.outbox.iter().map(|f| InFlight {
+                    run_id: f.run_id.clone(),
+                    execution_id: f.execution_id.clone(),
+                    attempt: 0,
+                    started_at: f.started_at,
+                }))
                 .collect(),
             max_token_seen: self.max_token_seen,
             instance_id: self.instance_id.clone(),

@@ -253,8 +253,10 @@ async fn reconnects_redeclares_in_flight_and_resends_finished_until_acked() {
     // 2nd stream: the execution is still running and re-declared.
     let mut conn = accept(&mut accepted).await;
     let hello = conn.hello().await;
-    let expected = InFlight { run_id: "run-e-slow".into(), execution_id: "e-slow".into(), attempt: 1 };
-    assert_eq!(hello.in_flight, [expected]);
+    assert_eq!(hello.in_flight.len(), 1);
+    let declared = &hello.in_flight[0];
+    assert_eq!((declared.run_id.as_str(), declared.execution_id.as_str(), declared.attempt), ("run-e-slow", "e-slow", 1));
+    assert!(declared.started_at.is_some(), "the start time travels with the re-declaration");
     assert_eq!(hello.max_token_seen, 3);
     conn.welcome(3, vec![]).await;
     std::fs::write(&gate, "").expect("open the gate");
@@ -415,4 +417,34 @@ async fn agents_stop_once_no_leader_acknowledged_the_runner_for_the_fence_deadli
     assert!(wait_until_gone(pid).await);
     conn.ack(&finished).await;
     shut_down(stop, runner).await;
+}
+
+/// Found by breaking it: SIGTERM while the runner was between leaders
+/// dropped its interrupted report, and the run came back `lost` (an
+/// attempt spent). It now makes one bounded try to deliver it first.
+#[tokio::test]
+async fn shutdown_while_disconnected_still_delivers_the_interrupted_report() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let (address, mut accepted) = fake_control_plane().await;
+    let (stop, runner) = spawn_runner(config(address, work.path(), vec![("sleeper", sh_agent("exec sleep 3600"))]));
+    let mut conn = accept(&mut accepted).await;
+    conn.hello().await;
+    conn.welcome(1, vec![]).await;
+    conn.send(Control::Assign(assignment("e-long", "sleeper", 1))).await;
+    conn.started().await;
+    drop(conn);
+    // The runner reconnects; this leader never answers its Hello.
+    let mut silent = accept(&mut accepted).await;
+    silent.hello().await;
+    stop.send(()).expect("runner running");
+    // It delivers the interrupted execution's report on a new stream.
+    let mut conn = accept(&mut accepted).await;
+    let hello = conn.hello().await;
+    assert!(hello.in_flight.iter().any(|f| f.execution_id == "e-long"), "{hello:?}");
+    conn.welcome(1, vec![]).await;
+    let finished = conn.finished().await;
+    assert_eq!((finished.execution_id.as_str(), finished.outcome()), ("e-long", Outcome::Interrupted), "{finished:?}");
+    conn.ack(&finished).await;
+    tokio::time::timeout(PATIENCE, runner).await.expect("runner stops in time").expect("runner did not panic");
+    drop(silent);
 }

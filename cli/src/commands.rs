@@ -505,9 +505,17 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
         TaskCmd::Apply { file, .. } => Some(crate::taskfile::read(file)?),
         _ => None,
     };
-    // Triggers create runs: the leader's job. Everything else any replica serves.
-    let channel =
-        if matches!(c, TaskCmd::Trigger { .. }) { client::connect_leader(endpoint).await? } else { client::connect(endpoint).await? };
+    // Triggers create runs: the leader's job. Applies go to the leader too
+    // when it can be reached (only it can warn that no runner serves an
+    // agent); everything else any replica serves.
+    let channel = match &c {
+        TaskCmd::Trigger { .. } => client::connect_leader(endpoint).await?,
+        TaskCmd::Apply { .. } => match client::connect_leader(endpoint).await {
+            Ok(ch) => ch,
+            Err(_) => client::connect(endpoint).await?,
+        },
+        _ => client::connect(endpoint).await?,
+    };
     let mut tc = TaskServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let show = |t: &pb::Task| {
         if fmt == Format::Json {

@@ -202,6 +202,10 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
     let mut deposed: Option<u64> = None;
     // An engine that failed to start is retried after this instant.
     let mut retry_at: Option<tokio::time::Instant> = None;
+    // Restart pause, doubled while engines keep failing soon after they
+    // start (a store that rejects every write must not flood the log).
+    let mut pause = ENGINE_RESTART_PAUSE;
+    let mut started_at = tokio::time::Instant::now();
     loop {
         let current = lead.borrow_and_update().clone();
         match (&current, running.is_some()) {
@@ -222,14 +226,17 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                         tracing::info!(token = l.token, "leading: engine started");
                         token = l.token;
                         retry_at = None;
+                        started_at = tokio::time::Instant::now();
                         if let Ok(mut g) = core.engine.write() {
                             *g = Some(handle);
                         }
                         running = Some(join);
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "engine failed to start; retrying");
-                        retry_at = Some(tokio::time::Instant::now() + ENGINE_RESTART_PAUSE);
+                        tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "engine failed to start; retrying");
+                        retry_at = Some(tokio::time::Instant::now() + pause);
+                        pause = (pause * 2).min(ENGINE_RESTART_MAX_PAUSE);
+                        started_at = tokio::time::Instant::now();
                     }
                 }
             }
@@ -279,13 +286,19 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                     // A bug, a failed store write, or a broken watch while this
                     // replica still leads: start again from the store after a
                     // pause rather than lead with no engine.
-                    Err(e) if e.is_panic() => {
-                        tracing::error!(error = %e, "engine panicked; restarting it");
-                        tokio::time::sleep(ENGINE_RESTART_PAUSE).await;
-                    }
-                    _ => {
-                        tracing::warn!("engine stopped while leading; restarting it");
-                        tokio::time::sleep(ENGINE_RESTART_PAUSE).await;
+                    ended => {
+                        let healthy = started_at.elapsed() > ENGINE_HEALTHY_RUN;
+                        if healthy {
+                            pause = ENGINE_RESTART_PAUSE;
+                        }
+                        match ended {
+                            Err(e) if e.is_panic() => tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "engine panicked; restarting it"),
+                            _ => tracing::warn!(pause_ms = pause.as_millis() as u64, "engine stopped while leading; restarting it"),
+                        }
+                        tokio::time::sleep(pause).await;
+                        if !healthy {
+                            pause = (pause * 2).min(ENGINE_RESTART_MAX_PAUSE);
+                        }
                     }
                 }
             }
@@ -299,6 +312,10 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
 
 /// Pause before restarting an engine that stopped on its own.
 const ENGINE_RESTART_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest pause between restarts of engines that keep failing.
+const ENGINE_RESTART_MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
+/// An engine that ran this long was healthy: the next restart pause resets.
+const ENGINE_HEALTHY_RUN: std::time::Duration = std::time::Duration::from_secs(60);
 /// How long a graceful stop may take to write what the engine keeps lazily.
 const ENGINE_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 

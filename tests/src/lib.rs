@@ -497,7 +497,8 @@ impl RawRunner {
                                 tokio::time::sleep(Duration::from_millis(300)).await;
                                 let Some(tx) = weak.upgrade() else { return };
                                 seq += 1;
-                                let hb = pb::runner_message::Msg::Heartbeat(pb::Heartbeat { running: 0, seq, draining: false });
+                                let hb =
+                                    pb::runner_message::Msg::Heartbeat(pb::Heartbeat { running: 0, seq, draining: false, acked_seq: seq });
                                 if tx.send(pb::RunnerMessage { msg: Some(hb) }).await.is_err() {
                                     return;
                                 }

@@ -39,7 +39,7 @@ async fn a_runner_that_floods_and_never_reads_stalls_nothing() {
                     outcome: pb::Outcome::Succeeded as i32,
                     ..Default::default()
                 };
-                let hb = pb::Heartbeat { running: 0, seq: sent, draining: false };
+                let hb = pb::Heartbeat { running: 0, seq: sent, draining: false, acked_seq: sent };
                 let msgs = [pb::runner_message::Msg::Finished(f), pb::runner_message::Msg::Heartbeat(hb)];
                 let mut cut = false;
                 for m in msgs {
@@ -93,4 +93,44 @@ async fn a_runner_that_floods_and_never_reads_stalls_nothing() {
     println!("lag over {} slots: p50 {} ms, p99 {p99} ms", lags.len(), lags[lags.len() / 2]);
     assert!(p99 < 1000, "lag p99 {p99} ms: {lags:?}");
     assert!(dev.log_text().contains("its stream does not drain"), "the flooder was disconnected for not reading");
+}
+
+/// A runner that heartbeats but never reads its stream (its acks never
+/// come back in its heartbeats) is cut off after 3 heartbeats, although
+/// its stream buffers are far from full; the run assigned to it meanwhile
+/// goes elsewhere. Before, such a runner kept its slot and its run for the
+/// run's whole timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_heartbeats_but_never_reads_is_cut_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "inv_no_read");
+    let dev = Proc::dev(&dir.path().join("data"));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let hello = pb::Hello {
+        runner_id: "deaf".into(),
+        agents: vec!["remote_agent".into()],
+        slots: 4,
+        instance_id: "d1".into(),
+        ..Default::default()
+    };
+    tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Hello(hello)) }).await.expect("hello");
+    let _inbound = pb::runner_service_client::RunnerServiceClient::new(punchclock_tests::channel(&dev.addr).await)
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream opens");
+    let heartbeats = tokio::spawn(async move {
+        for seq in 1..=20u64 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let hb = pb::Heartbeat { running: 0, seq, draining: false, acked_seq: 0 };
+            if tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Heartbeat(hb)) }).await.is_err() {
+                return;
+            }
+        }
+    });
+    assert!(
+        punchclock_tests::wait_log(&dev, "runner does not read its stream; disconnecting it", Duration::from_secs(10)).await,
+        "{}",
+        dev.log_text()
+    );
+    heartbeats.abort();
 }

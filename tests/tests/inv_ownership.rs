@@ -41,7 +41,7 @@ async fn reports_about_another_runners_execution_change_nothing() {
     }
     // ... and re-declares it as its own on a new stream.
     drop(r2);
-    let in_flight = vec![pb::InFlight { run_id: a.run_id.clone(), execution_id: a.execution_id.clone(), attempt: 1 }];
+    let in_flight = vec![pb::InFlight { run_id: a.run_id.clone(), execution_id: a.execution_id.clone(), attempt: 1, started_at: None }];
     let r2 = RawRunner::connect(&dev.addr, "r2", &["remote_agent"], "i2", in_flight).await;
     assert_eq!(r2.welcome.unknown.len(), 1, "the leader tells r2 the execution is not its: {:?}", r2.welcome);
 

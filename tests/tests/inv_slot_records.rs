@@ -77,3 +77,24 @@ fn covers(r: &pb::Run, slot: DateTime<Utc>) -> bool {
         _ => at(&r.scheduled_at) == Some(slot),
     }
 }
+
+/// Found by breaking it: a task with a past `once` slot, deleted and
+/// applied again, made the engine create that slot's run a second time;
+/// the write failed, the engine restarted from the store and failed the
+/// same way, every second: nothing was scheduled. The slot's existing
+/// record now counts as its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reapplying_a_deleted_task_with_a_past_once_slot_schedules_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "inv_reapply_once");
+    let dev = Proc::dev(&dir.path().join("data"));
+    let once = json!({"task_id": "oncepast", "agent_id": "ok_agent", "trigger": {"type": "once", "at": "2020-01-01T00:00:00Z"}});
+    apply(&dev.addr, once.clone()).await;
+    wait_run(&dev.addr, "oncepast", Duration::from_secs(20), |r| status(r) == pb::RunStatus::Succeeded).await;
+    cli(&dev.addr, &["task", "delete", "oncepast"]);
+    apply(&dev.addr, once).await;
+    apply(&dev.addr, json!({"task_id": "tick", "agent_id": "ok_agent", "trigger": {"type": "interval", "every": "1s"}})).await;
+    punchclock_tests::wait_n_runs(&dev.addr, "tick", 3, Duration::from_secs(20), |r| status(r) == pb::RunStatus::Succeeded).await;
+    assert_eq!(list_runs(&dev.addr, "oncepast").await.len(), 1, "the slot keeps its one record");
+    assert!(!dev.log_text().contains("exists already"), "{}", dev.log_text());
+}

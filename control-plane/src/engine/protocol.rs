@@ -16,6 +16,8 @@ pub struct InFlightExec {
     pub execution_id: String,
     /// Attempt number as the runner knows it (0 = unknown).
     pub attempt: u32,
+    /// When its agent started (UTC), if the runner says.
+    pub started_at: Option<DateTime<Utc>>,
 }
 
 /// A runner's first message on a new stream.
@@ -90,6 +92,8 @@ pub enum FromRunner {
         seq: u64,
         /// The runner is shutting down: no new assignment for it.
         draining: bool,
+        /// The highest ack seq the runner received on this stream.
+        acked_seq: u64,
     },
     /// The agent process started.
     Started {

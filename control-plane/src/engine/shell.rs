@@ -291,6 +291,20 @@ impl Engine {
                         tracing::error!(error = %e, token = self.leadership.token, "leader write rejected by the fencing token; stepping down");
                         return Err(EngineExit::Fenced);
                     }
+                    // A slot's run exists although the cursor says the slot
+                    // is still to come (a crash between the pieces of an
+                    // oversized write, or a bug): the slot has its record, so
+                    // the cursor moves past it — else the next engine would
+                    // decide the same and fail the same way, forever.
+                    Err(Error::AlreadyExists { id, .. }) => {
+                        tracing::error!(run_id = %id, "a run to create exists already; the engine restarts from the store");
+                        if let Some((task_id, slot)) = crate::model::run::slot_of_run_id(&id)
+                            && let Err(e) = self.repo.advance_cursor(&self.leadership, task_id, slot, self.clock.now()).await
+                        {
+                            tracing::error!(error = %e, task_id, "cannot move the cursor past the existing run");
+                        }
+                        return Err(EngineExit::Failed);
+                    }
                     Err(e) => {
                         tracing::error!(error = %e, "store write failed; the engine restarts from the store");
                         return Err(EngineExit::Failed);

@@ -435,6 +435,15 @@ pub fn slot_run_id(task_id: &str, slot: DateTime<Utc>) -> String {
     format!("{task_id}.{}", stamp(slot))
 }
 
+/// The task and slot of a time-trigger run id (`{task_id}.{stamp}`), or
+/// `None` for a manual run id.
+pub fn slot_of_run_id(run_id: &str) -> Option<(&str, DateTime<Utc>)> {
+    let (task, stamp) = run_id.split_once('.')?;
+    let format = if stamp.contains('.') { "%Y%m%dT%H%M%S%.3fZ" } else { "%Y%m%dT%H%M%SZ" };
+    let t = chrono::NaiveDateTime::parse_from_str(stamp, format).ok()?;
+    Some((task, t.and_utc()))
+}
+
 /// Run id of a manual trigger: `{task_id}.manual-{key}`.
 pub fn manual_run_id(task_id: &str, key: &str) -> String {
     format!("{task_id}.manual-{key}")
@@ -447,4 +456,19 @@ pub fn task_of_run(run_id: &str) -> &str {
 
 fn is_zero(v: &u32) -> bool {
     *v == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_run_ids_round_trip() {
+        for t in ["2026-11-30T00:30:00Z", "2026-11-30T00:30:00.250Z"] {
+            let t: DateTime<Utc> = t.parse().expect("t");
+            let id = slot_run_id("task_1", t);
+            assert_eq!(slot_of_run_id(&id), Some(("task_1", t)));
+        }
+        assert_eq!(slot_of_run_id("task_1.manual-abc"), None);
+    }
 }

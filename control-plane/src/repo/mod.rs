@@ -26,6 +26,112 @@ use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, TaskRecord};
 use crate::store::{Compare, KvStore, Revision, Txn, TxnOp, WatchEvent};
 
+/// Largest encoded run record: 512 KiB, well below etcd's 1.5 MiB request
+/// limit (etcd docs, `--max-request-bytes`) so that a record plus its index
+/// entry and compares always fits one transaction. A larger record is
+/// trimmed when encoded (see [`encode_run`]).
+pub const MAX_RUN_RECORD_BYTES: usize = 512 * 1024;
+/// What an output tail is cut to when a record must be trimmed.
+const TRIMMED_TAIL_BYTES: usize = 4096;
+/// What an error text is cut to when a record must be trimmed.
+const TRIMMED_TEXT_BYTES: usize = 256;
+
+/// Encodes a run record within [`MAX_RUN_RECORD_BYTES`]. When it is
+/// larger (agents can write megabytes of escaped control characters), the
+/// parts that can be large are trimmed, in this order, until it fits:
+/// output tails (to their last 4 KiB, marked `[trimmed to fit the store]`),
+/// the checkpoint, the result, late reports' results, the params (each
+/// replaced by `{"trimmed": true, "bytes": N}`), then error texts (to
+/// 256 bytes). The record in memory is not changed.
+pub fn encode_run(run: &RunRecord) -> Result<Vec<u8>> {
+    let bytes = codec::encode(run)?;
+    if bytes.len() <= MAX_RUN_RECORD_BYTES {
+        return Ok(bytes);
+    }
+    fn marker(v: &serde_json::Value) -> serde_json::Value {
+        serde_json::json!({ "trimmed": true, "bytes": v.to_string().len() })
+    }
+    fn tail(s: &mut String) {
+        if s.len() > TRIMMED_TAIL_BYTES {
+            let mut start = s.len() - TRIMMED_TAIL_BYTES;
+            while !s.is_char_boundary(start) {
+                start += 1;
+            }
+            *s = format!("[trimmed to fit the store] {}", &s[start..]);
+        }
+    }
+    fn text(s: &mut String) {
+        if s.len() > TRIMMED_TEXT_BYTES {
+            let mut end = TRIMMED_TEXT_BYTES;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+            s.push_str(" [trimmed]");
+        }
+    }
+    type Step = fn(&mut RunRecord);
+    let steps: [Step; 6] = [
+        |r| {
+            tail(&mut r.stdout_tail);
+            tail(&mut r.stderr_tail);
+        },
+        |r| {
+            if let Some(c) = r.progress.as_mut().and_then(|p| p.checkpoint.as_mut()) {
+                *c = marker(c);
+            }
+            if let Some(p) = r.progress.as_mut() {
+                text(&mut p.message);
+            }
+        },
+        |r| {
+            if let Some(v) = r.result.as_mut() {
+                *v = marker(v);
+            }
+        },
+        |r| {
+            for rep in r.attempts.iter_mut().filter_map(|a| a.report.as_mut()) {
+                if let Some(v) = rep.result.as_mut() {
+                    *v = marker(v);
+                }
+            }
+        },
+        |r| {
+            if !r.params.is_empty() {
+                let v = serde_json::Value::Object(std::mem::take(&mut r.params));
+                r.params.insert("trimmed".into(), marker(&v));
+            }
+        },
+        |r| {
+            for a in &mut r.attempts {
+                if let Some(e) = a.error.as_mut() {
+                    text(e);
+                }
+                if let Some(e) = a.report.as_mut().and_then(|rep| rep.error.as_mut()) {
+                    text(e);
+                }
+            }
+            if let Some(e) = r.error.as_mut() {
+                text(e);
+            }
+            if let Some(e) = r.pending_reason.as_mut() {
+                text(e);
+            }
+        },
+    ];
+    let mut trimmed = run.clone();
+    let mut bytes = bytes;
+    for step in steps {
+        step(&mut trimmed);
+        bytes = codec::encode(&trimmed)?;
+        if bytes.len() <= MAX_RUN_RECORD_BYTES {
+            break;
+        }
+    }
+    tracing::warn!(run_id = %run.run_id, bytes = bytes.len(), "run record trimmed to fit the store");
+    Ok(bytes)
+}
+
 /// One write the engine asks for. The run records carry their final
 /// `fencing_token` and `updated_at`: the repository only encodes.
 #[derive(Debug, Clone, PartialEq)]
@@ -249,7 +355,7 @@ impl Repo {
                 // or holding an agent its runner has not confirmed gone.
                 let index =
                     if run.status.is_terminal() && !run.holds_agent() { TxnOp::delete(active) } else { TxnOp::put(active, Vec::new()) };
-                let puts = vec![TxnOp::put(&key, codec::encode(run.as_ref())?), index];
+                let puts = vec![TxnOp::put(&key, encode_run(run)?), index];
                 match op {
                     StoreOp::CreateRun(_) => (vec![Compare::absent(&key)], puts, vec![TxnOp::get(key)]),
                     _ => (Vec::new(), puts, Vec::new()),
@@ -272,41 +378,31 @@ impl Repo {
     /// errors as they come. Transactions before the failing one stay
     /// committed.
     pub async fn commit(&self, lead: &Leadership, groups: Vec<Vec<StoreOp>>) -> Result<CommitStats> {
-        let max_ops = self.store.max_txn_ops();
-        let max_bytes = self.store.max_txn_bytes();
+        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
         let mut stats = CommitStats::default();
-        let mut txn = Txn::default();
-        let mut bytes = 0usize;
+        let mut txn = Part::default();
         for group in groups {
-            let mut compares = Vec::new();
-            let mut success = Vec::new();
-            let mut failure = Vec::new();
-            for op in &group {
-                let (c, s, f) = self.txn_ops(op)?;
-                compares.extend(c);
-                success.extend(s);
-                failure.extend(f);
+            let parts = group.iter().map(|op| self.txn_ops(op).map(Part::from)).collect::<Result<Vec<Part>>>()?;
+            let whole = parts.iter().fold(Part::default(), |mut acc, p| {
+                acc.extend(p.clone());
+                acc
+            });
+            // A group too large for one transaction (many catch-up runs with
+            // big params) goes op by op, in order: its cursor, last, still
+            // commits after its records. A crash in between leaves records
+            // without the cursor; the next leader meets them as existing runs
+            // (see the shell's conflict recovery).
+            let pieces = if limits.fits(&Part::default(), &whole) { vec![whole] } else { parts };
+            for piece in pieces {
+                if !txn.success.is_empty() && !limits.fits(&txn, &piece) {
+                    stats.revision = self.commit_one(lead, std::mem::take(&mut txn).into_txn()).await?;
+                    stats.transactions += 1;
+                }
+                txn.extend(piece);
             }
-            let group_bytes: usize = success.iter().map(op_bytes).sum();
-            let fits = |t: &Txn, b: usize| {
-                let fence = lead.fence.len();
-                t.compares.len() + compares.len() + fence <= max_ops
-                    && t.success.len() + success.len() <= max_ops
-                    && t.failure.len() + failure.len() + fence <= max_ops
-                    && b + group_bytes <= max_bytes
-            };
-            if !txn.success.is_empty() && !fits(&txn, bytes) {
-                stats.revision = self.commit_one(lead, std::mem::take(&mut txn)).await?;
-                stats.transactions += 1;
-                bytes = 0;
-            }
-            txn.compares.extend(compares);
-            txn.success.extend(success);
-            txn.failure.extend(failure);
-            bytes += group_bytes;
         }
         if !txn.success.is_empty() {
-            stats.revision = self.commit_one(lead, txn).await?;
+            stats.revision = self.commit_one(lead, txn.into_txn()).await?;
             stats.transactions += 1;
         }
         Ok(stats)
@@ -338,6 +434,19 @@ impl Repo {
         }
     }
 
+    /// Moves a task's cursor up to `slot` (never back), under the fence: the
+    /// recovery when a slot's run turned out to exist already.
+    ///
+    /// Errors: [`Error::Fenced`]; store errors.
+    pub async fn advance_cursor(&self, lead: &Leadership, task_id: &str, slot: DateTime<Utc>, now: DateTime<Utc>) -> Result<()> {
+        let current = self.get_cursor(task_id).await?;
+        if current.as_ref().and_then(|c| c.last_slot).is_some_and(|l| l >= slot) {
+            return Ok(());
+        }
+        let cursor = Cursor { last_slot: Some(slot), updated_at: Some(now) };
+        self.commit(lead, vec![vec![StoreOp::PutCursor { task_id: task_id.to_string(), cursor }]]).await.map(|_| ())
+    }
+
     /// Creates one run if absent, under the fence: `Ok(false)` when the run
     /// already exists (another replica, or this leader before a failover,
     /// took the slot). Used by the slot-race test against a real etcd.
@@ -354,9 +463,154 @@ impl Repo {
     }
 }
 
+/// Part of a transaction being packed.
+#[derive(Debug, Clone, Default)]
+struct Part {
+    compares: Vec<Compare>,
+    success: Vec<TxnOp>,
+    failure: Vec<TxnOp>,
+    bytes: usize,
+}
+
+impl From<(Vec<Compare>, Vec<TxnOp>, Vec<TxnOp>)> for Part {
+    fn from((compares, success, failure): (Vec<Compare>, Vec<TxnOp>, Vec<TxnOp>)) -> Self {
+        let bytes = success.iter().map(op_bytes).sum();
+        Part { compares, success, failure, bytes }
+    }
+}
+
+impl Part {
+    fn extend(&mut self, other: Part) {
+        self.compares.extend(other.compares);
+        self.success.extend(other.success);
+        self.failure.extend(other.failure);
+        self.bytes += other.bytes;
+    }
+
+    fn into_txn(self) -> Txn {
+        Txn { compares: self.compares, success: self.success, failure: self.failure }
+    }
+}
+
+/// A store's transaction limits (the fence adds a compare and a get).
+struct Limits {
+    ops: usize,
+    bytes: usize,
+    fence: usize,
+}
+
+impl Limits {
+    /// Whether `add` fits in the transaction `into`.
+    fn fits(&self, into: &Part, add: &Part) -> bool {
+        into.compares.len() + add.compares.len() + self.fence <= self.ops
+            && into.success.len() + add.success.len() <= self.ops
+            && into.failure.len() + add.failure.len() + self.fence <= self.ops
+            && into.bytes + add.bytes <= self.bytes
+    }
+}
+
 fn op_bytes(op: &TxnOp) -> usize {
     match op {
         TxnOp::Put { key, value, .. } => key.len() + value.len() + 16,
         TxnOp::Delete { key } | TxnOp::Get { key } => key.len() + 16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::run::TriggerKind;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{LeaseId, WatchStream};
+
+    fn run(id: &str) -> RunRecord {
+        let t: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().expect("t");
+        RunRecord::pending(id.into(), "t", "a", TriggerKind::Manual, t, t)
+    }
+
+    /// Found by breaking it: 64 KiB tails of control characters (6 bytes
+    /// each once escaped), a big result and checkpoint made a record etcd
+    /// refused, and the engine restarted forever.
+    #[test]
+    fn a_huge_run_record_is_trimmed_to_fit() {
+        let mut r = run("t.manual-1");
+        r.stdout_tail = "\u{1}".repeat(64 * 1024);
+        r.stderr_tail = "\u{1}".repeat(64 * 1024);
+        r.result = Some(serde_json::json!({"r": "\u{1}".repeat(80_000)}));
+        r.progress = Some(crate::model::Progress {
+            percent: None,
+            message: String::new(),
+            checkpoint: Some(serde_json::json!("\u{1}".repeat(40_000))),
+            updated_at: r.updated_at,
+        });
+        r.params.insert("p".into(), serde_json::json!("x".repeat(200_000)));
+        assert!(codec::encode(&r).expect("encode").len() > 1_000_000);
+        let bytes = encode_run(&r).expect("encode");
+        assert!(bytes.len() <= MAX_RUN_RECORD_BYTES, "{}", bytes.len());
+        let back: RunRecord = codec::decode("run", &bytes).expect("decode");
+        assert!(back.stdout_tail.starts_with("[trimmed to fit the store]"));
+        assert_eq!(back.result.as_ref().and_then(|v| v.get("trimmed")), Some(&serde_json::Value::Bool(true)));
+        // A record that fits is stored as it is.
+        let small = run("t.manual-2");
+        assert_eq!(encode_run(&small).expect("encode"), codec::encode(&small).expect("encode"));
+    }
+
+    /// An embedded store that says it takes at most `ops` operations per
+    /// transaction, like etcd's `--max-txn-ops`.
+    struct Limited(EmbeddedStore, usize);
+
+    #[async_trait::async_trait]
+    impl KvStore for Limited {
+        async fn get(&self, key: &str) -> Result<Option<crate::store::KeyValue>> {
+            self.0.get(key).await
+        }
+        async fn range(&self, prefix: &str) -> Result<(Vec<crate::store::KeyValue>, Revision)> {
+            self.0.range(prefix).await
+        }
+        async fn txn(&self, txn: Txn) -> Result<crate::store::TxnResult> {
+            assert!(txn.success.len() <= self.1 && txn.compares.len() <= self.1 && txn.failure.len() <= self.1, "over the limit");
+            self.0.txn(txn).await
+        }
+        async fn watch(&self, prefix: &str) -> Result<WatchStream> {
+            self.0.watch(prefix).await
+        }
+        async fn grant_lease(&self, ttl: i64) -> Result<LeaseId> {
+            self.0.grant_lease(ttl).await
+        }
+        async fn keep_alive(&self, lease: LeaseId) -> Result<i64> {
+            self.0.keep_alive(lease).await
+        }
+        async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+            self.0.revoke_lease(lease).await
+        }
+        fn describe(&self) -> String {
+            "limited".into()
+        }
+        fn max_txn_ops(&self) -> usize {
+            self.1
+        }
+    }
+
+    #[tokio::test]
+    async fn commit_packs_groups_within_the_store_limits_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(Limited(EmbeddedStore::open(dir.path()).await.expect("open"), 10));
+        let repo = Repo::new(store.clone(), Keys::default());
+        let lead = Leadership { token: 1, fence: Vec::new() };
+        // 3 groups of 2 creates (4 writes each: 2 records, 2 index entries): 2 groups fit a transaction.
+        let groups: Vec<Vec<StoreOp>> =
+            (0..3).map(|g| (0..2).map(|i| StoreOp::CreateRun(Box::new(run(&format!("t.manual-{g}-{i}"))))).collect()).collect();
+        let stats = repo.commit(&lead, groups).await.expect("commit");
+        assert_eq!(stats.transactions, 2, "{stats:?}");
+        // A group too large for one transaction goes in pieces, cursor last.
+        let mut big: Vec<StoreOp> = (0..6).map(|i| StoreOp::CreateRun(Box::new(run(&format!("t.manual-big-{i}"))))).collect();
+        big.push(StoreOp::PutCursor { task_id: "t".into(), cursor: Cursor::default() });
+        let stats = repo.commit(&lead, vec![big]).await.expect("commit");
+        assert!(stats.transactions >= 2, "{stats:?}");
+        assert!(repo.get_cursor("t").await.expect("cursor").is_some());
+        assert_eq!(repo.list_runs("t").await.expect("runs").0.len(), 12);
+        // Creating an existing run is refused and names it.
+        let again = repo.commit(&lead, vec![vec![StoreOp::CreateRun(Box::new(run("t.manual-0-0")))]]).await;
+        assert!(matches!(again, Err(Error::AlreadyExists { ref id, .. }) if id == "t.manual-0-0"), "{again:?}");
     }
 }

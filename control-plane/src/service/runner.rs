@@ -114,7 +114,12 @@ pub fn hello_from_pb(h: pb::Hello) -> crate::error::Result<RunnerHello> {
         in_flight: h
             .in_flight
             .into_iter()
-            .map(|f| InFlightExec { run_id: f.run_id, execution_id: f.execution_id, attempt: f.attempt })
+            .map(|f| InFlightExec {
+                run_id: f.run_id,
+                execution_id: f.execution_id,
+                attempt: f.attempt,
+                started_at: from_timestamp_opt(f.started_at.as_ref()),
+            })
             .collect(),
         instance_id: cap(h.instance_id, MAX_TEXT_BYTES),
     })
@@ -172,7 +177,7 @@ fn outcome_from_pb(o: i32) -> ReportedOutcome {
 pub fn from_pb(m: Msg) -> Option<FromRunner> {
     Some(match m {
         Msg::Hello(_) => return None,
-        Msg::Heartbeat(h) => FromRunner::Heartbeat { seq: h.seq, draining: h.draining },
+        Msg::Heartbeat(h) => FromRunner::Heartbeat { seq: h.seq, draining: h.draining, acked_seq: h.acked_seq },
         Msg::Started(s) => {
             FromRunner::Started { run_id: s.run_id, execution_id: s.execution_id, started_at: from_timestamp_opt(s.started_at.as_ref()) }
         }
@@ -199,7 +204,7 @@ pub fn from_pb(m: Msg) -> Option<FromRunner> {
 }
 
 fn in_flight_pb(f: InFlightExec) -> pb::InFlight {
-    pb::InFlight { run_id: f.run_id, execution_id: f.execution_id, attempt: f.attempt }
+    pb::InFlight { run_id: f.run_id, execution_id: f.execution_id, attempt: f.attempt, started_at: f.started_at.map(to_timestamp) }
 }
 
 /// An engine message on the wire.

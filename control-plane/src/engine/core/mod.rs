@@ -96,6 +96,14 @@ pub enum ReadPurpose {
         /// Reply to.
         reply: ReplyId,
     },
+    /// A `once` slot before the task's creation, of a task that never
+    /// fired: its run may exist from an earlier task with this id.
+    PastOnce {
+        /// Task.
+        task_id: String,
+        /// The slot.
+        at: DateTime<Utc>,
+    },
     /// A `Finished` for an execution of a run no longer in memory: kept
     /// as evidence if that runner owns it.
     LateReport {

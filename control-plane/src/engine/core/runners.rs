@@ -23,6 +23,10 @@ use crate::error::{Error, Result};
 use crate::model::run::{AttemptReport, Outcome};
 use crate::model::{Progress, RunRecord};
 
+/// Heartbeats a runner's acknowledgements may lag before it counts as not
+/// reading its stream.
+const UNREAD_HEARTBEATS: u64 = 3;
+
 /// Whose execution a report is about, as far as this leader knows.
 #[derive(Debug, PartialEq, Eq)]
 enum Whose {
@@ -91,7 +95,7 @@ impl EngineCore {
             match self.whose(&id, &f.run_id, &f.execution_id) {
                 Whose::Current => {
                     running.insert(f.execution_id.clone(), f.run_id.clone());
-                    redeclared.push((f.run_id, f.execution_id));
+                    redeclared.push((f.run_id, f.execution_id, f.started_at));
                 }
                 Whose::Ended => {
                     // Ended here, maybe still alive there: it keeps its slot
@@ -145,8 +149,8 @@ impl EngineCore {
         );
         // Re-declared means started, even if the Started report was lost
         // with the previous leader.
-        for (run_id, exec) in redeclared {
-            self.mark_started(now, &run_id, &exec, None);
+        for (run_id, exec, started_at) in redeclared {
+            self.mark_started(now, &run_id, &exec, started_at);
         }
         let release_at = prev_last_seen + Self::dur(self.timing().runner_lost_after());
         for (exec, run_id) in forgotten {
@@ -207,6 +211,18 @@ impl EngineCore {
             r.draining = true;
             tracing::info!(runner_id, "runner shutting down: no new work for it");
         }
+        // A runner whose acks lag 3 heartbeats behind does not read its
+        // stream: what is sent to it sits in buffers. Cut it off; it comes
+        // back (or is lost) like any disconnected runner.
+        if let FromRunner::Heartbeat { seq, acked_seq, .. } = &msg
+            && seq.saturating_sub(*acked_seq) > UNREAD_HEARTBEATS
+        {
+            tracing::warn!(runner_id, seq, acked_seq, "runner does not read its stream; disconnecting it");
+            r.connected = false;
+            self.fx.disconnects.push((runner_id.to_string(), session));
+            self.dispatch_needed = true;
+            return;
+        }
         match msg {
             FromRunner::Heartbeat { seq, .. } => {
                 self.send_to(runner_id, session, ToRunner::HeartbeatAck { fencing_token: self.cfg.token, seq });
@@ -245,6 +261,7 @@ impl EngineCore {
         let t = at.unwrap_or(now);
         a.started_at = Some(t);
         run.actual_started_at.get_or_insert(t);
+        run.start_by = None;
         self.touch(now, run_id, Urgency::Lazy);
         if let Some(r) = self.event_run(run_id) {
             self.fx.events.push(Lifecycle::RunStarted(r));
@@ -324,13 +341,6 @@ impl EngineCore {
                 result: f.result.clone(),
                 finished_at: f.finished_at.unwrap_or(now),
             });
-            if a.exit_code.is_none() {
-                a.exit_code = f.exit_code;
-            }
-            if run.stdout_tail.is_empty() && run.stderr_tail.is_empty() {
-                run.stdout_tail = f.stdout_tail.clone();
-                run.stderr_tail = f.stderr_tail.clone();
-            }
             changed = true;
             tracing::info!(run_id = %f.run_id, execution_id = %f.execution_id, "late report kept as evidence; the run does not change");
         }
@@ -444,6 +454,6 @@ impl EngineCore {
 impl InFlightExec {
     /// Shorthand for tests and conversions.
     pub fn new(run_id: &str, execution_id: &str, attempt: u32) -> Self {
-        InFlightExec { run_id: run_id.into(), execution_id: execution_id.into(), attempt }
+        InFlightExec { run_id: run_id.into(), execution_id: execution_id.into(), attempt, started_at: None }
     }
 }

@@ -243,6 +243,7 @@ impl EngineCore {
                 self.fx.replies.push((reply, Reply::Cancel(r)));
             }
             ReadPurpose::LateReport { runner_id, session, report } => self.late_report_loaded(now, &runner_id, session, stored, *report),
+            ReadPurpose::PastOnce { task_id, at } => self.past_once_loaded(now, &task_id, at, stored.is_some()),
         }
     }
 
@@ -348,7 +349,8 @@ impl EngineCore {
         run.dispatched_at = Some(now);
         run.pending_reason = None;
         run.next_attempt_at = None;
-        run.start_by = None;
+        // `start_by` stays until the agent starts: a refused assignment
+        // goes back to waiting under the same start deadline.
         let assignment = Assignment {
             run_id: run.run_id.clone(),
             execution_id: execution_id.clone(),

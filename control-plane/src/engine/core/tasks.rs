@@ -151,7 +151,7 @@ impl EngineCore {
 
     /// A `once` trigger already past when the task was created runs once,
     /// right away (an explicit backfill), unless the task has fired before.
-    fn run_past_once(&mut self, now: DateTime<Utc>, task_id: &str) {
+    fn run_past_once(&mut self, _now: DateTime<Utc>, task_id: &str) {
         let Some(e) = self.tasks.get(task_id) else { return };
         if e.cursor.is_some() || e.record.paused {
             return;
@@ -164,14 +164,25 @@ impl EngineCore {
                 _ => None,
             })
             .collect();
-        if past.is_empty() {
+        // A task deleted and applied again has no cursor but may have the
+        // run of this slot from before: ask the store first.
+        for at in past {
+            self.fx.reads.push((slot_run_id(task_id, at), super::ReadPurpose::PastOnce { task_id: task_id.to_string(), at }));
+        }
+    }
+
+    /// The stored run of a past `once` slot (see `run_past_once`): run the
+    /// slot if it has no record; either way it is handled.
+    pub(super) fn past_once_loaded(&mut self, now: DateTime<Utc>, task_id: &str, at: DateTime<Utc>, exists: bool) {
+        let Some(e) = self.tasks.get(task_id) else { return };
+        if e.record.paused || e.deleted || e.cursor.as_ref().and_then(|c| c.last_slot).is_some_and(|l| l >= e.record.created_at) {
             return;
         }
         let rec = e.record.clone();
-        for at in past {
+        if !exists {
             self.admit_slot(now, &rec, at, TriggerKind::Once, &HashSet::new());
         }
-        self.set_cursor(now, task_id, created);
+        self.set_cursor(now, task_id, rec.created_at);
     }
 
     /// On resume: one SKIPPED record (`paused`) covers the slots between the

@@ -138,7 +138,7 @@ impl H {
     }
 
     fn heartbeat(&mut self, runner: &str, session: u64) -> Effects {
-        self.msg(runner, session, FromRunner::Heartbeat { seq: 1, draining: false })
+        self.msg(runner, session, FromRunner::Heartbeat { seq: 1, draining: false, acked_seq: 1 })
     }
 
     fn finished(&mut self, runner: &str, session: u64, a: &Assignment, outcome: ReportedOutcome) -> Effects {
@@ -423,6 +423,28 @@ fn interruptions_are_free_three_times_then_count() {
     assert_eq!(stored.status, RunStatus::Failed, "the 4th interruption counts, and max_retries is 0");
 }
 
+/// Found by breaking it: every refusal gave the run a fresh start deadline,
+/// so a run its runner always refuses waited forever. The deadline holds.
+#[test]
+fn refusals_do_not_move_the_start_deadline() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "execution": {"start_timeout_seconds": 5}}));
+    let (s, _) = h.hello("r1", &["a"], 1);
+    let mut a = one_assign(&h.trigger("m", "1"));
+    let mut timed_out = false;
+    for _ in 0..10 {
+        h.finished("r1", s, &a, ReportedOutcome::Refused);
+        let fx = h.tick(1, &[("r1", s)]);
+        if h.stored("m.manual-1").is_some_and(|r| r.status == RunStatus::Timeout) {
+            timed_out = true;
+            break;
+        }
+        a = one_assign(&fx);
+    }
+    assert!(timed_out, "refused again and again past its start deadline");
+    assert!(h.now <= t0() + Duration::seconds(6));
+}
+
 /// A refused assignment spends no attempt: the run waits and goes again.
 #[test]
 fn a_refused_assignment_is_undone() {
@@ -471,7 +493,7 @@ fn reports_about_another_runners_execution_change_nothing() {
     assert_eq!(h.run(&a.run_id), before, "the forged reports changed nothing");
     // A re-connecting r2 claiming the execution is told it is unknown.
     h.now += Duration::seconds(10);
-    h.msg("r1", s1, FromRunner::Heartbeat { seq: 9, draining: false });
+    h.msg("r1", s1, FromRunner::Heartbeat { seq: 9, draining: false, acked_seq: 9 });
     h.core.handle(h.now, Input::RunnerGone { runner_id: "r2".into(), session: s2 });
     let (_, fx) = h.hello_with("r2", &["a"], 1, "r2-instance", vec![InFlightExec::new(&a.run_id, &a.execution_id, 1)]);
     let unknown = fx.sends.iter().find_map(|o| if let ToRunner::Welcome { unknown, .. } = &o.msg { Some(unknown.clone()) } else { None });
@@ -503,7 +525,7 @@ fn a_silent_runner_is_lost_only_past_its_fence_and_late_reports_are_evidence() {
     while h.core.active_run(&a.run_id).is_some_and(|r| r.status == RunStatus::Running) {
         let fx = h.advance(step);
         waited += step;
-        h.msg(owner.2, owner.3, FromRunner::Heartbeat { seq: 1, draining: false });
+        h.msg(owner.2, owner.3, FromRunner::Heartbeat { seq: 1, draining: false, acked_seq: 1 });
         if fx.disconnects.iter().any(|(id, _)| id == owner.0) {
             disconnected_at.get_or_insert(waited);
         }
@@ -744,11 +766,11 @@ fn heartbeats_are_acknowledged_with_their_seq_and_nothing_is_written() {
     let (s, fx) = h.hello("r1", &["a"], 1);
     let fence = fx.sends.iter().find_map(|o| if let ToRunner::Welcome { fence_ms, .. } = o.msg { Some(fence_ms) } else { None });
     assert_eq!(fence, Some(Timing::default().runner_fence().as_millis() as u64));
-    let fx = h.msg("r1", s, FromRunner::Heartbeat { seq: 42, draining: false });
+    let fx = h.msg("r1", s, FromRunner::Heartbeat { seq: 42, draining: false, acked_seq: 42 });
     assert!(matches!(fx.sends.as_slice(), [Outbound { msg: ToRunner::HeartbeatAck { seq: 42, fencing_token: TOKEN }, .. }]));
     assert!(fx.writes.is_empty());
     // An old session's messages are ignored.
-    let fx = h.msg("r1", s + 100, FromRunner::Heartbeat { seq: 1, draining: false });
+    let fx = h.msg("r1", s + 100, FromRunner::Heartbeat { seq: 1, draining: false, acked_seq: 1 });
     assert!(fx.sends.is_empty());
 }
 
@@ -800,4 +822,42 @@ fn finished_runs_leave_no_deadlines_behind() {
     assert_eq!((h.core.start_by.len(), h.core.attempt_deadlines.len()), (0, 0));
     assert!(h.core.timers.len() < 10, "timers piled up: {}", h.core.timers.len());
     assert!(h.core.active_runs("").is_empty(), "written terminal runs left memory");
+}
+
+/// A runner whose heartbeat acks lag 3 heartbeats behind is not reading its
+/// stream (what is sent to it sits in buffers): it is disconnected, though
+/// its channel never filled.
+#[test]
+fn a_runner_that_does_not_read_its_acks_is_disconnected() {
+    let mut h = H::new();
+    let (s, _) = h.hello("r1", &["a"], 1);
+    for seq in 1..=3 {
+        let fx = h.msg("r1", s, FromRunner::Heartbeat { seq, draining: false, acked_seq: 0 });
+        assert!(fx.disconnects.is_empty(), "seq {seq}");
+    }
+    let fx = h.msg("r1", s, FromRunner::Heartbeat { seq: 4, draining: false, acked_seq: 0 });
+    assert_eq!(fx.disconnects, vec![("r1".to_string(), s)]);
+    h.task(manual("m"));
+    assert!(assigns(&h.trigger("m", "1")).is_empty(), "no work for a runner cut off");
+}
+
+/// Found by breaking it: a task deleted and applied again has no cursor,
+/// and its past `once` slot already has a run; creating it again failed
+/// the whole transaction, and the engine restarted every second. The slot
+/// is now looked up first.
+#[test]
+fn a_past_once_slot_is_looked_up_before_it_runs() {
+    for exists in [false, true] {
+        let mut h = H::new();
+        let fx = h.task(serde_json::json!({"task_id": "o", "agent_id": "a", "trigger": {"type": "once", "at": "2020-01-01T00:00:00Z"}}));
+        assert!(fx.writes.is_empty(), "nothing before the store says");
+        let (run_id, purpose) = fx.reads[0].clone();
+        assert_eq!(run_id, "o.20200101T000000Z");
+        let stored = exists.then(|| Box::new(RunRecord::pending(run_id.clone(), "o", "a", TriggerKind::Once, t0(), t0())));
+        h.core.handle(h.now, Input::RunLoaded { run_id: run_id.clone(), run: stored, purpose });
+        let fx = h.drain();
+        let created = fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::CreateRun(r) if r.run_id == run_id));
+        let cursor = fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::PutCursor { .. }));
+        assert_eq!((created, cursor), (!exists, true), "exists={exists}");
+    }
 }
