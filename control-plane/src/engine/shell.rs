@@ -288,7 +288,7 @@ impl Engine {
                 match self.repo.commit(&self.leadership, fx.writes).await {
                     Ok(stats) => self.transactions += stats.transactions as u64,
                     Err(Error::Fenced(e)) => {
-                        tracing::error!(error = %e, token = self.leadership.token, "leader write rejected by the fencing token; stepping down");
+                        tracing::error!(error = %e, token = self.leadership.token, "leader write rejected by fencing token; stepping down");
                         return Err(EngineExit::Fenced);
                     }
                     // A slot's run exists although the cursor says the slot
