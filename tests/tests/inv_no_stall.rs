@@ -105,19 +105,26 @@ async fn a_runner_that_heartbeats_but_never_reads_is_cut_off() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _logs = KeepLogsOnPanic::new(dir.path(), "inv_no_read");
     let dev = Proc::dev(&dir.path().join("data"));
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let hello = pb::Hello {
-        runner_id: "deaf".into(),
-        agents: vec!["remote_agent".into()],
-        slots: 4,
-        instance_id: "d1".into(),
-        ..Default::default()
+    // Hello, retried while the control plane is not leading yet.
+    let (tx, _inbound) = loop {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let hello = pb::Hello {
+            runner_id: "deaf".into(),
+            agents: vec!["remote_agent".into()],
+            slots: 4,
+            instance_id: "d1".into(),
+            ..Default::default()
+        };
+        tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Hello(hello)) }).await.expect("hello");
+        match pb::runner_service_client::RunnerServiceClient::new(punchclock_tests::channel(&dev.addr).await)
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        {
+            Ok(inbound) => break (tx, inbound),
+            Err(e) if e.code() == tonic::Code::Unavailable => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("stream does not open: {e}"),
+        }
     };
-    tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Hello(hello)) }).await.expect("hello");
-    let _inbound = pb::runner_service_client::RunnerServiceClient::new(punchclock_tests::channel(&dev.addr).await)
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream opens");
     let heartbeats = tokio::spawn(async move {
         for seq in 1..=20u64 {
             tokio::time::sleep(Duration::from_millis(300)).await;
