@@ -14,6 +14,7 @@ use punchclock_proto::v1::runner_service_server::RunnerServiceServer;
 use punchclock_proto::v1::task_service_server::TaskServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::api::Core;
@@ -150,7 +151,19 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let core2 = core.clone();
     let join = tokio::spawn(async move {
         let mut stop_rx2 = stop_rx.clone();
-        let served = router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+        // Every accepted socket gets TCP_NODELAY: tonic's own `tcp_nodelay`
+        // does not apply to a listener we pass in, and without it each
+        // reply's trailers wait for the client's delayed ACK (~40 ms on
+        // Linux loopback) — every unary call took ~45 ms.
+        let incoming = TcpListenerStream::new(listener).map(|conn| {
+            if let Ok(stream) = &conn
+                && let Err(e) = stream.set_nodelay(true)
+            {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+            conn
+        });
+        let served = router.serve_with_incoming_shutdown(incoming, async move {
             let _ = stop_rx2.wait_for(|s| *s).await;
         });
         let stopper = async move {

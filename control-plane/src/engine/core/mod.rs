@@ -292,6 +292,9 @@ pub struct EngineCore {
     timer_seq: u64,
     next_session: u64,
     exec_seq: u64,
+    /// When this leader took over (UTC): slots due before were missed while
+    /// no leader ran (misfire policy); slots due since are only ever late.
+    loaded_at: DateTime<Utc>,
     runner_check_armed: bool,
     flush_armed: bool,
     dispatch_needed: bool,
@@ -332,6 +335,7 @@ impl EngineCore {
             timer_seq: 0,
             next_session: 0,
             exec_seq: 0,
+            loaded_at: DateTime::<Utc>::MIN_UTC,
             runner_check_armed: false,
             flush_armed: false,
             dispatch_needed: false,
@@ -352,6 +356,7 @@ impl EngineCore {
     /// the `active/` index. Attempts open at load wait
     /// [`Timing::redeclare_wait`] for their runner to re-declare them.
     pub fn load(&mut self, now: DateTime<Utc>, tasks: Vec<(TaskRecord, Option<Cursor>)>, runs: Vec<RunRecord>) {
+        self.loaded_at = now;
         self.fx.events.push(Lifecycle::LeadershipGained { token: self.cfg.token });
         // Tasks first (runs need their timeouts), then runs (admission needs
         // them), then the tasks' first decisions.

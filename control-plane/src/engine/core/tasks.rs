@@ -265,11 +265,53 @@ impl EngineCore {
         self.arm(now, task_id);
     }
 
-    /// Plans the slots of `def` in `(cursor, until]` and records them: one
-    /// coalesced SKIPPED record for what does not run, a run per slot that
-    /// does (at most `budget`), the cursor past them. Returns false when a
-    /// `run_all` catch-up has more to run (the cursor is at its last run).
+    /// Records the slots of `def` in `(cursor, until]`, at most `budget`
+    /// runs, and moves the cursor past them. Slots due before this leader
+    /// started were missed while no leader ran: the misfire policy decides
+    /// them ([`EngineCore::plan_missed`]). Slots due since are on time, or
+    /// late because this leader was busy: each gets its run, late (its lag
+    /// shows), under the overlap policy. Returns false when there is more
+    /// to do than `budget` allowed (the cursor is at the last slot handled).
     fn plan_and_admit(&mut self, now: DateTime<Utc>, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
+        let Some(e) = self.tasks.get(task_id) else { return true };
+        if self.loaded_at > e.baseline() && !self.plan_missed(now, task_id, def, std::cmp::min(self.loaded_at, until), budget) {
+            return false;
+        }
+        let scheds = schedules(def);
+        let mut last = None;
+        loop {
+            let Some(baseline) = self.tasks.get(task_id).map(|e| last.unwrap_or_else(|| e.baseline())) else { return true };
+            let Some((slot, sched)) = next_slot(&scheds, baseline) else { break };
+            if slot > until {
+                break;
+            }
+            if *budget == 0 {
+                if let Some(l) = last {
+                    self.set_cursor(now, task_id, l);
+                }
+                return false;
+            }
+            let lag = now - slot;
+            if lag > chrono::Duration::seconds(1) {
+                tracing::info!(task_id, slot = %slot, lag_ms = lag.num_milliseconds(), "slot runs late: this leader was busy");
+            }
+            self.admit_slot(now, def, slot, sched.kind(), &HashSet::new());
+            *budget -= 1;
+            last = Some(slot);
+        }
+        if let Some(l) = last {
+            self.set_cursor(now, task_id, l);
+        }
+        true
+    }
+
+    /// Plans the slots of `def` in `(cursor, until]` — missed while no
+    /// leader ran — and records them: one coalesced SKIPPED record for what
+    /// does not run, a run per slot that does (at most `budget`), the cursor
+    /// past them. The grace is counted up to `until` (when this leader
+    /// started). Returns false when a `run_all` catch-up has more to run (the
+    /// cursor is at its last run).
+    fn plan_missed(&mut self, now: DateTime<Utc>, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
         let Some(e) = self.tasks.get(task_id) else { return true };
         let ex = &def.spec.execution;
         let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
@@ -285,7 +327,7 @@ impl EngineCore {
                 ),
                 MisfirePolicy::RunAll => format!("{} slot(s) missed by more than misfire_grace_seconds ({grace} s)", range.0),
             };
-            tracing::warn!(task_id, missed = range.0, from = %range.1, until = %range.2, "missed slots coalesced");
+            tracing::warn!(task_id, missed = range.0, from = %range.1, until = %range.2, "slots missed while no leader ran: coalesced");
             self.skip_record(now, def, kind, SkipReason::Misfired, range, why);
         }
         // A catch-up's runs queue behind each other (run_all), whatever the

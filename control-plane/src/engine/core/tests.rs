@@ -861,3 +861,20 @@ fn a_past_once_slot_is_looked_up_before_it_runs() {
         assert_eq!((created, cursor), (!exists, true), "exists={exists}");
     }
 }
+
+/// Issue 7 ("honest misfires"): slots that come due while this leader runs
+/// but is busy are late, not missed: each gets its run (its lag shows); the
+/// misfire policy is for slots due while no leader ran.
+#[test]
+fn slots_late_because_the_leader_was_busy_run_late_and_are_not_misfired() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "interval", "every": "1s"},
+        "execution": {"concurrency_limit": 100, "misfire_grace_seconds": 2}}));
+    // Ten seconds go by before the engine gets to its timers.
+    h.now += Duration::seconds(10);
+    let fx = h.advance(Duration::zero());
+    let created: Vec<&RunRecord> =
+        fx.writes.iter().flatten().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some(&**r) } else { None }).collect();
+    assert_eq!(created.len(), 10, "{created:?}");
+    assert!(created.iter().all(|r| r.status == RunStatus::Pending && r.skip_reason.is_none()), "{created:?}");
+}
