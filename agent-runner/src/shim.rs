@@ -216,28 +216,42 @@ fn exit_code(status: ExitStatus) -> i32 {
 fn sweep_descendants() {
     let me = std::process::id() as libc::pid_t;
     for _ in 0..SWEEP_ROUNDS {
-        let mut found = false;
-        if let Ok(entries) = std::fs::read_dir("/proc") {
-            for entry in entries.flatten() {
-                let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()) else { continue };
-                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-                // After the command name: state, ppid, ...
-                let ppid =
-                    stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<libc::pid_t>().ok());
-                if ppid == Some(me) {
-                    // SAFETY: kill(2) has no memory-safety preconditions; pid > 0.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    found = true;
-                }
-            }
+        let children = own_children(me).unwrap_or_else(|| children_by_scan(me));
+        for &pid in &children {
+            // SAFETY: kill(2) has no memory-safety preconditions; pid > 0.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         // SAFETY: waitpid with a null status pointer is allowed.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
-        if !found {
+        if children.is_empty() {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// The shim's children from `/proc/<pid>/task/<pid>/children` (the shim is
+/// single-threaded, so its main thread has them all): one small read, where
+/// scanning /proc costs a read per process on the host.
+fn own_children(me: libc::pid_t) -> Option<Vec<libc::pid_t>> {
+    let s = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).ok()?;
+    Some(s.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+}
+
+/// The shim's children by scanning every `/proc/<pid>/stat` (kernels
+/// without `CONFIG_PROC_CHILDREN`).
+fn children_by_scan(me: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()))
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+            // After the command name: state, ppid, ...
+            let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<libc::pid_t>().ok());
+            ppid == Some(me)
+        })
+        .collect()
 }
 
 /// Upper bound on sweep rounds (each one generation of descendants).

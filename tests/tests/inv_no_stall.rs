@@ -96,7 +96,7 @@ async fn a_runner_that_floods_and_never_reads_stalls_nothing() {
 }
 
 /// A runner that heartbeats but never reads its stream (its acks never
-/// come back in its heartbeats) is cut off after 3 heartbeats, although
+/// come back in its heartbeats) is cut off after 10 heartbeats, although
 /// its stream buffers are far from full; the run assigned to it meanwhile
 /// goes elsewhere. Before, such a runner kept its slot and its run for the
 /// run's whole timeout.
@@ -126,7 +126,7 @@ async fn a_runner_that_heartbeats_but_never_reads_is_cut_off() {
         }
     };
     let heartbeats = tokio::spawn(async move {
-        for seq in 1..=20u64 {
+        for seq in 1..=40u64 {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let hb = pb::Heartbeat { running: 0, seq, draining: false, acked_seq: 0 };
             if tx.send(pb::RunnerMessage { msg: Some(pb::runner_message::Msg::Heartbeat(hb)) }).await.is_err() {

@@ -137,6 +137,11 @@ impl Registry {
             .map(|r| r.runner_id.clone())
     }
 
+    /// Whether some runner serving `agent_id` (any labels) has a free slot.
+    pub fn any_free(&self, agent_id: &str) -> bool {
+        self.runners.values().any(|r| r.free() > 0 && r.connected && !r.draining && r.agents.contains(agent_id))
+    }
+
     /// Whether some connected runner serves `agent_id` (any labels).
     pub fn anyone_serves(&self, agent_id: &str) -> bool {
         self.runners.values().any(|r| r.connected && !r.draining && r.agents.contains(agent_id))

@@ -27,9 +27,12 @@ use crate::api::Core;
 use crate::engine::protocol::{FinishedReport, FromRunner, InFlightExec, ReportedOutcome, RunnerHello, ToRunner};
 use crate::error::Error;
 
-/// Outbound messages buffered per runner stream: a runner that leaves this
-/// many unread is disconnected.
+/// Outbound messages buffered per runner stream beyond two per slot (a
+/// burst can assign every slot at once, each with an ack to follow): a
+/// runner that leaves this many unread is disconnected.
 const OUTBOUND_BUFFER: usize = 256;
+/// Upper bound of a runner stream's buffer.
+const MAX_OUTBOUND_BUFFER: usize = 65_536;
 /// Longest runner id.
 pub const MAX_RUNNER_ID_LEN: usize = 128;
 /// Longest error text and progress message kept from a runner, in bytes.
@@ -56,7 +59,8 @@ impl RunnerService for RunnerSvc {
             _ => return Err(status(Error::invalid("msg", "the first message on the stream must be Hello"))),
         };
         let runner_id = hello.runner_id.clone();
-        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        let capacity = (hello.slots as usize).saturating_mul(2).saturating_add(OUTBOUND_BUFFER).min(MAX_OUTBOUND_BUFFER);
+        let (tx, rx) = mpsc::channel(capacity);
         let (kill, mut killed) = oneshot::channel::<()>();
         let session = engine.runner_hello(hello, tx, kill).await.map_err(status)?;
         let clock = self.0.clock.clone();

@@ -35,7 +35,7 @@ use chrono::{DateTime, Utc};
 use super::lifecycle::Lifecycle;
 use super::protocol::{FinishedReport, FromRunner, ToRunner};
 use super::{RunnerSnapshot, TriggerRequest};
-use crate::dispatch::queue::ReadyQueue;
+use crate::dispatch::queue::AgentQueues;
 use crate::dispatch::registry::Registry;
 use crate::error::Result;
 use crate::model::{Cursor, RunRecord, TaskRecord};
@@ -282,7 +282,7 @@ pub struct EngineCore {
     runs: HashMap<String, RunRecord>,
     /// Run ids in memory per task.
     by_task: HashMap<String, BTreeSet<String>>,
-    ready: ReadyQueue,
+    ready: AgentQueues,
     registry: Registry,
     timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Timer)>>,
     /// Start deadlines of runs waiting for dispatch (`start_timeout_seconds`).
@@ -327,7 +327,7 @@ impl EngineCore {
             tasks: HashMap::new(),
             runs: HashMap::new(),
             by_task: HashMap::new(),
-            ready: ReadyQueue::default(),
+            ready: AgentQueues::default(),
             registry: Registry::default(),
             timers: BinaryHeap::new(),
             start_by: deadlines::Deadlines::default(),

@@ -24,8 +24,10 @@ use crate::model::run::{AttemptReport, Outcome};
 use crate::model::{Progress, RunRecord};
 
 /// Heartbeats a runner's acknowledgements may lag before it counts as not
-/// reading its stream.
-const UNREAD_HEARTBEATS: u64 = 3;
+/// reading its stream: 10, so a runner working through a burst of
+/// assignments (acks queue behind them) is not taken for one that does not
+/// read.
+const UNREAD_HEARTBEATS: u64 = 10;
 
 /// Whose execution a report is about, as far as this leader knows.
 #[derive(Debug, PartialEq, Eq)]
@@ -211,7 +213,7 @@ impl EngineCore {
             r.draining = true;
             tracing::info!(runner_id, "runner shutting down: no new work for it");
         }
-        // A runner whose acks lag 3 heartbeats behind does not read its
+        // A runner whose acks lag 10 heartbeats behind does not read its
         // stream: what is sent to it sits in buffers. Cut it off; it comes
         // back (or is lost) like any disconnected runner.
         if let FromRunner::Heartbeat { seq, acked_seq, .. } = &msg

@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 
 use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
+use crate::dispatch::queue::ReadyKey;
 use crate::dispatch::retry::{self, RetryDecision};
 use crate::engine::TriggerRequest;
 use crate::engine::lifecycle::Lifecycle;
@@ -23,6 +24,10 @@ use crate::model::{Attempt, RunRecord, RunStatus};
 
 /// Longest manual-trigger delay: one year.
 pub const MAX_DELAY_SECONDS: u64 = 365 * 86_400;
+
+/// Runs whose pending reason one dispatch pass refreshes in an agent's
+/// queue when no runner serving the agent has a free slot.
+const REASONS_PER_PASS: usize = 16;
 
 /// Pause before a refused or never-started run may be assigned again.
 const REQUEUE_PAUSE: chrono::Duration = chrono::Duration::seconds(1);
@@ -82,11 +87,11 @@ impl EngineCore {
         if run.start_by.is_none() {
             run.start_by = Some(eligible.checked_add_signed(start_timeout).unwrap_or(DateTime::<Utc>::MAX_UTC));
         }
-        let (priority, scheduled_at, start_by) = (run.priority, run.scheduled_at, run.start_by);
+        let (priority, scheduled_at, start_by, agent_id) = (run.priority, run.scheduled_at, run.start_by, run.agent_id.clone());
         match due {
             Some(at) => self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() }),
             None => {
-                self.ready.insert(run_id, priority, scheduled_at);
+                self.ready.insert(run_id, &agent_id, priority, scheduled_at);
                 self.dispatch_needed = true;
             }
         }
@@ -247,23 +252,40 @@ impl EngineCore {
         }
     }
 
-    /// Assigns every ready run that has concurrency room and a runner,
-    /// highest priority first, then oldest slot. Runs that cannot go get a
-    /// pending reason (persisted lazily).
+    /// Assigns every ready run that has concurrency room and a runner:
+    /// agent by agent, each agent's queue highest priority first, then
+    /// oldest slot, walked only while some runner serving the agent has a
+    /// free slot. Runs that cannot go get a pending reason (persisted
+    /// lazily); with no free runner, only the first few are looked at.
     pub(super) fn dispatch(&mut self, now: DateTime<Utc>) {
-        if !self.dispatch_needed || self.ready.is_empty() {
-            self.dispatch_needed = false;
+        if !self.dispatch_needed {
             return;
         }
         self.dispatch_needed = false;
         let mut live: HashMap<String, usize> = HashMap::new();
-        let mut no_runner: HashSet<(String, Vec<(String, String)>)> = HashSet::new();
-        for run_id in self.ready.in_order() {
+        for agent_id in self.ready.agents() {
+            self.dispatch_agent(now, &agent_id, &mut live);
+        }
+    }
+
+    fn dispatch_agent(&mut self, now: DateTime<Utc>, agent_id: &str, live: &mut HashMap<String, usize>) {
+        let mut no_runner: HashSet<Vec<(String, String)>> = HashSet::new();
+        let mut cursor: Option<ReadyKey> = None;
+        let mut looked_without_runner = 0;
+        while let Some(key) = self.ready.next_after(agent_id, cursor.as_ref()) {
+            if !self.registry.any_free(agent_id) {
+                if looked_without_runner >= REASONS_PER_PASS {
+                    break;
+                }
+                looked_without_runner += 1;
+            }
+            let run_id = key.run_id.clone();
+            cursor = Some(key);
             let Some(run) = self.runs.get(&run_id) else {
                 self.ready.remove(&run_id);
                 continue;
             };
-            let (task_id, agent_id) = (run.task_id.clone(), run.agent_id.clone());
+            let task_id = run.task_id.clone();
             let Some(task) = self.tasks.get(&task_id) else {
                 self.finish(now, &run_id, RunStatus::Cancelled, "task was deleted before the run started".into());
                 continue;
@@ -279,13 +301,13 @@ impl EngineCore {
                     n
                 }
             };
-            let sel_key = (agent_id.clone(), selector.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>());
+            let sel_key: Vec<(String, String)> = selector.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             let reason = if in_flight >= limit {
                 format!("queued behind {in_flight} running run(s) (concurrency_limit {limit})")
             } else if no_runner.contains(&sel_key) {
-                self.registry.waiting_reason(&agent_id, &selector)
+                self.registry.waiting_reason(agent_id, &selector)
             } else {
-                match self.registry.choose(&agent_id, &selector) {
+                match self.registry.choose(agent_id, &selector) {
                     Some(runner_id) => {
                         self.assign(now, &run_id, &runner_id);
                         *live.entry(task_id).or_default() += 1;
@@ -293,7 +315,7 @@ impl EngineCore {
                     }
                     None => {
                         no_runner.insert(sel_key);
-                        self.registry.waiting_reason(&agent_id, &selector)
+                        self.registry.waiting_reason(agent_id, &selector)
                     }
                 }
             };

@@ -824,18 +824,18 @@ fn finished_runs_leave_no_deadlines_behind() {
     assert!(h.core.active_runs("").is_empty(), "written terminal runs left memory");
 }
 
-/// A runner whose heartbeat acks lag 3 heartbeats behind is not reading its
+/// A runner whose heartbeat acks lag 10 heartbeats behind is not reading its
 /// stream (what is sent to it sits in buffers): it is disconnected, though
 /// its channel never filled.
 #[test]
 fn a_runner_that_does_not_read_its_acks_is_disconnected() {
     let mut h = H::new();
     let (s, _) = h.hello("r1", &["a"], 1);
-    for seq in 1..=3 {
+    for seq in 1..=10 {
         let fx = h.msg("r1", s, FromRunner::Heartbeat { seq, draining: false, acked_seq: 0 });
         assert!(fx.disconnects.is_empty(), "seq {seq}");
     }
-    let fx = h.msg("r1", s, FromRunner::Heartbeat { seq: 4, draining: false, acked_seq: 0 });
+    let fx = h.msg("r1", s, FromRunner::Heartbeat { seq: 11, draining: false, acked_seq: 0 });
     assert_eq!(fx.disconnects, vec![("r1".to_string(), s)]);
     h.task(manual("m"));
     assert!(assigns(&h.trigger("m", "1")).is_empty(), "no work for a runner cut off");
