@@ -200,7 +200,9 @@ impl Execution {
         self.stop(StopRequest::Interrupt(reason.to_owned()));
     }
 
-    fn stop(&mut self, request: StopRequest) {
+    /// Stops the execution as `request` says (see [`Execution::cancel`] and
+    /// [`Execution::interrupt`]); only the first request has an effect.
+    pub fn stop(&mut self, request: StopRequest) {
         if let Some(cancel) = self.cancel.take() {
             // Err: the execution already ended; its Finished is on its way.
             let _ = cancel.send(request);

@@ -51,7 +51,7 @@ use tonic::transport::Endpoint;
 use tracing::{debug, info, warn};
 
 use crate::config::{AgentSpec, RunnerConfig, normalize_address};
-use crate::executor::{self, Execution, ExecutionEvent, ExecutorSettings};
+use crate::executor::{self, Execution, ExecutionEvent, ExecutorSettings, StopRequest};
 use crate::{Error, time as clock};
 
 /// Timeout for establishing the TCP/HTTP2 connection.
@@ -149,17 +149,31 @@ enum SessionEnd {
 /// An execution this runner is running.
 #[derive(Debug)]
 struct Running {
-    execution: Execution,
+    /// `None` while it is being started (in a task of its own: the session
+    /// keeps reading its stream meanwhile).
+    execution: Option<Execution>,
+    /// As declared in Hello.
+    in_flight: InFlight,
+    /// A stop asked for while it was being started.
+    pending_stop: Option<StopRequest>,
 }
 
-/// Why an assignment was not started.
-#[derive(Debug)]
-enum Refusal {
-    /// The runner does not take it (unknown agent, no free slot, a
-    /// duplicate): reported REFUSED, no attempt spent.
-    NotTaken(String),
-    /// The agent cannot start here (spawn failed): reported FAILED.
-    CannotStart(String),
+impl Running {
+    /// Stops it now, or as soon as it has started.
+    fn stop(&mut self, request: StopRequest) {
+        match &mut self.execution {
+            Some(execution) => execution.stop(request),
+            None => {
+                self.pending_stop.get_or_insert(request);
+            }
+        }
+    }
+}
+
+/// The end of an execution's start, from the task that started it.
+struct StartDone {
+    assign: Assign,
+    result: Result<Execution, String>,
 }
 
 /// Heartbeats whose send time is remembered, for acks that come late.
@@ -189,11 +203,14 @@ struct Runner {
     acked_seq: u64,
     events_tx: mpsc::Sender<ExecutionEvent>,
     events_rx: mpsc::Receiver<ExecutionEvent>,
+    starts_tx: mpsc::UnboundedSender<StartDone>,
+    starts_rx: mpsc::UnboundedReceiver<StartDone>,
 }
 
 impl Runner {
     fn new(config: RunnerConfig) -> Self {
         let (events_tx, events_rx) = mpsc::channel(QUEUE_CAPACITY);
+        let (starts_tx, starts_rx) = mpsc::unbounded_channel();
         let executor = ExecutorSettings::from(&config);
         Self {
             fence: executor.fence.clone(),
@@ -210,6 +227,8 @@ impl Runner {
             instance_id: uuid::Uuid::new_v4().to_string(),
             events_tx,
             events_rx,
+            starts_tx,
+            starts_rx,
         }
     }
 
@@ -348,7 +367,7 @@ impl Runner {
                     execution_id = %unknown.execution_id,
                     "the leader does not know this execution (or it ended there); stopping it"
                 );
-                running.execution.cancel("unknown to the leader");
+                running.stop(StopRequest::Cancel("unknown to the leader".into()));
             }
         }
 
@@ -394,6 +413,10 @@ impl Runner {
                         warn!(error = %err, "runner stream failed");
                         Err(SessionEnd::Lost)
                     }
+                },
+                Some(done) = self.starts_rx.recv() => match self.on_start_done(done) {
+                    Some(message) => connection.send(message).await,
+                    None => Ok(()),
                 },
                 Some(event) = self.events_rx.recv() => match self.on_event(event) {
                     Some(message) => connection.send(message).await,
@@ -479,14 +502,10 @@ impl Runner {
             warn!(run_id = %assign.run_id, execution_id = %assign.execution_id, "duplicate assignment of a running execution; ignoring it");
             return Ok(());
         }
-        let message = match self.start(&assign).await {
-            Ok(started) => Outbound::Started(started),
-            Err(Refusal::NotTaken(reason)) => Outbound::Finished(self.refuse(&assign, Outcome::Refused, reason)),
-            // The agent itself cannot start (bad command or working_dir): an
-            // attempt that failed, retried per the task's policy.
-            Err(Refusal::CannotStart(reason)) => Outbound::Finished(self.refuse(&assign, Outcome::Failed, reason)),
-        };
-        connection.send(message).await
+        match self.start(assign) {
+            Ok(()) => Ok(()),
+            Err((assign, reason)) => connection.send(Outbound::Finished(self.refuse(&assign, Outcome::Refused, reason))).await,
+        }
     }
 
     /// The fencing check: false (and a warning) if the assignment comes from
@@ -506,28 +525,67 @@ impl Runner {
         true
     }
 
-    /// Starts the execution, or says why not.
-    async fn start(&mut self, assign: &Assign) -> Result<Started, Refusal> {
+    /// Takes the assignment and starts it in a task of its own (the session
+    /// keeps reading its stream while agents spawn: a burst of assignments
+    /// must not hold back the heartbeat acks behind it). `Err` is why it is
+    /// not taken (unknown agent, no free slot, a duplicate): REFUSED.
+    fn start(&mut self, assign: Assign) -> Result<(), (Assign, String)> {
         let Some(AgentSpec::Process(agent)) = self.config.agents.get(&assign.agent_id) else {
-            return Err(Refusal::NotTaken(format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id)));
+            let reason = format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id);
+            return Err((assign, reason));
         };
         if self.running.contains_key(&assign.execution_id) {
-            return Err(Refusal::NotTaken(format!("execution {} is already running on this runner", assign.execution_id)));
+            let reason = format!("execution {} is already running on this runner", assign.execution_id);
+            return Err((assign, reason));
         }
         if self.running.len() >= usize::try_from(self.config.slots).unwrap_or(usize::MAX) {
-            return Err(Refusal::NotTaken(format!("no free slot: all {} slots are busy", self.config.slots)));
+            let reason = format!("no free slot: all {} slots are busy", self.config.slots);
+            return Err((assign, reason));
         }
-        let execution = executor::start(agent, assign, &self.executor, self.events_tx.clone())
-            .await
-            .map_err(|err| Refusal::CannotStart(err.to_string()))?;
-        let started = Started {
+        let in_flight = InFlight {
             run_id: assign.run_id.clone(),
             execution_id: assign.execution_id.clone(),
-            started_at: Some(clock::now_timestamp()),
-            pid: execution.pid(),
+            attempt: assign.attempt,
+            started_at: None,
         };
-        self.running.insert(assign.execution_id.clone(), Running { execution });
-        Ok(started)
+        self.running.insert(assign.execution_id.clone(), Running { execution: None, in_flight, pending_stop: None });
+        let (agent, settings, events, starts) = (agent.clone(), self.executor.clone(), self.events_tx.clone(), self.starts_tx.clone());
+        tokio::spawn(async move {
+            let result = executor::start(&agent, &assign, &settings, events).await.map_err(|err| err.to_string());
+            let _ = starts.send(StartDone { assign, result });
+        });
+        Ok(())
+    }
+
+    /// An execution's start ended: its `Started` (or, when the agent cannot
+    /// start — bad command or working_dir — a FAILED report: an attempt that
+    /// failed, retried per the task's policy).
+    fn on_start_done(&mut self, done: StartDone) -> Option<Outbound> {
+        let StartDone { assign, result } = done;
+        match result {
+            Ok(mut execution) => {
+                let Some(running) = self.running.get_mut(&assign.execution_id) else {
+                    execution.cancel("no longer wanted");
+                    return None;
+                };
+                if let Some(stop) = running.pending_stop.take() {
+                    execution.stop(stop);
+                }
+                running.in_flight = execution.in_flight();
+                let started = Started {
+                    run_id: assign.run_id.clone(),
+                    execution_id: assign.execution_id.clone(),
+                    started_at: Some(execution.started_at()),
+                    pid: execution.pid(),
+                };
+                running.execution = Some(execution);
+                Some(Outbound::Started(started))
+            }
+            Err(reason) => {
+                self.running.remove(&assign.execution_id);
+                Some(Outbound::Finished(self.refuse(&assign, Outcome::Failed, reason)))
+            }
+        }
     }
 
     /// A `Finished` (REFUSED, or FAILED when the agent cannot start) for an
@@ -561,7 +619,7 @@ impl Runner {
                     reason = %cancel.reason,
                     "cancelling execution"
                 );
-                running.execution.cancel(&cancel.reason);
+                running.stop(StopRequest::Cancel(cancel.reason.clone()));
             }
             None => {
                 debug!(execution_id = %cancel.execution_id, "cancel for an execution that is not running")
@@ -592,6 +650,10 @@ impl Runner {
                 output = &mut work => return Some(output),
                 () = shutdown.as_mut() => return None,
                 () = fence_sleep(fence_wait) => self.self_fence(),
+                Some(done) = self.starts_rx.recv() => {
+                    // A Started is not needed offline: the Hello declares it.
+                    let _ = self.on_start_done(done);
+                }
                 Some(event) = self.events_rx.recv() => {
                     if let Some(Outbound::Progress(progress)) = self.on_event(event) {
                         debug!(execution_id = %progress.execution_id, "not connected; dropping progress");
@@ -616,7 +678,7 @@ impl Runner {
             }
         }
         for running in self.running.values_mut() {
-            running.execution.interrupt("runner shutting down");
+            running.stop(StopRequest::Interrupt("runner shutting down".into()));
         }
 
         let drain_deadline = Instant::now() + self.config.kill_grace + SHUTDOWN_DRAIN_SLACK;
@@ -632,6 +694,13 @@ impl Runner {
             };
             tokio::select! {
                 () = time::sleep_until(deadline) => break,
+                Some(done) = self.starts_rx.recv() => {
+                    if let (Some(message), Some(open)) = (self.on_start_done(done), &connection)
+                        && open.send(message).await.is_err()
+                    {
+                        connection = None;
+                    }
+                },
                 Some(event) = self.events_rx.recv() => {
                     if let (Some(message), Some(open)) = (self.on_event(event), &connection)
                         && open.send(message).await.is_err()
@@ -750,7 +819,7 @@ impl Runner {
         self.fenced = true;
         warn!(running = self.running.len(), "{}; interrupting every execution", crate::fence::FENCE_REASON);
         for running in self.running.values_mut() {
-            running.execution.interrupt(crate::fence::FENCE_REASON);
+            running.stop(StopRequest::Interrupt(crate::fence::FENCE_REASON.into()));
         }
     }
 
@@ -768,7 +837,7 @@ impl Runner {
             in_flight: self
                 .running
                 .values()
-                .map(|running| running.execution.in_flight())
+                .map(|running| running.in_flight.clone())
                 .chain(self.outbox.iter().map(|f| InFlight {
                     run_id: f.run_id.clone(),
                     execution_id: f.execution_id.clone(),

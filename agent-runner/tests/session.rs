@@ -204,20 +204,26 @@ async fn runs_assignments_and_refuses_stale_or_impossible_ones() {
     assert_eq!(hello.max_token_seen, 0);
 
     conn.welcome(7, vec![]).await;
-    // Messages are handled in order: had the stale assignment been run, its
-    // Started would come first.
+    // Agents start in tasks of their own, so reports come in any order.
     conn.send(Control::Assign(assignment("stale", "ok", 6))).await;
     conn.send(Control::Assign(assignment("e1", "ok", 7))).await;
     conn.send(Control::Assign(assignment("e-nope", "nope", 7))).await;
 
-    let started = conn.started().await;
+    let (mut started, mut finished) = (Vec::new(), Vec::new());
+    while started.len() < 1 || finished.len() < 2 {
+        match conn.recv().await {
+            Report::Started(s) => started.push(s),
+            Report::Finished(f) => finished.push(f),
+            Report::Progress(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let started = started.remove(0);
     assert_eq!((started.run_id.as_str(), started.execution_id.as_str()), ("run-e1", "e1"));
     assert!(started.pid > 0);
     assert!(started.started_at.is_some());
-
-    // The refusal and e1's report race; take them in either order.
-    let (first, second) = (conn.finished().await, conn.finished().await);
-    let (e1, refused) = if first.execution_id == "e1" { (first, second) } else { (second, first) };
+    let (e1, refused) =
+        if finished[0].execution_id == "e1" { (finished.remove(0), finished.remove(0)) } else { (finished.remove(1), finished.remove(0)) };
 
     assert_eq!(e1.execution_id, "e1");
     assert_eq!(e1.outcome(), Outcome::Succeeded, "{e1:?}");
