@@ -504,7 +504,10 @@ impl Runner {
         }
         match self.start(assign) {
             Ok(()) => Ok(()),
-            Err((assign, reason)) => connection.send(Outbound::Finished(self.refuse(&assign, Outcome::Refused, reason))).await,
+            Err(refused) => {
+                let (assign, reason) = *refused;
+                connection.send(Outbound::Finished(self.refuse(&assign, Outcome::Refused, reason))).await
+            }
         }
     }
 
@@ -529,18 +532,18 @@ impl Runner {
     /// keeps reading its stream while agents spawn: a burst of assignments
     /// must not hold back the heartbeat acks behind it). `Err` is why it is
     /// not taken (unknown agent, no free slot, a duplicate): REFUSED.
-    fn start(&mut self, assign: Assign) -> Result<(), (Assign, String)> {
+    fn start(&mut self, assign: Assign) -> Result<(), Box<(Assign, String)>> {
         let Some(AgentSpec::Process(agent)) = self.config.agents.get(&assign.agent_id) else {
             let reason = format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id);
-            return Err((assign, reason));
+            return Err(Box::new((assign, reason)));
         };
         if self.running.contains_key(&assign.execution_id) {
             let reason = format!("execution {} is already running on this runner", assign.execution_id);
-            return Err((assign, reason));
+            return Err(Box::new((assign, reason)));
         }
         if self.running.len() >= usize::try_from(self.config.slots).unwrap_or(usize::MAX) {
             let reason = format!("no free slot: all {} slots are busy", self.config.slots);
-            return Err((assign, reason));
+            return Err(Box::new((assign, reason)));
         }
         let in_flight = InFlight {
             run_id: assign.run_id.clone(),
