@@ -210,7 +210,7 @@ async fn runs_assignments_and_refuses_stale_or_impossible_ones() {
     conn.send(Control::Assign(assignment("e-nope", "nope", 7))).await;
 
     let (mut started, mut finished) = (Vec::new(), Vec::new());
-    while started.len() < 1 || finished.len() < 2 {
+    while started.is_empty() || finished.len() < 2 {
         match conn.recv().await {
             Report::Started(s) => started.push(s),
             Report::Finished(f) => finished.push(f),
