@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps build test demo bench bench-idle bench-engine fmt clippy clean
+.PHONY: all deps build test demo bench bench-idle bench-engine bench-load fmt clippy clean
 
 all: build
 
@@ -34,11 +34,18 @@ demo: build
 
 # Benches that print figures (not part of `make test`): idle cost, engine
 # transactions per run and throughput against the pre-issue-6 build.
-bench: bench-idle bench-engine
+bench: bench-idle bench-engine bench-load
 
 # Issue 6: store transactions per run and runs/s, embedded and etcd, before/after.
 bench-engine: build
 	./scripts/bench-engine.sh
+
+# Issue 7: load rows (N tasks every second, 10,000 on one second) on dev,
+# server + runner and etcd, release builds, this checkout against a
+# revision: `make bench-load REV=<git revision> ARGS="--targets dev"`.
+REV ?= ebf31dc
+bench-load: deps
+	./scripts/bench-load.sh $(REV) $(ARGS)
 
 # Acceptance 4 of issue 2: idle CPU and memory with 10,000 cron tasks (prints figures).
 bench-idle: build

@@ -1,0 +1,353 @@
+//! Bench (issue 7): load rows — N cron tasks firing every second, and
+//! 10,000 tasks due on the same second every 10 s — against `punchclock
+//! dev`, `server` + `runner` on the embedded store, and `server` + `runner`
+//! on a real etcd. For each row it prints, from the run records of the
+//! window's slots: fired/expected (runs whose agent started), SKIPPED and
+//! missing slots, dispatch lag (`scheduled_at` → assignment) and start lag
+//! (`scheduled_at` → agent started) p50/p99/max, runs/s, and the CPU and
+//! resident memory of the control plane (and runner). With `--before BIN`
+//! the same rows run for that build too, one after the other, in one run.
+//!
+//! Usage: `bench-load [--after BIN] [--before BIN] [--targets dev,server,etcd]
+//! [--rows 100,250,300,1000,burst] [--window SECONDS] [--slots N]`
+//!
+//! Every task's agent is `/bin/true` (`true_agent` in `tests/agents.yaml`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use punchclock_control_plane::model::{RunRecord, RunStatus};
+use punchclock_control_plane::repo::{Keys, Repo};
+use punchclock_control_plane::store::KvStore;
+use punchclock_control_plane::store::embedded::EmbeddedStore;
+use punchclock_control_plane::store::etcd::EtcdStore;
+use punchclock_proto::v1 as pb;
+use punchclock_tests::etcd::{Etcd, free_port};
+use punchclock_tests::{Proc, tasks};
+
+/// One load shape.
+#[derive(Clone, Copy, Debug)]
+enum Row {
+    /// N tasks firing every second.
+    EverySecond(usize),
+    /// 10,000 tasks due on the same second, every 10 s.
+    Burst,
+}
+
+impl Row {
+    fn parse(s: &str) -> Row {
+        match s {
+            "burst" => Row::Burst,
+            n => Row::EverySecond(n.parse().expect("a row is a task count or `burst`")),
+        }
+    }
+    fn name(self) -> String {
+        match self {
+            Row::EverySecond(n) => format!("{n}/s"),
+            Row::Burst => "10k burst/10s".into(),
+        }
+    }
+    fn tasks(self) -> usize {
+        match self {
+            Row::EverySecond(n) => n,
+            Row::Burst => 10_000,
+        }
+    }
+    fn expr(self) -> &'static str {
+        match self {
+            Row::EverySecond(_) => "* * * * * *",
+            Row::Burst => "*/10 * * * * *",
+        }
+    }
+}
+
+struct Opts {
+    builds: Vec<(String, PathBuf)>,
+    targets: Vec<String>,
+    rows: Vec<Row>,
+    window: i64,
+    slots: u32,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        builds: Vec::new(),
+        targets: vec!["dev".into(), "server".into(), "etcd".into()],
+        rows: ["100", "250", "300", "1000", "burst"].iter().map(|r| Row::parse(r)).collect(),
+        window: 20,
+        slots: 4096,
+    };
+    let mut after = punchclock_tests::bin();
+    let mut before = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--after" => after = PathBuf::from(val()),
+            "--before" => before = Some(PathBuf::from(val())),
+            "--targets" => o.targets = val().split(',').map(str::to_string).collect(),
+            "--rows" => o.rows = val().split(',').map(Row::parse).collect(),
+            "--window" => o.window = val().parse().expect("--window SECONDS"),
+            "--slots" => o.slots = val().parse().expect("--slots N"),
+            other => panic!("unknown argument {other:?} (see the module docs)"),
+        }
+    }
+    if let Some(b) = before {
+        o.builds.push(("before".into(), b));
+    }
+    o.builds.push(("after".into(), after));
+    o
+}
+
+/// A control plane (and runner) under test.
+struct Target {
+    addr: String,
+    procs: Vec<Proc>,
+    /// Where its runs are read back: the embedded store's directory, or etcd.
+    store: StoreAt,
+    _etcd: Option<Etcd>,
+    _dir: tempfile::TempDir,
+}
+
+enum StoreAt {
+    Embedded(PathBuf),
+    Etcd(Vec<String>),
+}
+
+fn cpu_ticks(pid: i32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+    let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn rss_mb(pid: i32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        / 1024.0
+}
+
+async fn start(binary: &Path, kind: &str, slots: u32) -> Target {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let slots = slots.to_string();
+    let log = |name: &str| dir.path().join(format!("{name}.log"));
+    let (procs, store, etcd) = match kind {
+        "dev" => {
+            let data = dir.path().join("data");
+            let d = data.to_string_lossy().to_string();
+            let dev = Proc::start_bin(
+                binary,
+                &[
+                    "dev",
+                    "--data-dir",
+                    &d,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--http-listen",
+                    "127.0.0.1:0",
+                    "--agents",
+                    "tests/agents.yaml",
+                    "--slots",
+                    &slots,
+                ],
+                &[],
+                &log("dev"),
+                true,
+            );
+            (vec![dev], StoreAt::Embedded(data), None)
+        }
+        "server" | "etcd" => {
+            let etcd = if kind == "etcd" { Some(Etcd::start(1).await) } else { None };
+            let data = dir.path().join("data");
+            let store = match &etcd {
+                Some(e) => e.store_url(),
+                None => format!("embedded:{}", data.display()),
+            };
+            let listen = format!("127.0.0.1:{}", free_port());
+            let server =
+                Proc::start_bin(binary, &["server", "--store", &store, "--listen", &listen, "--node-id", "cp"], &[], &log("server"), true);
+            let work = dir.path().join("work").to_string_lossy().to_string();
+            let runner = Proc::start_bin(
+                binary,
+                &[
+                    "runner",
+                    "--control-plane",
+                    &server.addr,
+                    "--agents",
+                    "tests/agents.yaml",
+                    "--runner-id",
+                    "r1",
+                    "--slots",
+                    &slots,
+                    "--work-dir",
+                    &work,
+                ],
+                &[],
+                &log("runner"),
+                false,
+            );
+            let at = match &etcd {
+                Some(e) => StoreAt::Etcd(e.endpoints()),
+                None => StoreAt::Embedded(data),
+            };
+            (vec![server, runner], at, etcd)
+        }
+        other => panic!("unknown target {other:?}: dev, server or etcd"),
+    };
+    let addr = procs[0].addr.clone();
+    Target { addr, procs, store, _etcd: etcd, _dir: dir }
+}
+
+async fn wait_runner(addr: &str) {
+    let mut client = pb::cluster_service_client::ClusterServiceClient::new(punchclock_tests::channel(addr).await);
+    for _ in 0..600 {
+        if let Ok(r) = client.list_runners(pb::ListRunnersRequest {}).await
+            && !r.into_inner().runners.is_empty()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no runner connected");
+}
+
+fn pct(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+struct Figures {
+    expected: usize,
+    fired: usize,
+    skipped: usize,
+    missing: usize,
+    dispatch: Vec<i64>,
+    start: Vec<i64>,
+    cpu: Vec<f64>,
+    rss: Vec<f64>,
+    apply_secs: f64,
+}
+
+async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -> Figures {
+    let mut t = start(binary, kind, slots).await;
+    wait_runner(&t.addr).await;
+    let client = tasks(&t.addr).await;
+    let applied = Instant::now();
+    let n = row.tasks();
+    let failed: Vec<String> = futures::stream::iter(0..n)
+        .map(|i| {
+            let mut c = client.clone();
+            let spec = serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": "true_agent",
+                "trigger": {"type": "cron", "expr": row.expr()}});
+            async move {
+                c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false })
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .buffer_unordered(32)
+        .filter_map(|r| async move { r.err() })
+        .collect()
+        .await;
+    assert!(failed.is_empty(), "{} applies failed, first: {}", failed.len(), failed[0]);
+    let apply_secs = applied.elapsed().as_secs_f64();
+    // The window: whole seconds, from 3 s after registration (the engine
+    // takes in every definition first).
+    let from = DateTime::from_timestamp(Utc::now().timestamp() + 3, 0).expect("t");
+    let until = from + chrono::Duration::seconds(window);
+    tokio::time::sleep((from - Utc::now()).to_std().unwrap_or_default()).await;
+    let pids: Vec<i32> = t.procs.iter().map(Proc::pid).collect();
+    let ticks0: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+    let wall = Instant::now();
+    tokio::time::sleep((until - Utc::now()).to_std().unwrap_or_default()).await;
+    let secs = wall.elapsed().as_secs_f64();
+    let cpu: Vec<f64> = pids.iter().zip(&ticks0).map(|(p, t0)| (cpu_ticks(*p) - t0) as f64 / 100.0 / secs * 100.0).collect();
+    let rss: Vec<f64> = pids.iter().map(|p| rss_mb(*p)).collect();
+    // Let the window's last runs finish, then read the records.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let runs: Vec<RunRecord> = match &t.store {
+        StoreAt::Etcd(endpoints) => {
+            let store: Arc<dyn KvStore> = Arc::new(EtcdStore::connect(endpoints).await.expect("etcd"));
+            Repo::new(store, Keys::default()).list_runs("").await.expect("runs").0
+        }
+        StoreAt::Embedded(dir) => {
+            for p in &mut t.procs {
+                p.signal(libc::SIGTERM);
+                let _ = p.child.wait();
+            }
+            let store: Arc<dyn KvStore> = Arc::new(EmbeddedStore::open(dir).await.expect("open"));
+            Repo::new(store, Keys::default()).list_runs("").await.expect("runs").0
+        }
+    };
+    let in_window: Vec<&RunRecord> = runs.iter().filter(|r| r.scheduled_at >= from && r.scheduled_at < until).collect();
+    let seconds_with_slots = match row {
+        Row::EverySecond(_) => window as usize,
+        Row::Burst => (from.timestamp()..until.timestamp()).filter(|s| s % 10 == 0).count(),
+    };
+    let expected = n * seconds_with_slots;
+    let skipped = in_window.iter().map(|r| if r.status == RunStatus::Skipped { r.missed_count.unwrap_or(1) as usize } else { 0 }).sum();
+    let started: Vec<&&RunRecord> = in_window.iter().filter(|r| r.actual_started_at.is_some()).collect();
+    let ms = |d: chrono::Duration| d.num_milliseconds();
+    let mut dispatch: Vec<i64> =
+        in_window.iter().filter_map(|r| r.attempts.first().map(|a| ms(a.dispatched_at - r.scheduled_at))).collect();
+    let mut start: Vec<i64> = started.iter().filter_map(|r| r.actual_started_at.map(|s| ms(s - r.scheduled_at))).collect();
+    dispatch.sort();
+    start.sort();
+    let records = in_window.len() - in_window.iter().filter(|r| r.status == RunStatus::Skipped).count() + skipped;
+    Figures { expected, fired: started.len(), skipped, missing: expected.saturating_sub(records), dispatch, start, cpu, rss, apply_secs }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let o = opts();
+    println!(
+        "bench-load: agent /bin/true, {} runner slots, {} s windows (10k burst: slots every 10 s); lags in ms from the run records",
+        o.slots, o.window
+    );
+    println!(
+        "{:<7} {:<7} {:<14} {:>9} {:>7} {:>5} {:>5} {:>18} {:>18} {:>7} {:>15} {:>13} {:>7}",
+        "target",
+        "build",
+        "row",
+        "fired",
+        "%",
+        "skip",
+        "miss",
+        "dispatch p50/p99/max",
+        "start p50/p99/max",
+        "runs/s",
+        "cpu % (cp,run)",
+        "rss MB",
+        "apply s"
+    );
+    for target in &o.targets {
+        for row in &o.rows {
+            for (build, binary) in &o.builds {
+                let f = run_row(binary, target, *row, o.window, o.slots).await;
+                let lag = |v: &[i64]| format!("{}/{}/{}", pct(v, 0.5), pct(v, 0.99), v.last().copied().unwrap_or(0));
+                let join = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(",");
+                println!(
+                    "{:<7} {:<7} {:<14} {:>9} {:>6.1}% {:>5} {:>5} {:>18} {:>18} {:>7.0} {:>15} {:>13} {:>7.1}",
+                    target,
+                    build,
+                    row.name(),
+                    format!("{}/{}", f.fired, f.expected),
+                    f.fired as f64 * 100.0 / f.expected.max(1) as f64,
+                    f.skipped,
+                    f.missing,
+                    lag(&f.dispatch),
+                    lag(&f.start),
+                    f.fired as f64 / o.window as f64,
+                    join(&f.cpu),
+                    join(&f.rss),
+                    f.apply_secs,
+                );
+            }
+        }
+    }
+}
