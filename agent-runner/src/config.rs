@@ -164,15 +164,46 @@ pub struct RunnerConfig {
     pub labels: BTreeMap<String, String>,
     /// This runner's stable identity, announced in `Hello`. Non-empty.
     pub runner_id: String,
-    /// Path of a binary implementing the `__agent-shim` subcommand (see
-    /// [`crate::shim`]); `None` spawns agents directly. With the shim, agents
-    /// do not outlive a runner killed with SIGKILL.
-    pub shim: Option<PathBuf>,
+    /// How to exec the agent shim (see [`crate::shim`]); `None` spawns
+    /// agents directly. With the shim, agents do not outlive a runner killed
+    /// with SIGKILL nor its fence deadline.
+    pub shim: Option<ShimCommand>,
     /// Time between SIGTERM and SIGKILL when an agent is stopped.
     pub kill_grace: Duration,
     /// Directory under which each execution gets its own temporary directory
     /// (created if missing).
     pub work_dir: PathBuf,
+}
+
+/// The program (and arguments before `--`) that starts the agent shim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShimCommand {
+    /// The program to exec.
+    pub program: PathBuf,
+    /// Arguments before `-- <agent command...>` (the subcommand, if any).
+    pub args: Vec<std::ffi::OsString>,
+}
+
+impl ShimCommand {
+    /// The dedicated `punchclock-agent-shim` binary at `path`.
+    pub fn binary(path: PathBuf) -> Self {
+        Self { program: path, args: Vec::new() }
+    }
+
+    /// A binary with the hidden `__agent-shim` subcommand (`punchclock`).
+    pub fn subcommand(path: PathBuf) -> Self {
+        Self { program: path, args: vec![crate::SHIM_SUBCOMMAND.into()] }
+    }
+
+    /// The shim for a runner running as `exe`: [`crate::SHIM_BINARY`] in the
+    /// same directory if it is there (≈5× cheaper to start), else `exe`'s own
+    /// `__agent-shim` subcommand.
+    pub fn beside(exe: PathBuf) -> Self {
+        match exe.parent().map(|dir| dir.join(crate::SHIM_BINARY)) {
+            Some(binary) if binary.is_file() => Self::binary(binary),
+            _ => Self::subcommand(exe),
+        }
+    }
 }
 
 impl RunnerConfig {

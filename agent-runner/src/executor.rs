@@ -41,8 +41,8 @@
 //!   `PR_SET_PDEATHSIG(SIGKILL)`. Only that one process is covered: children
 //!   the agent spawned (`sleep 3600 &`) are re-parented and survive a killed
 //!   runner. Cheap, and enough for agents that do not fork.
-//! * **With the shim** (`<shim> __agent-shim -- <command...>`, see
-//!   [`crate::shim`]) a tiny supervisor process leads the group; it gets a
+//! * **With the shim** (`punchclock-agent-shim -- <command...>`, or
+//!   `punchclock __agent-shim -- ...`; see [`crate::shim`]) a tiny supervisor process leads the group; it gets a
 //!   parent-death signal and then SIGKILLs the whole group, so nothing
 //!   survives. Costs one extra process per execution, and the agent's exit
 //!   by signal N is seen as exit code 128+N.
@@ -72,7 +72,8 @@ use tokio::time::{self, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::config::{ProcessAgent, RunnerConfig};
-use crate::shim::{SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_PARENT_PID_ENV, SHIM_SUBCOMMAND};
+use crate::config::ShimCommand;
+use crate::shim::{SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_PARENT_PID_ENV};
 use crate::{Error, time as clock};
 
 /// How much of stdout and of stderr is kept (the last 64 KiB of each).
@@ -107,9 +108,9 @@ pub struct ExecutorSettings {
     pub work_dir: PathBuf,
     /// Time between SIGTERM and SIGKILL when stopping an agent.
     pub kill_grace: Duration,
-    /// Binary with the `__agent-shim` subcommand, or `None` to spawn agents
-    /// directly (see the module docs for the trade-off).
-    pub shim: Option<PathBuf>,
+    /// How to exec the shim, or `None` to spawn agents directly (see the
+    /// module docs for the trade-off).
+    pub shim: Option<ShimCommand>,
     /// The runner's self-fence (shared with every execution and, through its
     /// file, with every shim).
     pub fence: crate::fence::Fence,
@@ -292,8 +293,8 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
     // `command` is non-empty: the agents-file validation guarantees it.
     let (program, args): (OsString, Vec<OsString>) = match &settings.shim {
         Some(shim) => (
-            shim.as_os_str().to_owned(),
-            [SHIM_SUBCOMMAND, "--"].into_iter().chain(agent.command.iter().map(String::as_str)).map(OsString::from).collect(),
+            shim.program.as_os_str().to_owned(),
+            shim.args.iter().cloned().chain(std::iter::once("--".into())).chain(agent.command.iter().map(OsString::from)).collect(),
         ),
         None => {
             let (program, args) = agent.command.split_first().ok_or_else(|| Error::Spawn {

@@ -8,7 +8,7 @@
 //! Two enforcers share one deadline:
 //! - the runner itself interrupts its executions `kill_grace` + 1 s before
 //!   the deadline (they are reported `OUTCOME_INTERRUPTED`);
-//! - the agent shim ([`crate::shim`]) reads the deadline from a file in the
+//! - the agent shim ([`crate::shim`], reading [`punchclock_agent_shim::fence_file`]) reads the deadline from a file in the
 //!   work directory and kills its agent's group (TERM `kill_grace` before
 //!   the deadline, KILL at it) — which works even while the runner process
 //!   is stopped (SIGSTOP) or hung.
@@ -22,27 +22,12 @@ use std::time::Duration;
 
 use tracing::warn;
 
+pub use punchclock_agent_shim::fence_file::{FENCE_REASON, boottime_ns, read_deadline};
+
 /// Name of the deadline file in the runner's work directory.
 pub const FENCE_FILE: &str = "fence";
-/// The error text of executions stopped by the fence.
-pub const FENCE_REASON: &str = "no leader acknowledged this runner within its fence deadline";
 /// The runner stops its agents this long before the shim would.
 const RUNNER_LEAD: Duration = Duration::from_secs(1);
-
-/// `CLOCK_BOOTTIME` now, in nanoseconds.
-pub fn boottime_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
-}
-
-/// Reads a deadline file (`None`: absent or unreadable, i.e. no fence).
-pub fn read_deadline(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
 
 /// The fence deadline of one runner process; cheap to clone.
 #[derive(Debug, Clone)]

@@ -7,9 +7,10 @@
 //!   shutdown.
 //! * [`executor`]: runs one assignment as a process group and supervises it
 //!   (files, environment, deadline, cancel, progress, result).
-//! * [`shim`]: [`shim_main`], the tiny supervisor that keeps agents from
-//!   outliving a killed runner or its fence (the `punchclock __agent-shim`
-//!   subcommand).
+//! * [`shim`]: the `punchclock-agent-shim` crate, re-exported — the tiny
+//!   supervisor that keeps agents from outliving a killed runner or its
+//!   fence (its own binary, and the `punchclock __agent-shim` subcommand);
+//!   [`ShimCommand`] says which one the runner execs.
 //! * [`fence`]: the runner's self-fence deadline, shared with the shims.
 //!
 //! See `README.md` in this crate for the core flows.
@@ -21,11 +22,10 @@ mod error;
 pub mod executor;
 pub mod fence;
 pub mod session;
-pub mod shim;
 mod time;
 
-pub use config::{AgentSpec, AgentsFile, DEFAULT_KILL_GRACE, ProcessAgent, RunnerConfig};
+pub use config::{AgentSpec, AgentsFile, DEFAULT_KILL_GRACE, ProcessAgent, RunnerConfig, ShimCommand};
 pub use error::Error;
 pub use executor::{Execution, ExecutionEvent, ExecutorSettings, StopRequest};
 pub use session::run;
-pub use shim::{SHIM_SUBCOMMAND, shim_main};
+pub use punchclock_agent_shim::{self as shim, SHIM_BINARY, SHIM_SUBCOMMAND, shim_main};

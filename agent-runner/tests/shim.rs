@@ -3,6 +3,11 @@
 //! `shim __agent-shim -- <command...>` it *is* the shim, exactly like the
 //! `punchclock` binary's hidden subcommand; run as `shim fake-runner <dir>`
 //! it is a runner that the test kills with SIGKILL.
+//!
+//! Every test runs twice: with this binary's `__agent-shim` subcommand (as
+//! `punchclock __agent-shim`), then — in a child process with
+//! `PUNCHCLOCK_TEST_SHIM` set — with the dedicated `punchclock-agent-shim`
+//! binary, built here with cargo.
 
 mod common;
 
@@ -12,7 +17,7 @@ use std::time::Duration;
 
 use common::{PATIENCE, sh_agent, wait_until_gone};
 use punchclock_agent_runner::executor::{self, ExecutionEvent, ExecutorSettings};
-use punchclock_agent_runner::{ProcessAgent, SHIM_SUBCOMMAND, shim_main};
+use punchclock_agent_runner::{ProcessAgent, SHIM_BINARY, SHIM_SUBCOMMAND, ShimCommand, shim_main};
 use punchclock_proto::v1::{Assign, Finished, Outcome};
 use tokio::sync::mpsc;
 
@@ -27,8 +32,41 @@ fn main() {
             runtime().block_on(fake_runner(&dir));
         }
         // No arguments, or a test-name filter from `cargo test <filter>`.
-        _ => run_tests(),
+        _ => {
+            run_tests();
+            if std::env::var_os(SHIM_ENV).is_none() {
+                run_with_dedicated_shim();
+            }
+        }
     }
+}
+
+/// Names the shim binary the tests use (unset: this binary's subcommand).
+const SHIM_ENV: &str = "PUNCHCLOCK_TEST_SHIM";
+
+/// The shim under test.
+fn shim() -> ShimCommand {
+    match std::env::var_os(SHIM_ENV) {
+        Some(path) => ShimCommand::binary(path.into()),
+        None => ShimCommand::subcommand(std::env::current_exe().expect("current exe")),
+    }
+}
+
+/// Builds `punchclock-agent-shim` and runs every test again with it.
+fn run_with_dedicated_shim() {
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--quiet", "-p", "punchclock-agent-shim", "--bin", SHIM_BINARY])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build of {SHIM_BINARY} failed");
+    // This binary is target/<profile>/deps/shim-<hash>; bins sit in target/<profile>.
+    let exe = std::env::current_exe().expect("current exe");
+    let binary = exe.parent().and_then(Path::parent).expect("target dir").join(SHIM_BINARY);
+    assert!(binary.is_file(), "{} was not built", binary.display());
+    println!("again with {}", binary.display());
+    let status = std::process::Command::new(exe).env(SHIM_ENV, &binary).status().expect("re-run the tests");
+    assert!(status.success(), "the tests failed with {}", binary.display());
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -61,7 +99,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
     ExecutorSettings {
         work_dir: work_dir.join("runs"),
         kill_grace: Duration::from_millis(300),
-        shim: Some(std::env::current_exe().expect("current exe")),
+        shim: Some(shim()),
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
     }
 }
@@ -107,10 +145,16 @@ async fn success(dir: &Path) {
 /// The shim blocks signals for `sigwait`; the agent must not inherit that
 /// mask (it would never see SIGTERM, and `wait` in a shell would hang).
 async fn no_blocked_signals(dir: &Path) {
-    let agent = sh_agent(r#"grep SigBlk /proc/self/status"#);
+    // Not through `sh`: dash clears its own mask, which would hide a leak.
+    let agent = ProcessAgent { command: ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"].map(String::from).to_vec(), ..sh_agent("") };
     let (_, finished) = run_agent(dir, &agent, &assign("e-mask", 60)).await;
     assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
-    assert_eq!(finished.stdout_tail.split_whitespace().nth(1), Some("0000000000000000"), "{}", finished.stdout_tail);
+    let masks: Vec<u64> =
+        finished.stdout_tail.lines().filter_map(|line| u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()).collect();
+    let [blocked, ignored] = masks[..] else { panic!("two masks expected: {}", finished.stdout_tail) };
+    assert_eq!(blocked, 0, "no signal blocked:\n{}", finished.stdout_tail);
+    // Bit N-1 is signal N. (glibc's internal signals 32 and 33 may show as ignored.)
+    assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE not ignored:\n{}", finished.stdout_tail);
 }
 
 /// Regression: `sleep 1 & wait $!` hung forever behind the shim.

@@ -383,7 +383,7 @@ fn runner_config(
     cfg.slots = slots;
     cfg.labels = labels;
     cfg.kill_grace = kill_grace;
-    cfg.shim = std::env::current_exe().ok();
+    cfg.shim = std::env::current_exe().ok().map(punchclock_agent_runner::ShimCommand::beside);
     cfg.work_dir = work_dir;
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)

@@ -564,7 +564,8 @@ pub fn live_agents(marker: &str) -> Vec<i32> {
         .filter(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(marker) && !cmdline.contains("__agent-shim") && !process_gone(*pid)
+            let shim = cmdline.contains(punchclock_agent_shim::SHIM_SUBCOMMAND) || cmdline.contains(punchclock_agent_shim::SHIM_BINARY);
+            cmdline.contains(marker) && !shim && !process_gone(*pid)
         })
         .collect()
 }

@@ -2,13 +2,15 @@
 //! that nothing of the agent survives the runner being killed (even with
 //! SIGKILL).
 //!
-//! The runner spawns `<shim> __agent-shim -- <command...>` in a new process
-//! group (the shim is its leader). The shim:
+//! The runner spawns `punchclock-agent-shim -- <command...>` (or, when that
+//! binary is not installed beside `punchclock`, `punchclock __agent-shim --
+//! <command...>`) in a new process group (the shim is its leader). The shim:
 //!
 //! 1. blocks SIGCHLD, SIGTERM and SIGUSR2 and handles them synchronously
-//!    with `sigwait` (no async signal handlers; the blocked mask is reset for
-//!    the agent by `std::process::Command`, so the agent sees default
-//!    signal handling);
+//!    with `sigwait` (no async signal handlers; the agent is spawned with
+//!    an empty signal mask and SIGPIPE at its default — `posix_spawn`'s
+//!    `POSIX_SPAWN_SETSIGMASK`/`SETSIGDEF` — so it sees default signal
+//!    handling);
 //! 2. arms `prctl(PR_SET_PDEATHSIG, SIGUSR2)`, then compares `getppid()`
 //!    with the runner pid passed in `PUNCHCLOCK_SHIM_PARENT_PID`: if the
 //!    runner already died, it kills the group and exits;
@@ -27,32 +29,36 @@
 //!
 //! 5. **fence**: every 200 ms (a `sigtimedwait` timeout) it reads the
 //!    runner's fence deadline from the file named by
-//!    `PUNCHCLOCK_SHIM_FENCE_FILE` ([`crate::fence`]); once the deadline
+//!    `PUNCHCLOCK_SHIM_FENCE_FILE` ([`fence_file`]); once the deadline
 //!    less the kill grace (`PUNCHCLOCK_SHIM_KILL_GRACE_MS`) has passed it
 //!    sends SIGTERM to the group, and at the deadline it kills every
 //!    descendant and the group. This runs even while the runner process is
 //!    stopped, so no agent outlives its runner's fence.
 //!
-//! The `punchclock` binary exposes this as a hidden `__agent-shim`
-//! subcommand and runs agents through it by passing
-//! `RunnerConfig::shim = Some(current_exe)`.
+//! It is its own crate, with no dependency but libc, because it is exec'd
+//! once per execution: the `punchclock-agent-shim` binary starts in a
+//! fraction of the time of the whole `punchclock` binary (which still
+//! exposes the same code as its hidden `__agent-shim` subcommand). The agent
+//! is started with `posix_spawn` (a `vfork`, no page-table copy).
 
 use std::ffi::OsString;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, ExitStatus};
+use std::process::ExitStatus;
 
-/// The subcommand the runner puts before `--` when it spawns the shim.
+/// The subcommand of the `punchclock` binary that runs the shim (the
+/// fallback when `punchclock-agent-shim` is not installed beside it).
 pub const SHIM_SUBCOMMAND: &str = "__agent-shim";
+/// File name of the dedicated shim binary, looked up beside `punchclock`.
+pub const SHIM_BINARY: &str = "punchclock-agent-shim";
 
 /// Environment variable through which the runner passes its pid to the shim.
-pub(crate) const SHIM_PARENT_PID_ENV: &str = "PUNCHCLOCK_SHIM_PARENT_PID";
+pub const SHIM_PARENT_PID_ENV: &str = "PUNCHCLOCK_SHIM_PARENT_PID";
 /// Environment variable naming the runner's fence deadline file.
-pub(crate) const SHIM_FENCE_FILE_ENV: &str = "PUNCHCLOCK_SHIM_FENCE_FILE";
+pub const SHIM_FENCE_FILE_ENV: &str = "PUNCHCLOCK_SHIM_FENCE_FILE";
 /// Environment variable with the kill grace in milliseconds.
-pub(crate) const SHIM_KILL_GRACE_ENV: &str = "PUNCHCLOCK_SHIM_KILL_GRACE_MS";
+pub const SHIM_KILL_GRACE_ENV: &str = "PUNCHCLOCK_SHIM_KILL_GRACE_MS";
 /// How often the shim checks the fence deadline.
 const FENCE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -109,24 +115,7 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
     let fence_file = std::env::var_os(SHIM_FENCE_FILE_ENV).map(std::path::PathBuf::from);
     let kill_grace_ns: u64 =
         std::env::var(SHIM_KILL_GRACE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(5000).saturating_mul(1_000_000);
-    let mut command = Command::new(&program);
-    command.args(argv).env_remove(SHIM_PARENT_PID_ENV).env_remove(SHIM_FENCE_FILE_ENV).env_remove(SHIM_KILL_GRACE_ENV);
-    // The blocked mask is inherited across fork and exec: the agent must
-    // start with every signal unblocked, or it would never see SIGTERM and a
-    // shell's `wait` would never see SIGCHLD.
-    // SAFETY: only async-signal-safe calls (sigemptyset, sigprocmask) run
-    // between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            let mut empty = MaybeUninit::<libc::sigset_t>::uninit();
-            libc::sigemptyset(empty.as_mut_ptr());
-            if libc::sigprocmask(libc::SIG_SETMASK, empty.as_ptr(), std::ptr::null_mut()) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut agent = command.spawn().unwrap_or_else(|err| {
+    let agent = spawn_agent(&program, argv).unwrap_or_else(|err| {
         let code = match err.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
             _ => EXIT_CANNOT_EXECUTE,
@@ -136,7 +125,7 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
 
     let mut fence = ShimFence::default();
     loop {
-        match agent.try_wait() {
+        match try_wait(agent) {
             Ok(Some(status)) => {
                 // Whatever the agent left behind (even in a new session)
                 // was reparented to us, the subreaper: it goes too.
@@ -183,19 +172,90 @@ impl ShimFence {
     /// TERM once the deadline less the grace has passed; kill everything
     /// at the deadline. A missing or unreadable file means no fence.
     fn check(&mut self, path: &std::path::Path, kill_grace_ns: u64) {
-        let Some(deadline) = crate::fence::read_deadline(path) else { return };
-        let now = crate::fence::boottime_ns();
+        let Some(deadline) = fence_file::read_deadline(path) else { return };
+        let now = fence_file::boottime_ns();
         if now >= deadline {
-            eprintln!("punchclock agent shim: {}; killing the agent", crate::fence::FENCE_REASON);
+            eprintln!("punchclock agent shim: {}; killing the agent", fence_file::FENCE_REASON);
             sweep_descendants();
             kill_group();
         }
         if !self.terminated && now >= deadline.saturating_sub(kill_grace_ns) {
             self.terminated = true;
-            eprintln!("punchclock agent shim: {}; stopping the agent", crate::fence::FENCE_REASON);
+            eprintln!("punchclock agent shim: {}; stopping the agent", fence_file::FENCE_REASON);
             // SAFETY: kill(2) has no memory-safety preconditions; pid 0 is
             // our group (the shim blocks SIGTERM and is not affected).
             unsafe { libc::kill(0, libc::SIGTERM) };
+        }
+    }
+}
+
+/// Starts the agent with `posix_spawnp` (a `vfork`: no page tables are
+/// copied): `program` looked up in `PATH`, the shim's environment minus its
+/// own variables, every signal unblocked and SIGPIPE back to its default
+/// (the Rust runtime ignores it, and an ignored signal survives exec).
+/// `std::process::Command` is not used because its `posix_spawn` path keeps
+/// the caller's blocked mask, and its `fork` path copies page tables.
+fn spawn_agent(program: &OsString, args: impl Iterator<Item = OsString>) -> io::Result<libc::pid_t> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+    let cstring = |s: &[u8]| CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "argument contains a NUL byte"));
+    let file = cstring(program.as_bytes())?;
+    let mut owned = vec![file.clone()];
+    for arg in args {
+        owned.push(cstring(arg.as_bytes())?);
+    }
+    let own = [SHIM_PARENT_PID_ENV, SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV];
+    let env: Vec<CString> = std::env::vars_os()
+        .filter(|(key, _)| !own.iter().any(|own| key.as_bytes() == own.as_bytes()))
+        .filter_map(|(key, value)| {
+            let mut pair = key.into_vec();
+            pair.push(b'=');
+            pair.extend_from_slice(value.as_bytes());
+            CString::new(pair).ok()
+        })
+        .collect();
+    let mut argv: Vec<*mut libc::c_char> = owned.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    argv.push(std::ptr::null_mut());
+    let mut envp: Vec<*mut libc::c_char> = env.iter().map(|e| e.as_ptr().cast_mut()).collect();
+    envp.push(std::ptr::null_mut());
+
+    let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(r)) };
+    let mut attr = MaybeUninit::<libc::posix_spawnattr_t>::uninit();
+    // SAFETY: posix_spawnattr_init initializes the attribute object.
+    check(unsafe { libc::posix_spawnattr_init(attr.as_mut_ptr()) })?;
+    // SAFETY: initialized above; destroyed below on every path.
+    let mut attr = unsafe { attr.assume_init() };
+    let result = (|| {
+        let empty = SignalSet::new(&[])?;
+        let default = SignalSet::new(&[libc::SIGPIPE])?;
+        // SAFETY: `attr` is initialized; the sets are valid sigset_t.
+        unsafe {
+            check(libc::posix_spawnattr_setsigmask(&mut attr, &empty.0))?;
+            check(libc::posix_spawnattr_setsigdefault(&mut attr, &default.0))?;
+            check(libc::posix_spawnattr_setflags(&mut attr, (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short))?;
+        }
+        let mut pid: libc::pid_t = 0;
+        // SAFETY: argv and envp are NULL-terminated arrays of pointers into
+        // `owned` and `env`, which outlive the call; `attr` is initialized.
+        check(unsafe { libc::posix_spawnp(&mut pid, file.as_ptr(), std::ptr::null(), &attr, argv.as_ptr(), envp.as_ptr()) })?;
+        Ok(pid)
+    })();
+    // SAFETY: `attr` was initialized by posix_spawnattr_init.
+    unsafe { libc::posix_spawnattr_destroy(&mut attr) };
+    result
+}
+
+/// Reaps the agent if it has exited (`waitpid` with `WNOHANG`).
+fn try_wait(pid: libc::pid_t) -> io::Result<Option<ExitStatus>> {
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: waitpid writes the status into a c_int we own.
+        match unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } {
+            0 => return Ok(None),
+            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+            -1 => return Err(io::Error::last_os_error()),
+            _ => return Ok(Some(ExitStatus::from_raw(status))),
         }
     }
 }
@@ -323,6 +383,32 @@ impl SignalSet {
                 _ => return Err(err),
             }
         }
+    }
+}
+
+/// The fence deadline file the runner writes and the shims read: one line,
+/// the deadline as `CLOCK_BOOTTIME` nanoseconds (one clock for every process
+/// on the host, counting time spent suspended). The runner's writer is
+/// `punchclock_agent_runner::fence::Fence`.
+pub mod fence_file {
+    use std::path::Path;
+
+    /// The error text of executions stopped by the fence.
+    pub const FENCE_REASON: &str = "no leader acknowledged this runner within its fence deadline";
+
+    /// `CLOCK_BOOTTIME` now, in nanoseconds (0 if the clock cannot be read).
+    pub fn boottime_ns() -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes into the timespec we own.
+        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+            return 0;
+        }
+        u64::try_from(ts.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+    }
+
+    /// Reads a deadline file (`None`: absent or unreadable, i.e. no fence).
+    pub fn read_deadline(path: &Path) -> Option<u64> {
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 }
 
