@@ -13,6 +13,7 @@ rev=${1:-ebf31dc}
 cd "$root"
 echo "building this checkout (release) ..."
 cargo build --quiet --release --workspace --bins
+make --no-print-directory shim-static
 before=""
 if git cat-file -e "$rev^{commit}" 2>/dev/null; then
   out="$root/target/bench-baseline/$rev"

@@ -71,8 +71,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{self, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
-use crate::config::{ProcessAgent, RunnerConfig};
-use crate::config::ShimCommand;
+use crate::config::{ProcessAgent, RunnerConfig, ShimCommand};
 use crate::shim::{SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_PARENT_PID_ENV};
 use crate::{Error, time as clock};
 
@@ -261,18 +260,28 @@ impl ExecutionDir {
         Ok(dir)
     }
 
+    /// One blocking task for the whole setup (each `tokio::fs` call would be
+    /// a trip to the blocking pool of its own).
     async fn populate(&self, work_dir: &Path, checkpoint_json: &str) -> Result<(), Error> {
-        let failed = |path: &Path| {
-            let path = path.to_owned();
-            move |source| Error::ExecutionDir { path, source }
+        let (work_dir, path, progress, checkpoint) =
+            (work_dir.to_owned(), self.path.clone(), self.progress.clone(), self.checkpoint.clone());
+        let checkpoint_json = checkpoint_json.to_owned();
+        let populate = move || {
+            let failed = |path: &Path| {
+                let path = path.to_owned();
+                move |source| Error::ExecutionDir { path, source }
+            };
+            std::fs::create_dir_all(&work_dir).map_err(failed(&work_dir))?;
+            std::fs::create_dir(&path).map_err(failed(&path))?;
+            std::fs::write(&progress, b"").map_err(failed(&progress))?;
+            if !checkpoint_json.is_empty() {
+                std::fs::write(&checkpoint, checkpoint_json).map_err(failed(&checkpoint))?;
+            }
+            Ok(())
         };
-        tokio::fs::create_dir_all(work_dir).await.map_err(failed(work_dir))?;
-        tokio::fs::create_dir(&self.path).await.map_err(failed(&self.path))?;
-        tokio::fs::write(&self.progress, b"").await.map_err(failed(&self.progress))?;
-        if !checkpoint_json.is_empty() {
-            tokio::fs::write(&self.checkpoint, checkpoint_json).await.map_err(failed(&self.checkpoint))?;
-        }
-        Ok(())
+        tokio::task::spawn_blocking(populate).await.unwrap_or_else(|join| {
+            Err(Error::ExecutionDir { path: self.path.clone(), source: io::Error::other(format!("setup task failed: {join}")) })
+        })
     }
 
     /// Deletes the directory (best effort: failures are logged).

@@ -27,5 +27,5 @@ mod time;
 pub use config::{AgentSpec, AgentsFile, DEFAULT_KILL_GRACE, ProcessAgent, RunnerConfig, ShimCommand};
 pub use error::Error;
 pub use executor::{Execution, ExecutionEvent, ExecutorSettings, StopRequest};
-pub use session::run;
 pub use punchclock_agent_shim::{self as shim, SHIM_BINARY, SHIM_SUBCOMMAND, shim_main};
+pub use session::run;

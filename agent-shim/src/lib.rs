@@ -233,7 +233,10 @@ fn spawn_agent(program: &OsString, args: impl Iterator<Item = OsString>) -> io::
         unsafe {
             check(libc::posix_spawnattr_setsigmask(&mut attr, &empty.0))?;
             check(libc::posix_spawnattr_setsigdefault(&mut attr, &default.0))?;
-            check(libc::posix_spawnattr_setflags(&mut attr, (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short))?;
+            check(libc::posix_spawnattr_setflags(
+                &mut attr,
+                (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
+            ))?;
         }
         let mut pid: libc::pid_t = 0;
         // SAFETY: argv and envp are NULL-terminated arrays of pointers into
