@@ -7,6 +7,8 @@
 //! (`scheduled_at` → agent started) p50/p99/max, runs/s, and the CPU and
 //! resident memory of the control plane (and runner). With `--before BIN`
 //! the same rows run for that build too, one after the other, in one run.
+//! Before the rows of each target it prints the latency of a unary
+//! `GetTask` on loopback (p50/p99 over 1,000 calls).
 //!
 //! Usage: `bench-load [--after BIN] [--before BIN] [--targets dev,server,etcd]
 //! [--rows 100,250,300,1000,burst] [--window SECONDS] [--slots N]`
@@ -309,6 +311,26 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
     Figures { expected, fired: started.len(), skipped, missing: expected.saturating_sub(records), dispatch, start, cpu, rss, apply_secs }
 }
 
+/// Unary `GetTask` latency on loopback (issue 7, acceptance 5): one task,
+/// 1,000 sequential calls on one connection after 100 warm-up calls;
+/// (p50, p99) in microseconds.
+async fn get_task_latency(binary: &Path, kind: &str) -> (u128, u128) {
+    let t = start(binary, kind, 1).await;
+    let mut client = tasks(&t.addr).await;
+    let spec = serde_json::json!({"task_id": "probe", "agent_id": "true_agent", "trigger": {"type": "cron", "expr": "0 0 0 1 1 *"}});
+    client.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false }).await.expect("apply");
+    let mut micros = Vec::with_capacity(1000);
+    for i in 0..1100 {
+        let sent = Instant::now();
+        client.get_task(pb::GetTaskRequest { task_id: "probe".into() }).await.expect("get task");
+        if i >= 100 {
+            micros.push(sent.elapsed().as_micros());
+        }
+    }
+    micros.sort_unstable();
+    (micros[micros.len() / 2], micros[micros.len() * 99 / 100])
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let o = opts();
@@ -333,6 +355,10 @@ async fn main() {
         "apply s"
     );
     for target in &o.targets {
+        for (build, binary) in &o.builds {
+            let (p50, p99) = get_task_latency(binary, target).await;
+            println!("{target:<7} {build:<7} unary GetTask on loopback, 1,000 calls: p50 {p50} µs, p99 {p99} µs");
+        }
         for row in &o.rows {
             for (build, binary) in &o.builds {
                 let f = run_row(binary, target, *row, o.window, o.slots).await;
