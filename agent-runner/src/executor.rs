@@ -1,10 +1,11 @@
 //! The process executor: runs one assignment as a child process group and
 //! reports what happens to it.
 //!
-//! [`start`] prepares a private directory, spawns the agent and hands back an
-//! [`Execution`] handle; a background task then supervises the process and
-//! sends [`ExecutionEvent`]s: any number of `Progress`, then exactly one
-//! `Finished` (after which the directory is gone).
+//! [`start`] takes a private directory (from [`ExecutionDirs`], reused
+//! across executions), spawns the agent and hands back an [`Execution`]
+//! handle; a background task then supervises the process and sends
+//! [`ExecutionEvent`]s: any number of `Progress`, then exactly one
+//! `Finished` (by then the directory is emptied and free again).
 //!
 //! # The agent's contract
 //!
@@ -64,7 +65,7 @@ use std::time::Duration;
 
 use punchclock_proto::v1::{Assign, Finished, InFlight, Outcome, ProgressReport};
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -113,6 +114,8 @@ pub struct ExecutorSettings {
     /// The runner's self-fence (shared with every execution and, through its
     /// file, with every shim).
     pub fence: crate::fence::Fence,
+    /// The reusable execution directories under `work_dir`.
+    pub dirs: ExecutionDirs,
 }
 
 impl From<&RunnerConfig> for ExecutorSettings {
@@ -122,6 +125,7 @@ impl From<&RunnerConfig> for ExecutorSettings {
             kill_grace: config.kill_grace,
             shim: config.shim.clone(),
             fence: crate::fence::Fence::new(config.work_dir.join(crate::fence::FENCE_FILE), config.kill_grace),
+            dirs: ExecutionDirs::default(),
         }
     }
 }
@@ -228,14 +232,75 @@ pub async fn start(
     settings: &ExecutorSettings,
     events: mpsc::Sender<ExecutionEvent>,
 ) -> Result<Execution, Error> {
-    let dir = ExecutionDir::create(&settings.work_dir, assign).await?;
+    let dir = ExecutionDir::create(&settings.work_dir, assign, &settings.dirs).await?;
     match spawn(agent, assign, settings, &dir) {
         Ok(child) => Ok(supervise(child, dir, assign, settings, events)),
         Err(err) => {
-            dir.remove().await;
+            dir.release_async().await;
             Err(err)
         }
     }
+}
+
+/// The execution directories of one runner, reused: an execution takes a
+/// free one (or creates `<work_dir>/exec-pool-N`) and gives it back emptied,
+/// so a run costs no `mkdir`/`rmdir` (inode allocation churn was half the
+/// CPU of a runner starting hundreds of agents a second). Cheap to clone.
+///
+/// A directory is handed out again only once emptied, after its execution's
+/// process group (and, behind the shim, every descendant) is gone.
+#[derive(Debug, Clone, Default)]
+pub struct ExecutionDirs {
+    inner: Arc<DirsInner>,
+}
+
+#[derive(Debug, Default)]
+struct DirsInner {
+    free: Mutex<Vec<PathBuf>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl ExecutionDirs {
+    /// A free directory under `work_dir`, creating one if none is free.
+    fn take(&self, work_dir: &Path) -> io::Result<PathBuf> {
+        if let Some(path) = lock(&self.inner.free).pop() {
+            return Ok(path);
+        }
+        let n = self.inner.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = work_dir.join(format!("exec-pool-{n}"));
+        std::fs::create_dir_all(work_dir)?;
+        match std::fs::create_dir(&path) {
+            Ok(()) => Ok(path),
+            // Left by an earlier process on this work dir: empty it.
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => empty_dir(&path).map(|()| path),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Empties `path` and makes it free again; a directory that cannot be
+    /// emptied is removed instead (best effort, logged).
+    fn give_back(&self, path: PathBuf) {
+        match empty_dir(&path) {
+            Ok(()) => lock(&self.inner.free).push(path),
+            Err(err) => {
+                warn!(dir = %path.display(), error = %err, "cannot empty execution directory; removing it");
+                if let Err(err) = std::fs::remove_dir_all(&path)
+                    && err.kind() != io::ErrorKind::NotFound
+                {
+                    warn!(dir = %path.display(), error = %err, "cannot remove execution directory");
+                }
+            }
+        }
+    }
+}
+
+/// Removes everything inside `path` (one `getdents` when it is empty).
+fn empty_dir(path: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() { std::fs::remove_dir_all(entry.path())? } else { std::fs::remove_file(entry.path())? }
+    }
+    Ok(())
 }
 
 /// The per-execution directory and the paths handed to the agent.
@@ -245,54 +310,46 @@ struct ExecutionDir {
     progress: PathBuf,
     result: PathBuf,
     checkpoint: PathBuf,
+    dirs: ExecutionDirs,
 }
 
 impl ExecutionDir {
-    /// Creates `<work_dir>/exec-<uuid>` with an empty progress file and, if
-    /// the assignment carries one, the checkpoint file.
-    async fn create(work_dir: &Path, assign: &Assign) -> Result<Self, Error> {
-        let path = work_dir.join(format!("exec-{}", uuid::Uuid::new_v4()));
-        let dir = Self { progress: path.join(PROGRESS_FILE), result: path.join(RESULT_FILE), checkpoint: path.join(CHECKPOINT_FILE), path };
-        if let Err(err) = dir.populate(work_dir, &assign.checkpoint_json).await {
-            dir.remove().await;
-            return Err(err);
-        }
-        Ok(dir)
-    }
-
-    /// One blocking task for the whole setup (each `tokio::fs` call would be
-    /// a trip to the blocking pool of its own).
-    async fn populate(&self, work_dir: &Path, checkpoint_json: &str) -> Result<(), Error> {
-        let (work_dir, path, progress, checkpoint) =
-            (work_dir.to_owned(), self.path.clone(), self.progress.clone(), self.checkpoint.clone());
-        let checkpoint_json = checkpoint_json.to_owned();
-        let populate = move || {
-            let failed = |path: &Path| {
-                let path = path.to_owned();
-                move |source| Error::ExecutionDir { path, source }
+    /// Takes a directory from `dirs` and writes the checkpoint file if the
+    /// assignment carries one; one trip to the blocking pool. The progress
+    /// and result files are the agent's to create.
+    async fn create(work_dir: &Path, assign: &Assign, dirs: &ExecutionDirs) -> Result<Self, Error> {
+        let (work_dir, dirs, checkpoint_json) = (work_dir.to_owned(), dirs.clone(), assign.checkpoint_json.clone());
+        let create = move || {
+            let path = dirs.take(&work_dir).map_err(|source| Error::ExecutionDir { path: work_dir.clone(), source })?;
+            let dir = Self {
+                progress: path.join(PROGRESS_FILE),
+                result: path.join(RESULT_FILE),
+                checkpoint: path.join(CHECKPOINT_FILE),
+                path,
+                dirs,
             };
-            std::fs::create_dir_all(&work_dir).map_err(failed(&work_dir))?;
-            std::fs::create_dir(&path).map_err(failed(&path))?;
-            std::fs::write(&progress, b"").map_err(failed(&progress))?;
-            if !checkpoint_json.is_empty() {
-                std::fs::write(&checkpoint, checkpoint_json).map_err(failed(&checkpoint))?;
+            if !checkpoint_json.is_empty()
+                && let Err(source) = std::fs::write(&dir.checkpoint, checkpoint_json)
+            {
+                let path = dir.checkpoint.clone();
+                dir.release();
+                return Err(Error::ExecutionDir { path, source });
             }
-            Ok(())
+            Ok(dir)
         };
-        tokio::task::spawn_blocking(populate).await.unwrap_or_else(|join| {
-            Err(Error::ExecutionDir { path: self.path.clone(), source: io::Error::other(format!("setup task failed: {join}")) })
+        tokio::task::spawn_blocking(create).await.unwrap_or_else(|join| {
+            Err(Error::ExecutionDir { path: PathBuf::new(), source: io::Error::other(format!("setup task failed: {join}")) })
         })
     }
 
-    /// Deletes the directory (best effort: failures are logged).
-    async fn remove(&self) {
-        match tokio::fs::remove_dir_all(&self.path).await {
-            Ok(()) => {}
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-            Err(err) => {
-                warn!(dir = %self.path.display(), error = %err, "cannot remove execution directory")
-            }
-        }
+    /// Empties the directory and gives it back (blocking).
+    fn release(self) {
+        self.dirs.give_back(self.path);
+    }
+
+    /// [`ExecutionDir::release`] on the blocking pool.
+    async fn release_async(self) {
+        let _ = tokio::task::spawn_blocking(move || self.release()).await;
     }
 }
 
@@ -442,7 +499,8 @@ fn supervise(
         in_flight: in_flight.clone(),
         child,
         group,
-        dir,
+        progress_path: dir.progress.clone(),
+        dir: Some(dir),
         progress: ProgressFile::default(),
         stdout,
         stderr,
@@ -480,7 +538,9 @@ struct Supervisor {
     fence: crate::fence::Fence,
     child: Child,
     group: Option<ProcessGroup>,
-    dir: ExecutionDir,
+    /// Taken when the execution ends (its files read, then emptied).
+    dir: Option<ExecutionDir>,
+    progress_path: PathBuf,
     progress: ProgressFile,
     stdout: OutputTail,
     stderr: OutputTail,
@@ -505,10 +565,10 @@ impl Supervisor {
         }
         self.stdout.drain().await;
         self.stderr.drain().await;
-        self.forward_progress(true).await;
+        let (updates, result) = self.collect_files().await;
+        self.forward_progress(updates).await;
 
-        let finished = self.finished(status, stop).await;
-        self.dir.remove().await;
+        let finished = self.finished(status, stop, result);
         info!(
             run_id = %finished.run_id,
             execution_id = %finished.execution_id,
@@ -553,7 +613,7 @@ impl Supervisor {
                 }
                 () = &mut deadline => break StopReason::Timeout,
                 request = &mut cancelled => break StopReason::Requested(request),
-                _ = poll.tick() => self.forward_progress(false).await,
+                _ = poll.tick() => self.poll_progress().await,
             }
         };
         info!(execution_id = %self.in_flight.execution_id, reason = ?stop, "stopping execution");
@@ -590,9 +650,45 @@ impl Supervisor {
         }
     }
 
-    /// Sends a `Progress` event for each new line of the progress file.
-    async fn forward_progress(&mut self, at_exit: bool) {
-        for update in self.progress.read_new(&self.dir.progress, at_exit).await {
+    /// Reads the progress file on the blocking pool and forwards what is new.
+    async fn poll_progress(&mut self) {
+        let (mut progress, path) = (std::mem::take(&mut self.progress), self.progress_path.clone());
+        match tokio::task::spawn_blocking(move || {
+            let updates = progress.read_new(&path, false);
+            (progress, updates)
+        })
+        .await
+        {
+            Ok((progress, updates)) => {
+                self.progress = progress;
+                self.forward_progress(updates).await;
+            }
+            Err(err) => warn!(error = %err, "progress poll failed"),
+        }
+    }
+
+    /// Reads, in one trip to the blocking pool, what the agent left: the
+    /// rest of its progress file and its result file; then empties the
+    /// execution directory and gives it back.
+    async fn collect_files(&mut self) -> (Vec<ProgressUpdate>, (String, Option<String>)) {
+        let (mut progress, path) = (std::mem::take(&mut self.progress), self.progress_path.clone());
+        let dir = self.dir.take();
+        tokio::task::spawn_blocking(move || {
+            let updates = progress.read_new(&path, true);
+            let result = dir.map(|dir| {
+                let result = read_result(&dir.result);
+                dir.release();
+                result
+            });
+            (updates, result.unwrap_or_default())
+        })
+        .await
+        .unwrap_or_else(|err| (Vec::new(), (String::new(), Some(format!("cannot read the execution's files: {err}")))))
+    }
+
+    /// Sends a `Progress` event for each update.
+    async fn forward_progress(&mut self, updates: Vec<ProgressUpdate>) {
+        for update in updates {
             let report = ProgressReport {
                 run_id: self.in_flight.run_id.clone(),
                 execution_id: self.in_flight.execution_id.clone(),
@@ -607,10 +703,10 @@ impl Supervisor {
     }
 
     /// Builds the `Finished` report from the exit status and the files.
-    async fn finished(&self, status: io::Result<ExitStatus>, stop: Option<StopReason>) -> Finished {
+    fn finished(&self, status: io::Result<ExitStatus>, stop: Option<StopReason>, result: (String, Option<String>)) -> Finished {
         let stdout_tail = self.stdout.text();
         let stderr_tail = self.stderr.text();
-        let (result_json, result_problem) = read_result(&self.dir.result).await;
+        let (result_json, result_problem) = result;
 
         let exit_code = status.as_ref().ok().and_then(ExitStatus::code);
         let (outcome, error) = match (stop, status) {
@@ -654,16 +750,16 @@ impl Supervisor {
 /// Reads the result file: `("", None)` if absent or blank; re-serialized
 /// JSON if valid; otherwise the raw text as a JSON string plus a problem
 /// description for `Finished.error`.
-async fn read_result(path: &Path) -> (String, Option<String>) {
+fn read_result(path: &Path) -> (String, Option<String>) {
     // Results ride in one gRPC message and in the run record: bounded.
-    match tokio::fs::metadata(path).await {
+    match std::fs::metadata(path) {
         Ok(m) if m.len() > MAX_RESULT_BYTES => {
             let problem = format!("result file is {} bytes, over the {MAX_RESULT_BYTES}-byte limit; dropped", m.len());
             return (serde_json::json!({ "error": problem }).to_string(), Some(problem));
         }
         _ => {}
     }
-    let raw = match tokio::fs::read(path).await {
+    let raw = match std::fs::read(path) {
         Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(err) if err.kind() == io::ErrorKind::NotFound => return (String::new(), None),
         Err(err) => {
@@ -829,8 +925,9 @@ struct ProgressFile {
 impl ProgressFile {
     /// Parses the complete lines appended since the last call. With
     /// `at_exit`, a final line without a newline counts as complete.
-    async fn read_new(&mut self, path: &Path, at_exit: bool) -> Vec<ProgressUpdate> {
-        let appended = match self.read_appended(path).await {
+    /// Blocking: call it on the blocking pool.
+    fn read_new(&mut self, path: &Path, at_exit: bool) -> Vec<ProgressUpdate> {
+        let appended = match self.read_appended(path) {
             Ok(bytes) => bytes,
             Err(err) if err.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(err) => {
@@ -866,17 +963,18 @@ impl ProgressFile {
         coalesce(updates).into_iter().collect()
     }
 
-    async fn read_appended(&mut self, path: &Path) -> io::Result<Vec<u8>> {
-        let mut file = tokio::fs::File::open(path).await?;
-        let len = file.metadata().await?.len();
+    fn read_appended(&mut self, path: &Path) -> io::Result<Vec<u8>> {
+        use std::io::{Read, Seek};
+        let mut file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len();
         if len < self.offset {
             debug!(file = %path.display(), "progress file shrank; reading it from the start");
             self.offset = 0;
             self.partial.clear();
         }
-        file.seek(io::SeekFrom::Start(self.offset)).await?;
+        file.seek(io::SeekFrom::Start(self.offset))?;
         let mut appended = Vec::new();
-        file.take(MAX_PROGRESS_READ_BYTES).read_to_end(&mut appended).await?;
+        file.take(MAX_PROGRESS_READ_BYTES).read_to_end(&mut appended)?;
         self.offset += appended.len() as u64;
         Ok(appended)
     }
@@ -974,15 +1072,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("progress.jsonl");
         let mut progress = ProgressFile::default();
-        assert!(progress.read_new(&path, false).await.is_empty(), "missing file");
+        assert!(progress.read_new(&path, false).is_empty(), "missing file");
 
         std::fs::write(&path, "{\"message\":\"a\"}\n{\"message\":\"b\"}").expect("write");
-        let first = progress.read_new(&path, false).await;
+        let first = progress.read_new(&path, false);
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].message.as_deref(), Some("a"));
-        assert!(progress.read_new(&path, false).await.is_empty(), "partial line is held back");
+        assert!(progress.read_new(&path, false).is_empty(), "partial line is held back");
 
-        let last = progress.read_new(&path, true).await;
+        let last = progress.read_new(&path, true);
         assert_eq!(last.len(), 1);
         assert_eq!(last[0].message.as_deref(), Some("b"));
     }
@@ -991,13 +1089,13 @@ mod tests {
     async fn result_file_handling() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("result.json");
-        assert_eq!(read_result(&path).await, (String::new(), None));
+        assert_eq!(read_result(&path), (String::new(), None));
 
         std::fs::write(&path, "{ \"ok\" : true }\n").expect("write");
-        assert_eq!(read_result(&path).await, (r#"{"ok":true}"#.to_owned(), None));
+        assert_eq!(read_result(&path), (r#"{"ok":true}"#.to_owned(), None));
 
         std::fs::write(&path, "oops").expect("write");
-        let (json, problem) = read_result(&path).await;
+        let (json, problem) = read_result(&path);
         assert_eq!(json, r#""oops""#);
         assert!(problem.is_some_and(|p| p.contains("not valid JSON")));
     }

@@ -101,6 +101,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         kill_grace: Duration::from_millis(300),
         shim: Some(shim()),
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
+        dirs: Default::default(),
     }
 }
 

@@ -226,6 +226,8 @@ struct Figures {
     expected: usize,
     fired: usize,
     skipped: usize,
+    /// Skipped slots by reason.
+    skip_reasons: std::collections::BTreeMap<&'static str, usize>,
     missing: usize,
     dispatch: Vec<i64>,
     start: Vec<i64>,
@@ -300,6 +302,10 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
     };
     let expected = n * seconds_with_slots;
     let skipped = in_window.iter().map(|r| if r.status == RunStatus::Skipped { r.missed_count.unwrap_or(1) as usize } else { 0 }).sum();
+    let mut skip_reasons = std::collections::BTreeMap::new();
+    for r in in_window.iter().filter(|r| r.status == RunStatus::Skipped) {
+        *skip_reasons.entry(r.skip_reason.map(|why| why.as_str()).unwrap_or("?")).or_insert(0) += r.missed_count.unwrap_or(1) as usize;
+    }
     let started: Vec<&&RunRecord> = in_window.iter().filter(|r| r.actual_started_at.is_some()).collect();
     let ms = |d: chrono::Duration| d.num_milliseconds();
     let mut dispatch: Vec<i64> =
@@ -308,7 +314,18 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
     dispatch.sort();
     start.sort();
     let records = in_window.len() - in_window.iter().filter(|r| r.status == RunStatus::Skipped).count() + skipped;
-    Figures { expected, fired: started.len(), skipped, missing: expected.saturating_sub(records), dispatch, start, cpu, rss, apply_secs }
+    Figures {
+        expected,
+        fired: started.len(),
+        skipped,
+        skip_reasons,
+        missing: expected.saturating_sub(records),
+        dispatch,
+        start,
+        cpu,
+        rss,
+        apply_secs,
+    }
 }
 
 /// Unary `GetTask` latency on loopback (issue 7, acceptance 5): one task,
@@ -380,6 +397,9 @@ async fn main() {
                     join(&f.rss),
                     f.apply_secs,
                 );
+                if !f.skip_reasons.is_empty() {
+                    println!("{:<30} skipped by reason: {:?}", "", f.skip_reasons);
+                }
             }
         }
     }

@@ -53,6 +53,7 @@ async fn measure(shim: Option<ShimCommand>, runs: usize, concurrency: usize, wor
         kill_grace: Duration::from_secs(1),
         shim,
         fence: Fence::new(work.join("fence"), Duration::from_secs(1)),
+        dirs: Default::default(),
     };
     let agent = ProcessAgent { command: vec!["/bin/true".into()], env: Default::default(), working_dir: None };
     let (tx, mut events) = mpsc::channel(1024);
