@@ -266,14 +266,17 @@ impl ExecutionDirs {
         if let Some(path) = lock(&self.inner.free).pop() {
             return Ok(path);
         }
-        let n = self.inner.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = work_dir.join(format!("exec-pool-{n}"));
         std::fs::create_dir_all(work_dir)?;
-        match std::fs::create_dir(&path) {
-            Ok(()) => Ok(path),
-            // Left by an earlier process on this work dir: empty it.
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => empty_dir(&path).map(|()| path),
-            Err(err) => Err(err),
+        loop {
+            let n = self.inner.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = work_dir.join(format!("exec-pool-{n}"));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(path),
+                // Another pool's (or a previous process's, if the runner did
+                // not clear them at start): never touch it, take the next.
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(err),
+            }
         }
     }
 
