@@ -196,11 +196,13 @@ impl ShimCommand {
     }
 
     /// The shim for a runner running as `exe`: [`crate::SHIM_BINARY`] in the
-    /// same directory if it is there (≈5× cheaper to start), else `exe`'s own
-    /// `__agent-shim` subcommand.
+    /// same directory if it is there and executable (less than half the CPU
+    /// per start), else `exe`'s own `__agent-shim` subcommand.
     pub fn beside(exe: PathBuf) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let executable = |path: &std::path::Path| std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
         match exe.parent().map(|dir| dir.join(crate::SHIM_BINARY)) {
-            Some(binary) if binary.is_file() => Self::binary(binary),
+            Some(binary) if executable(&binary) => Self::binary(binary),
             _ => Self::subcommand(exe),
         }
     }

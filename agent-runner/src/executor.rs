@@ -236,7 +236,7 @@ pub async fn start(
     match spawn(agent, assign, settings, &dir) {
         Ok(child) => Ok(supervise(child, dir, assign, settings, events)),
         Err(err) => {
-            dir.release_async().await;
+            let _ = tokio::task::spawn_blocking(move || dir.remove()).await;
             Err(err)
         }
     }
@@ -247,8 +247,10 @@ pub async fn start(
 /// so a run costs no `mkdir`/`rmdir` (inode allocation churn was half the
 /// CPU of a runner starting hundreds of agents a second). Cheap to clone.
 ///
-/// A directory is handed out again only once emptied, after its execution's
-/// process group (and, behind the shim, every descendant) is gone.
+/// A directory is handed out again only once emptied, and only after an
+/// execution behind the shim whose shim swept every descendant and exited by
+/// itself and whose output pipes closed; any other execution's directory is
+/// removed, as is one the agent replaced with a symlink.
 #[derive(Debug, Clone, Default)]
 pub struct ExecutionDirs {
     inner: Arc<DirsInner>,
@@ -261,17 +263,24 @@ struct DirsInner {
 }
 
 impl ExecutionDirs {
-    /// A free directory under `work_dir`, creating one if none is free.
+    /// A free directory under `work_dir` (with an empty progress file),
+    /// creating one if none is free.
     fn take(&self, work_dir: &Path) -> io::Result<PathBuf> {
-        if let Some(path) = lock(&self.inner.free).pop() {
-            return Ok(path);
+        while let Some(path) = lock(&self.inner.free).pop() {
+            // Something (a tmp cleaner) may have removed it while it was free.
+            if is_real_dir(&path) {
+                return Ok(path);
+            }
         }
         std::fs::create_dir_all(work_dir)?;
         loop {
             let n = self.inner.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let path = work_dir.join(format!("exec-pool-{n}"));
             match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(path),
+                Ok(()) => {
+                    std::fs::write(path.join(PROGRESS_FILE), b"")?;
+                    return Ok(path);
+                }
                 // Another pool's (or a previous process's, if the runner did
                 // not clear them at start): never touch it, take the next.
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
@@ -280,28 +289,60 @@ impl ExecutionDirs {
         }
     }
 
-    /// Empties `path` and makes it free again; a directory that cannot be
-    /// emptied is removed instead (best effort, logged).
+    /// Empties `path` (keeping an empty progress file) and makes it free
+    /// again; a directory that is not one any more (the agent replaced it
+    /// with a symlink) or cannot be emptied is removed instead.
     fn give_back(&self, path: PathBuf) {
+        if !is_real_dir(&path) {
+            warn!(dir = %path.display(), "execution directory was replaced; removing it");
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
         match empty_dir(&path) {
             Ok(()) => lock(&self.inner.free).push(path),
             Err(err) => {
                 warn!(dir = %path.display(), error = %err, "cannot empty execution directory; removing it");
-                if let Err(err) = std::fs::remove_dir_all(&path)
-                    && err.kind() != io::ErrorKind::NotFound
-                {
-                    warn!(dir = %path.display(), error = %err, "cannot remove execution directory");
-                }
+                remove_dir(&path);
             }
         }
     }
 }
 
-/// Removes everything inside `path` (one `getdents` when it is empty).
+/// A directory, not a symlink to one.
+fn is_real_dir(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir())
+}
+
+/// Removes a directory and its contents (best effort: failures are logged).
+fn remove_dir(path: &Path) {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => warn!(dir = %path.display(), error = %err, "cannot remove execution directory"),
+    }
+}
+
+/// Removes everything inside `path` but an empty progress file (truncated
+/// if the agent wrote to it, created if it removed it): one `getdents` when
+/// the agent left nothing. Symlinks are removed, never followed.
 fn empty_dir(path: &Path) -> io::Result<()> {
+    let mut progress_kept = false;
     for entry in std::fs::read_dir(path)? {
         let entry = entry?;
-        if entry.file_type()?.is_dir() { std::fs::remove_dir_all(entry.path())? } else { std::fs::remove_file(entry.path())? }
+        let kind = entry.file_type()?;
+        if entry.file_name() == PROGRESS_FILE && kind.is_file() {
+            if entry.metadata()?.len() > 0 {
+                std::fs::OpenOptions::new().write(true).truncate(true).open(entry.path())?;
+            }
+            progress_kept = true;
+        } else if kind.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    if !progress_kept {
+        std::fs::write(path.join(PROGRESS_FILE), b"")?;
     }
     Ok(())
 }
@@ -317,9 +358,9 @@ struct ExecutionDir {
 }
 
 impl ExecutionDir {
-    /// Takes a directory from `dirs` and writes the checkpoint file if the
-    /// assignment carries one; one trip to the blocking pool. The progress
-    /// and result files are the agent's to create.
+    /// Takes a directory from `dirs` (with an empty progress file) and
+    /// writes the checkpoint file if the assignment carries one; one trip to
+    /// the blocking pool. The result file is the agent's to create.
     async fn create(work_dir: &Path, assign: &Assign, dirs: &ExecutionDirs) -> Result<Self, Error> {
         let (work_dir, dirs, checkpoint_json) = (work_dir.to_owned(), dirs.clone(), assign.checkpoint_json.clone());
         let create = move || {
@@ -335,7 +376,7 @@ impl ExecutionDir {
                 && let Err(source) = std::fs::write(&dir.checkpoint, checkpoint_json)
             {
                 let path = dir.checkpoint.clone();
-                dir.release();
+                dir.remove();
                 return Err(Error::ExecutionDir { path, source });
             }
             Ok(dir)
@@ -350,9 +391,9 @@ impl ExecutionDir {
         self.dirs.give_back(self.path);
     }
 
-    /// [`ExecutionDir::release`] on the blocking pool.
-    async fn release_async(self) {
-        let _ = tokio::task::spawn_blocking(move || self.release()).await;
+    /// Deletes the directory, for good (blocking; failures are logged).
+    fn remove(self) {
+        remove_dir(&self.path);
     }
 }
 
@@ -511,6 +552,7 @@ fn supervise(
         timeout_secs,
         kill_grace: settings.kill_grace,
         shimmed: settings.shim.is_some(),
+        escalated: false,
         events,
     };
     info!(
@@ -554,6 +596,9 @@ struct Supervisor {
     kill_grace: Duration,
     /// The agent runs behind the shim (the group leader).
     shimmed: bool,
+    /// The group was SIGKILLed after the grace period (the shim may not
+    /// have finished its sweep).
+    escalated: bool,
     events: mpsc::Sender<ExecutionEvent>,
 }
 
@@ -566,9 +611,13 @@ impl Supervisor {
         if let Some(group) = self.group.take() {
             group.kill_remaining();
         }
-        self.stdout.drain().await;
-        self.stderr.drain().await;
-        let (updates, result) = self.collect_files().await;
+        let stdout_closed = self.stdout.drain().await;
+        let stderr_closed = self.stderr.drain().await;
+        // The directory is used again only when nothing of this execution
+        // can still write to it: the shim swept every descendant and exited
+        // by itself, and nothing else holds the output pipes.
+        let reusable = self.shimmed && !self.escalated && stdout_closed && stderr_closed;
+        let (updates, result) = self.collect_files(reusable).await;
         self.forward_progress(updates).await;
 
         let finished = self.finished(status, stop, result);
@@ -633,6 +682,7 @@ impl Supervisor {
             Ok(status) => status,
             Err(_elapsed) => {
                 debug!(execution_id = %self.in_flight.execution_id, "grace period over; killing");
+                self.escalated = true;
                 // Behind the shim: SIGUSR2 makes it kill every descendant
                 // (even ones that left the group) before it exits.
                 if self.shimmed
@@ -655,7 +705,7 @@ impl Supervisor {
 
     /// Reads the progress file on the blocking pool and forwards what is new.
     async fn poll_progress(&mut self) {
-        let (mut progress, path) = (std::mem::take(&mut self.progress), self.progress_path.clone());
+        let (mut progress, path) = (self.progress.clone(), self.progress_path.clone());
         match tokio::task::spawn_blocking(move || {
             let updates = progress.read_new(&path, false);
             (progress, updates)
@@ -671,16 +721,20 @@ impl Supervisor {
     }
 
     /// Reads, in one trip to the blocking pool, what the agent left: the
-    /// rest of its progress file and its result file; then empties the
-    /// execution directory and gives it back.
-    async fn collect_files(&mut self) -> (Vec<ProgressUpdate>, (String, Option<String>)) {
-        let (mut progress, path) = (std::mem::take(&mut self.progress), self.progress_path.clone());
+    /// rest of its progress file and its result file; then gives the
+    /// execution directory back emptied (`reusable`) or removes it.
+    async fn collect_files(&mut self, reusable: bool) -> (Vec<ProgressUpdate>, (String, Option<String>)) {
+        let (mut progress, path) = (self.progress.clone(), self.progress_path.clone());
         let dir = self.dir.take();
         tokio::task::spawn_blocking(move || {
             let updates = progress.read_new(&path, true);
             let result = dir.map(|dir| {
                 let result = read_result(&dir.result);
-                dir.release();
+                if reusable {
+                    dir.release()
+                } else {
+                    dir.remove()
+                }
                 result
             });
             (updates, result.unwrap_or_default())
@@ -855,14 +909,17 @@ impl OutputTail {
         Self { buffer, reader }
     }
 
-    /// Waits (bounded) for the pipe to reach EOF.
-    async fn drain(&mut self) {
+    /// Waits (bounded) for the pipe to reach EOF; false if it did not (a
+    /// process outside the group still holds it).
+    async fn drain(&mut self) -> bool {
         if let Some(mut reader) = self.reader.take()
             && time::timeout(OUTPUT_DRAIN_TIMEOUT, &mut reader).await.is_err()
         {
             debug!("agent output still open after the process group ended; keeping what was read");
             reader.abort();
+            return false;
         }
+        true
     }
 
     /// The tail as (lossy) UTF-8.
@@ -917,7 +974,7 @@ struct ProgressUpdate {
 }
 
 /// Incremental reader of the progress file.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct ProgressFile {
     /// Bytes of the file consumed so far.
     offset: u64,

@@ -96,6 +96,10 @@ pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Re
     // Held until this function returns; the kernel drops it if the process dies.
     let _lock = lock_work_dir(&config.work_dir)?;
     remove_stale_execution_dirs(&config.work_dir).await;
+    match &config.shim {
+        Some(shim) => info!(shim = %shim.program.display(), args = ?shim.args, "agents start behind the shim"),
+        None => warn!("no agent shim: an agent's descendants may outlive the runner"),
+    }
     let mut shutdown = pin!(shutdown);
     Runner::new(config).run(shutdown.as_mut()).await;
     Ok(())

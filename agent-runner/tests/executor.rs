@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{PATIENCE, files_left, sh_agent, wait_until_gone};
+use common::{PATIENCE, dir_entries, sh_agent, wait_until_gone};
 use punchclock_agent_runner::executor::{self, ExecutionEvent, ExecutorSettings};
 use punchclock_agent_runner::{Error, Execution, ProcessAgent};
 use punchclock_proto::v1::{Assign, Finished, Outcome, ProgressReport};
@@ -141,7 +141,7 @@ JSON
         chrono::DateTime::parse_from_rfc3339(text).expect("RFC 3339");
     }
 
-    assert!(files_left(&runs).is_empty(), "nothing left in the execution directory");
+    assert!(dir_entries(&runs).is_empty(), "execution directory removed (no shim: never reused)");
 }
 
 #[tokio::test]
@@ -202,7 +202,7 @@ async fn timeout_kills_the_whole_process_group() {
     assert_eq!(finished.error, "timed out after 1 s");
     assert!(began.elapsed() >= Duration::from_millis(900), "not before the deadline");
     assert!(wait_until_gone(grandchild).await, "background child {grandchild} survived");
-    assert!(files_left(work.path()).is_empty(), "nothing left in the execution directory");
+    assert!(dir_entries(work.path()).is_empty(), "execution directory removed (no shim: never reused)");
 }
 
 #[tokio::test]
@@ -230,34 +230,5 @@ async fn spawn_failure_is_an_error_and_leaves_nothing_behind() {
     let err =
         executor::start(&agent, &assign("e-missing", Duration::from_secs(60)), &settings(work.path()), tx).await.expect_err("cannot spawn");
     assert!(matches!(err, Error::Spawn { .. }), "{err}");
-    assert!(files_left(work.path()).is_empty(), "nothing left in the execution directory");
-}
-
-#[tokio::test]
-async fn execution_directories_are_reused_empty() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let settings = settings(work.path());
-    // Leaves its result and progress files and one of its own; prints its
-    // paths and which of its output files already existed (the checkpoint
-    // file is the assignment's input).
-    let messy = sh_agent(
-        r#"echo "$PUNCHCLOCK_RESULT_FILE"; for f in "$PUNCHCLOCK_RESULT_FILE" "$PUNCHCLOCK_PROGRESS_FILE"; do
-             if [ -e "$f" ]; then echo "found $f"; fi; done
-           echo '{"ok": true}' > "$PUNCHCLOCK_RESULT_FILE"; echo '{"message": "m"}' >> "$PUNCHCLOCK_PROGRESS_FILE"
-           mkdir "$(dirname "$PUNCHCLOCK_RESULT_FILE")/scratch"; touch "$(dirname "$PUNCHCLOCK_RESULT_FILE")/scratch/x""#,
-    );
-    let mut dirs = Vec::new();
-    for i in 0..3 {
-        let (tx, mut events) = mpsc::channel(64);
-        let _execution =
-            executor::start(&messy, &assign(&format!("e-reuse-{i}"), Duration::from_secs(60)), &settings, tx).await.expect("starts");
-        let (_, finished) = until_finished(&mut events).await;
-        assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
-        assert_eq!(finished.result_json, r#"{"ok":true}"#);
-        let mut lines = finished.stdout_tail.lines();
-        dirs.push(lines.next().expect("the result path").to_owned());
-        assert_eq!(lines.next(), None, "execution {i} found files of an earlier one: {}", finished.stdout_tail);
-        assert!(files_left(work.path()).is_empty(), "nothing left after execution {i}: {:?}", files_left(work.path()));
-    }
-    assert!(dirs.windows(2).all(|w| w[0] == w[1]), "one directory, reused: {dirs:?}");
+    assert!(dir_entries(work.path()).is_empty(), "execution directory removed (no shim: never reused)");
 }

@@ -298,7 +298,7 @@ async fn reconnects_redeclares_in_flight_and_resends_finished_until_acked() {
     conn.ack(&quick).await;
 
     shut_down(stop, runner).await;
-    assert!(common::files_left(&work.path().join("runs")).is_empty());
+    assert!(common::dir_entries(&work.path().join("runs")).is_empty());
 }
 
 #[tokio::test]

@@ -54,15 +54,20 @@ fn shim() -> ShimCommand {
 
 /// Builds `punchclock-agent-shim` and runs every test again with it.
 fn run_with_dedicated_shim() {
+    // This binary is target/<profile>/deps/shim-<hash>; bins sit in target/<profile>.
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let mut build = vec!["build", "--quiet", "-p", "punchclock-agent-shim", "--bin", SHIM_BINARY];
+    if profile_dir.ends_with("release") {
+        build.push("--release");
+    }
     let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--quiet", "-p", "punchclock-agent-shim", "--bin", SHIM_BINARY])
+        .args(&build)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .expect("run cargo build");
     assert!(status.success(), "cargo build of {SHIM_BINARY} failed");
-    // This binary is target/<profile>/deps/shim-<hash>; bins sit in target/<profile>.
-    let exe = std::env::current_exe().expect("current exe");
-    let binary = exe.parent().and_then(Path::parent).expect("target dir").join(SHIM_BINARY);
+    let binary = profile_dir.join(SHIM_BINARY);
     assert!(binary.is_file(), "{} was not built", binary.display());
     println!("again with {}", binary.display());
     let status = std::process::Command::new(exe).env(SHIM_ENV, &binary).status().expect("re-run the tests");
@@ -77,7 +82,9 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 8] = [
+    let tests: [Test; 10] = [
+        ("execution_directories_are_reused_empty", |dir| runtime().block_on(reused_empty(dir))),
+        ("a_directory_is_not_reused_after_a_kill", |dir| runtime().block_on(not_reused_after_kill(dir))),
         ("setsid_daemon_dies_when_the_agent_exits", |dir| runtime().block_on(setsid_on_exit(dir))),
         ("setsid_daemon_dies_when_the_agent_times_out", |dir| runtime().block_on(setsid_on_timeout(dir))),
         ("success_passes_through_the_shim", |dir| runtime().block_on(success(dir))),
@@ -134,7 +141,10 @@ async fn run_agent(dir: &Path, agent: &ProcessAgent, assign: &Assign) -> (Option
 }
 
 async fn success(dir: &Path) {
-    let agent = sh_agent(r#"[ -z "$PUNCHCLOCK_SHIM_PARENT_PID" ] && cat > "$PUNCHCLOCK_RESULT_FILE"; echo hi"#);
+    // The shim's own variables stay with the shim.
+    let agent = sh_agent(
+        r#"[ -z "$PUNCHCLOCK_SHIM_PARENT_PID$PUNCHCLOCK_SHIM_FENCE_FILE$PUNCHCLOCK_SHIM_KILL_GRACE_MS" ] && cat > "$PUNCHCLOCK_RESULT_FILE"; echo hi"#,
+    );
     let mut assign = assign("e-ok", 60);
     assign.context_json = r#"{"via":"shim"}"#.into();
     let (_, finished) = run_agent(dir, &agent, &assign).await;
@@ -243,4 +253,55 @@ fn killed_runner(dir: &Path) {
     runner.kill().expect("SIGKILL the fake runner");
     runner.wait().expect("reap the fake runner");
     assert!(runtime().block_on(wait_until_gone(grandchild)), "agent child {grandchild} outlived the killed runner");
+}
+
+/// Runs `agent` with `settings` to its end.
+async fn run_with(settings: &ExecutorSettings, agent: &ProcessAgent, assign: &Assign) -> Finished {
+    let (tx, mut events) = mpsc::channel(16);
+    let _execution = executor::start(agent, assign, settings, tx).await.expect("shim starts");
+    loop {
+        match tokio::time::timeout(PATIENCE, events.recv()).await.expect("event in time").expect("channel open") {
+            ExecutionEvent::Progress(_) => {}
+            ExecutionEvent::Finished(finished) => return finished,
+        }
+    }
+}
+
+async fn reused_empty(dir: &Path) {
+    let settings = settings(dir);
+    // Leaves a result, progress and a file of its own; prints its result
+    // path and what it found of an earlier execution.
+    let messy = sh_agent(
+        r#"echo "$PUNCHCLOCK_RESULT_FILE"
+           [ -e "$PUNCHCLOCK_RESULT_FILE" ] && echo "found a result"
+           [ -s "$PUNCHCLOCK_PROGRESS_FILE" ] && echo "found progress"
+           [ -e "$(dirname "$PUNCHCLOCK_RESULT_FILE")/scratch" ] && echo "found scratch"
+           echo '{"ok": true}' > "$PUNCHCLOCK_RESULT_FILE"; echo '{"message": "m"}' >> "$PUNCHCLOCK_PROGRESS_FILE"
+           mkdir "$(dirname "$PUNCHCLOCK_RESULT_FILE")/scratch"; touch "$(dirname "$PUNCHCLOCK_RESULT_FILE")/scratch/x"; true"#,
+    );
+    let mut paths = Vec::new();
+    for i in 0..3 {
+        let finished = run_with(&settings, &messy, &assign(&format!("e-reuse-{i}"), 60)).await;
+        assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+        assert_eq!(finished.result_json, r#"{"ok":true}"#);
+        let mut lines = finished.stdout_tail.lines();
+        paths.push(lines.next().expect("the result path").to_owned());
+        assert_eq!(lines.next(), None, "execution {i} found files of an earlier one: {}", finished.stdout_tail);
+        assert!(common::files_left(dir).is_empty(), "nothing left after execution {i}: {:?}", common::files_left(dir));
+    }
+    assert!(paths.windows(2).all(|w| w[0] == w[1]), "one directory, reused: {paths:?}");
+}
+
+async fn not_reused_after_kill(dir: &Path) {
+    let settings = settings(dir);
+    // Ignores SIGTERM: stopped at its 1 s deadline only by the kill.
+    let stubborn = sh_agent(r#"trap '' TERM; echo "$PUNCHCLOCK_RESULT_FILE"; while :; do sleep 0.1; done"#);
+    let finished = run_with(&settings, &stubborn, &assign("e-stubborn", 1)).await;
+    assert_eq!(finished.outcome(), Outcome::Timeout, "{finished:?}");
+    let result = PathBuf::from(finished.stdout_tail.trim());
+    let exec_dir = result.parent().expect("the execution directory");
+    assert!(!exec_dir.exists(), "{} removed, not kept for reuse, after the group was killed", exec_dir.display());
+    // The next execution gets a new directory.
+    let next = run_with(&settings, &sh_agent(r#"echo "$PUNCHCLOCK_RESULT_FILE""#), &assign("e-next", 60)).await;
+    assert_ne!(next.stdout_tail.trim(), finished.stdout_tail.trim());
 }

@@ -174,14 +174,15 @@ impl ShimFence {
     fn check(&mut self, path: &std::path::Path, kill_grace_ns: u64) {
         let Some(deadline) = fence_file::read_deadline(path) else { return };
         let now = fence_file::boottime_ns();
+        // No message on stderr here: it is the runner's pipe, and while the
+        // runner is stopped (what the fence is for) a full pipe would block
+        // the shim before it kills anything. The runner reports the reason.
         if now >= deadline {
-            eprintln!("punchclock agent shim: {}; killing the agent", fence_file::FENCE_REASON);
             sweep_descendants();
             kill_group();
         }
         if !self.terminated && now >= deadline.saturating_sub(kill_grace_ns) {
             self.terminated = true;
-            eprintln!("punchclock agent shim: {}; stopping the agent", fence_file::FENCE_REASON);
             // SAFETY: kill(2) has no memory-safety preconditions; pid 0 is
             // our group (the shim blocks SIGTERM and is not affected).
             unsafe { libc::kill(0, libc::SIGTERM) };
@@ -192,18 +193,19 @@ impl ShimFence {
 /// Starts the agent with `posix_spawnp` (a `vfork`: no page tables are
 /// copied): `program` looked up in `PATH`, the shim's environment minus its
 /// own variables, every signal unblocked and SIGPIPE back to its default
-/// (the Rust runtime ignores it, and an ignored signal survives exec).
-/// `std::process::Command` is not used because its `posix_spawn` path keeps
-/// the caller's blocked mask, and its `fork` path copies page tables.
+/// (an ignored signal survives exec). Not `std::process::Command`: with a
+/// `pre_exec` hook it forks (copying page tables), and without one the agent
+/// was seen to inherit the shim's blocked mask. A program with a `/` that
+/// the kernel cannot exec as is (`ENOEXEC`: a script without `#!`) runs with
+/// `/bin/sh`, as `execvp` does.
 fn spawn_agent(program: &OsString, args: impl Iterator<Item = OsString>) -> io::Result<libc::pid_t> {
     use std::ffi::CString;
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
     let cstring = |s: &[u8]| CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "argument contains a NUL byte"));
-    let file = cstring(program.as_bytes())?;
-    let mut owned = vec![file.clone()];
+    let mut argv = vec![cstring(program.as_bytes())?];
     for arg in args {
-        owned.push(cstring(arg.as_bytes())?);
+        argv.push(cstring(arg.as_bytes())?);
     }
     let own = [SHIM_PARENT_PID_ENV, SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV];
     let env: Vec<CString> = std::env::vars_os()
@@ -215,37 +217,46 @@ fn spawn_agent(program: &OsString, args: impl Iterator<Item = OsString>) -> io::
             CString::new(pair).ok()
         })
         .collect();
-    let mut argv: Vec<*mut libc::c_char> = owned.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    match posix_spawnp(&argv[0], &argv, &env) {
+        Err(err) if err.raw_os_error() == Some(libc::ENOEXEC) && program.as_bytes().contains(&b'/') => {
+            let sh = cstring(b"/bin/sh")?;
+            let argv: Vec<CString> = std::iter::once(sh.clone()).chain(argv).collect();
+            posix_spawnp(&sh, &argv, &env)
+        }
+        result => result,
+    }
+}
+
+/// `posix_spawnp(file, argv, env)` with an empty signal mask and SIGPIPE at
+/// its default; the child's pid.
+fn posix_spawnp(file: &std::ffi::CStr, argv: &[std::ffi::CString], env: &[std::ffi::CString]) -> io::Result<libc::pid_t> {
+    let mut argv: Vec<*mut libc::c_char> = argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
     argv.push(std::ptr::null_mut());
     let mut envp: Vec<*mut libc::c_char> = env.iter().map(|e| e.as_ptr().cast_mut()).collect();
     envp.push(std::ptr::null_mut());
 
     let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(r)) };
     let mut attr = MaybeUninit::<libc::posix_spawnattr_t>::uninit();
-    // SAFETY: posix_spawnattr_init initializes the attribute object.
+    // SAFETY: posix_spawnattr_init initializes the attribute object in place.
     check(unsafe { libc::posix_spawnattr_init(attr.as_mut_ptr()) })?;
-    // SAFETY: initialized above; destroyed below on every path.
-    let mut attr = unsafe { attr.assume_init() };
+    let attr = attr.as_mut_ptr();
     let result = (|| {
         let empty = SignalSet::new(&[])?;
         let default = SignalSet::new(&[libc::SIGPIPE])?;
         // SAFETY: `attr` is initialized; the sets are valid sigset_t.
         unsafe {
-            check(libc::posix_spawnattr_setsigmask(&mut attr, &empty.0))?;
-            check(libc::posix_spawnattr_setsigdefault(&mut attr, &default.0))?;
-            check(libc::posix_spawnattr_setflags(
-                &mut attr,
-                (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
-            ))?;
+            check(libc::posix_spawnattr_setsigmask(attr, &empty.0))?;
+            check(libc::posix_spawnattr_setsigdefault(attr, &default.0))?;
+            check(libc::posix_spawnattr_setflags(attr, (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short))?;
         }
         let mut pid: libc::pid_t = 0;
         // SAFETY: argv and envp are NULL-terminated arrays of pointers into
-        // `owned` and `env`, which outlive the call; `attr` is initialized.
-        check(unsafe { libc::posix_spawnp(&mut pid, file.as_ptr(), std::ptr::null(), &attr, argv.as_ptr(), envp.as_ptr()) })?;
+        // CStrings that outlive the call; `attr` is initialized.
+        check(unsafe { libc::posix_spawnp(&mut pid, file.as_ptr(), std::ptr::null(), attr, argv.as_ptr(), envp.as_ptr()) })?;
         Ok(pid)
     })();
     // SAFETY: `attr` was initialized by posix_spawnattr_init.
-    unsafe { libc::posix_spawnattr_destroy(&mut attr) };
+    unsafe { libc::posix_spawnattr_destroy(attr) };
     result
 }
 

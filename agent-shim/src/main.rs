@@ -8,9 +8,26 @@
 
 #![no_main]
 
-/// The C entry point; `std::env::args_os` still works (glibc passes
-/// `argc`/`argv` to the initialisers std registers).
+use std::ffi::{CStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+/// The C entry point: the arguments come from `argv` itself (not
+/// `std::env::args_os`, which without the Rust runtime relies on a glibc-only
+/// initialiser). SIGPIPE is ignored, as the Rust runtime would (a closed
+/// stderr must not kill the shim before it reports); the agent gets it back
+/// at its default.
 #[unsafe(no_mangle)]
-extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
-    punchclock_agent_shim::shim_main(std::env::args_os().skip(1).collect())
+extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc::c_int {
+    // SAFETY: setting a signal disposition; the process has one thread.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    let count = usize::try_from(argc).unwrap_or(0);
+    let args: Vec<OsString> = (1..count)
+        .map(|i| {
+            // SAFETY: the C runtime passes `argc` valid, NUL-terminated
+            // strings in `argv`, alive for the whole process.
+            let arg = unsafe { CStr::from_ptr(*argv.add(i)) };
+            std::ffi::OsStr::from_bytes(arg.to_bytes()).to_owned()
+        })
+        .collect();
+    punchclock_agent_shim::shim_main(args)
 }

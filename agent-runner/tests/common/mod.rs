@@ -44,17 +44,28 @@ pub async fn wait_until_gone(pid: i32) -> bool {
     process_gone(pid)
 }
 
+/// The entries left in a directory (empty if it does not exist), except
+/// the runner's `.lock` and `fence` files.
+pub fn dir_entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| !p.ends_with(".lock") && !p.ends_with("fence")).collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The files executions left under a directory, at any depth (none if it
 /// does not exist), except the runner's `.lock` and `fence` files. Empty
-/// directories do not count: the executor keeps its emptied execution
-/// directories for the next executions.
+/// directories and empty files do not count: the executor keeps emptied
+/// execution directories (with an empty progress file) for the next
+/// executions.
 pub fn files_left(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut files = Vec::new();
     for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
         if path.is_dir() {
             files.extend(files_left(&path));
-        } else if !path.ends_with(".lock") && !path.ends_with("fence") {
+        } else if !path.ends_with(".lock") && !path.ends_with("fence") && std::fs::metadata(&path).map_or(true, |m| m.len() > 0) {
             files.push(path);
         }
     }
