@@ -6,9 +6,8 @@
 //! One turn: take one input (a batch of up to [`MAX_COMMANDS_PER_TURN`]
 //! queued commands, a task change, or up to [`MAX_TIMERS_PER_TURN`] due
 //! timers — whichever `select!` picks, at random when several are ready, so
-//! neither starves the other) and, with commands or timers, whatever of the
-//! other is already ready (within the same bounds), then perform the
-//! effects: commit the writes
+//! neither starves the other; a timer turn also takes the commands already
+//! queued, within the same bound), then perform the effects: commit the writes
 //! (one fenced transaction as far as the store allows), close and send to
 //! runners (`try_send`: a runner whose stream does not drain is
 //! disconnected, never awaited), publish lifecycle events, deliver replies,
@@ -193,25 +192,16 @@ impl Engine {
         exit
     }
 
-    /// Takes in up to `max` commands already queued (never waits): with
-    /// [`Engine::due_timers`], one turn holds everything ready, within
-    /// bounds, and its writes go out in one commit — a burst's slots and the
-    /// runner reports that arrived meanwhile share the fsync instead of
-    /// taking turns for it.
+    /// Takes in up to `max` commands already queued (never waits): a timer
+    /// turn holds the runner reports that arrived meanwhile too, within
+    /// bounds, and its writes go out in one commit — a burst's slots and
+    /// those reports share the fsync instead of taking turns for it.
     fn queued_commands(&mut self, max: usize) {
         for _ in 0..max {
             match self.rx.try_recv() {
                 Ok(cmd) => self.command(cmd),
                 Err(_) => break,
             }
-        }
-    }
-
-    /// Fires up to [`MAX_TIMERS_PER_TURN`] timers if some are already due.
-    fn due_timers(&mut self) {
-        let now = self.clock.now();
-        if self.core.poll_timeout().is_some_and(|t| t <= now) {
-            self.core.handle_timeout(now, MAX_TIMERS_PER_TURN);
         }
     }
 
