@@ -60,7 +60,7 @@ bench-spawn: deps
 # fingerprints are untouched.
 shim-static:
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --quiet --release -p punchclock-agent-shim --target-dir target/static-shim
-	install -m 755 target/static-shim/release/punchclock-agent-shim target/release/punchclock-agent-shim
+	install -D -m 755 target/static-shim/release/punchclock-agent-shim target/release/punchclock-agent-shim
 
 # Acceptance 4 of issue 2: idle CPU and memory with 10,000 cron tasks (prints figures).
 bench-idle: build

@@ -19,7 +19,7 @@
 //!    `Finished` from the outbox. Executions report `ProgressReport` and
 //!    `Finished`; every `Finished` stays in the outbox until acknowledged.
 //! 4. Stream ended or failed: reconnect with exponential backoff (100 ms
-//!    doubling to 5 s, ±20 % jitter; reset by a `Welcome`). Progress made
+//!    doubling to 2 s, ±20 % jitter; reset by a `Welcome`). Progress made
 //!    while disconnected is dropped; `Finished` reports wait in the outbox.
 //! 5. Shutdown: refuse new work, interrupt every execution (reported
 //!    INTERRUPTED: the leader dispatches them again without spending an
@@ -97,7 +97,14 @@ pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Re
     let _lock = lock_work_dir(&config.work_dir)?;
     remove_stale_execution_dirs(&config.work_dir).await;
     match &config.shim {
-        Some(shim) => info!(shim = %shim.program.display(), args = ?shim.args, "agents start behind the shim"),
+        Some(shim) if !shim.args.is_empty() => warn!(
+            shim = %shim.program.display(),
+            "no executable {} beside the (symlink-resolved) runner binary: agents start behind its `{}` subcommand, \
+             about twice the CPU per start",
+            crate::SHIM_BINARY,
+            crate::SHIM_SUBCOMMAND,
+        ),
+        Some(shim) => info!(shim = %shim.program.display(), "agents start behind the shim"),
         None => warn!("no agent shim: an agent's descendants may outlive the runner"),
     }
     let mut shutdown = pin!(shutdown);

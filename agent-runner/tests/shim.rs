@@ -82,7 +82,8 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 10] = [
+    let tests: [Test; 11] = [
+        ("missing_programs_and_scripts_without_shebang", |dir| runtime().block_on(missing_and_scripts(dir))),
         ("execution_directories_are_reused_empty", |dir| runtime().block_on(reused_empty(dir))),
         ("a_directory_is_not_reused_after_a_kill", |dir| runtime().block_on(not_reused_after_kill(dir))),
         ("setsid_daemon_dies_when_the_agent_exits", |dir| runtime().block_on(setsid_on_exit(dir))),
@@ -304,4 +305,21 @@ async fn not_reused_after_kill(dir: &Path) {
     // The next execution gets a new directory.
     let next = run_with(&settings, &sh_agent(r#"echo "$PUNCHCLOCK_RESULT_FILE""#), &assign("e-next", 60)).await;
     assert_ne!(next.stdout_tail.trim(), finished.stdout_tail.trim());
+}
+
+async fn missing_and_scripts(dir: &Path) {
+    let missing = ProcessAgent { command: vec!["/nonexistent/punchclock-agent".into()], ..sh_agent("") };
+    let (_, finished) = run_agent(dir, &missing, &assign("e-missing", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Failed, "{finished:?}");
+    assert_eq!(finished.exit_code, Some(127), "{finished:?}");
+    assert!(finished.error.contains("cannot start /nonexistent/punchclock-agent"), "{}", finished.error);
+
+    // No `#!`: the kernel refuses it (ENOEXEC); it runs with /bin/sh.
+    let script = dir.join("no-shebang");
+    std::fs::write(&script, "echo ran \"$1\"\n").expect("write script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let agent = ProcessAgent { command: vec![script.display().to_string(), "arg".into()], ..sh_agent("") };
+    let (_, finished) = run_agent(dir, &agent, &assign("e-script", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.stdout_tail, "ran arg\n");
 }

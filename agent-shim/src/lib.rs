@@ -85,8 +85,14 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
     if argv.peek().is_some_and(|arg| arg == "--") {
         argv.next();
     }
-    let Some(program) = argv.next() else {
-        fail(EXIT_USAGE, format_args!("usage: {SHIM_SUBCOMMAND} -- <command> [args...]"));
+    let Some(program) = argv.next().filter(|p| p != "--help" && p != "-h") else {
+        fail(
+            EXIT_USAGE,
+            format_args!(
+                "usage: {SHIM_BINARY} -- <command> [args...]  (or punchclock {SHIM_SUBCOMMAND} -- ...)\n\
+                 the per-execution supervisor the punchclock runner starts agents behind; not for use by hand"
+            ),
+        );
     };
 
     let signals = SignalSet::new(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGUSR2])
