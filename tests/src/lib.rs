@@ -265,6 +265,22 @@ pub async fn tasks(addr: &str) -> TaskServiceClient<Channel> {
     TaskServiceClient::new(channel(addr).await).max_decoding_message_size(64 << 20)
 }
 
+/// Applies every spec (`ApplyTask`, 32 in flight on `client`'s channel);
+/// panics naming how many failed and the first error.
+pub async fn apply_all(client: &TaskServiceClient<Channel>, specs: impl Iterator<Item = serde_json::Value>) {
+    // futures' StreamExt, spelled out: tokio_stream's is in scope too.
+    use futures::StreamExt as Futures;
+    let applies = Futures::map(futures::stream::iter(specs), |spec| {
+        let mut c = client.clone();
+        async move {
+            c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false }).await.map(|_| ()).map_err(|e| e.to_string())
+        }
+    });
+    let failed: Vec<String> =
+        Futures::collect(Futures::filter_map(Futures::buffer_unordered(applies, 32), |r| async move { r.err() })).await;
+    assert!(failed.is_empty(), "{} applies failed, first: {}", failed.len(), failed[0]);
+}
+
 /// Run service client.
 pub async fn runs(addr: &str) -> RunServiceClient<Channel> {
     RunServiceClient::new(channel(addr).await).max_decoding_message_size(64 << 20)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use punchclock_proto::v1 as pb;
-use punchclock_tests::{KeepLogsOnPanic, Proc, status, tasks};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, status, tasks};
 
 const TASKS: usize = 10_000;
 
@@ -43,23 +43,10 @@ async fn ten_thousand_slots_on_one_second_all_run() {
     let started = Instant::now();
     let at = chrono::DateTime::from_timestamp(chrono::Utc::now().timestamp() + 45, 0).expect("instant");
     let client = tasks(&dev.addr).await;
-    let failed: Vec<String> = futures::stream::iter(0..TASKS)
-        .map(|i| {
-            let mut c = client.clone();
-            let spec = serde_json::json!({"task_id": format!("b{i:05}"), "agent_id": "true_agent",
-                "trigger": {"type": "once", "at": at.to_rfc3339()}});
-            async move {
-                c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false })
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        })
-        .buffer_unordered(32)
-        .filter_map(|r| async move { r.err() })
-        .collect()
-        .await;
-    assert!(failed.is_empty(), "{} applies failed, first: {}", failed.len(), failed[0]);
+    let specs = (0..TASKS).map(|i| {
+        serde_json::json!({"task_id": format!("b{i:05}"), "agent_id": "true_agent", "trigger": {"type": "once", "at": at.to_rfc3339()}})
+    });
+    apply_all(&client, specs).await;
     let registered = started.elapsed();
     assert!(chrono::Utc::now() < at, "registration took {registered:?}, past the burst instant");
     let runner_before = runner(&dev.addr).await;

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use punchclock_control_plane::model::{RunRecord, RunStatus};
 use punchclock_control_plane::repo::{Keys, Repo};
 use punchclock_control_plane::store::KvStore;
@@ -28,7 +27,7 @@ use punchclock_control_plane::store::embedded::EmbeddedStore;
 use punchclock_control_plane::store::etcd::EtcdStore;
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
-use punchclock_tests::{Proc, tasks};
+use punchclock_tests::{Proc, apply_all, tasks};
 
 /// One load shape.
 #[derive(Clone, Copy, Debug)]
@@ -242,23 +241,10 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
     let client = tasks(&t.addr).await;
     let applied = Instant::now();
     let n = row.tasks();
-    let failed: Vec<String> = futures::stream::iter(0..n)
-        .map(|i| {
-            let mut c = client.clone();
-            let spec = serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": "true_agent",
-                "trigger": {"type": "cron", "expr": row.expr()}});
-            async move {
-                c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false })
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        })
-        .buffer_unordered(32)
-        .filter_map(|r| async move { r.err() })
-        .collect()
-        .await;
-    assert!(failed.is_empty(), "{} applies failed, first: {}", failed.len(), failed[0]);
+    let specs = (0..n).map(|i| {
+        serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": "true_agent", "trigger": {"type": "cron", "expr": row.expr()}})
+    });
+    apply_all(&client, specs).await;
     let apply_secs = applied.elapsed().as_secs_f64();
     // The window: whole seconds, from 3 s after registration (the engine
     // takes in every definition first).
