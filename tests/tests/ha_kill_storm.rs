@@ -172,5 +172,8 @@ async fn leader_kill_storm_loses_and_duplicates_nothing() {
     }
     let skipped = all.iter().filter(|r| status(r) == pb::RunStatus::Skipped).count();
     println!("storm: {} records, {finished} executions finished by the runner, {skipped} SKIPPED records", all.len());
-    assert!(finished > 100, "the storm ran real work ({finished} executions)");
+    // A floor against a storm that ran nothing, not a throughput figure:
+    // on a loaded 2-core machine it finished 96 (more slots misfire while
+    // no leader runs); usually 120-200.
+    assert!(finished > 50, "the storm ran real work ({finished} executions)");
 }
