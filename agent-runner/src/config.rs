@@ -168,6 +168,11 @@ pub struct RunnerConfig {
     /// agents directly. With the shim, agents do not outlive a runner killed
     /// with SIGKILL nor its fence deadline.
     pub shim: Option<ShimCommand>,
+    /// Start agents through the shim's fork server (`shim --zygote`, one
+    /// process per runner that forks each execution's supervisor) rather
+    /// than exec'ing the shim for every execution. Same guarantees; about
+    /// half the CPU per start. Ignored without `shim`.
+    pub zygote: bool,
     /// Time between SIGTERM and SIGKILL when an agent is stopped.
     pub kill_grace: Duration,
     /// Directory under which each execution gets its own temporary directory
@@ -219,6 +224,7 @@ impl RunnerConfig {
             labels: BTreeMap::new(),
             runner_id: runner_id.into(),
             shim: None,
+            zygote: true,
             kill_grace: DEFAULT_KILL_GRACE,
             work_dir: std::env::temp_dir().join("punchclock-runner"),
         }

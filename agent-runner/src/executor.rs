@@ -46,7 +46,13 @@
 //!   `punchclock __agent-shim -- ...`; see [`crate::shim`]) a tiny supervisor process leads the group; it gets a
 //!   parent-death signal and then SIGKILLs the whole group, so nothing
 //!   survives. Costs one extra process per execution, and the agent's exit
-//!   by signal N is seen as exit code 128+N.
+//!   by signal N is seen as exit code 128+N. With [`ExecutorSettings::zygote`]
+//!   that supervisor is forked by the shim's fork server ([`crate::zygote`])
+//!   instead of exec'd by the runner: same supervisor, same guarantees
+//!   (the zygote exits when the runner's socket closes, and its supervisors'
+//!   parent-death signal fires), about half the CPU per start. A request
+//!   too large for the zygote (argv plus environment over
+//!   [`crate::shim::zygote::MAX_REQUEST_BYTES`]) is exec'd as before.
 //!
 //! Linux delivers the parent-death signal when the *thread* that spawned the
 //! child exits. Executions are spawned from tokio worker threads, which live
@@ -73,7 +79,9 @@ use tokio::time::{self, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::config::{ProcessAgent, RunnerConfig, ShimCommand};
+use crate::shim::zygote::Request as ShimRequest;
 use crate::shim::{SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_PARENT_PID_ENV};
+use crate::zygote::{Zygote, ZygoteProcess};
 use crate::{Error, time as clock};
 
 /// How much of stdout and of stderr is kept (the last 64 KiB of each).
@@ -116,6 +124,9 @@ pub struct ExecutorSettings {
     pub fence: crate::fence::Fence,
     /// The reusable execution directories under `work_dir`.
     pub dirs: ExecutionDirs,
+    /// The shim's fork server, when agents are started through it (needs
+    /// `shim`): one fork per execution instead of an exec of the shim.
+    pub zygote: Option<Zygote>,
 }
 
 impl From<&RunnerConfig> for ExecutorSettings {
@@ -126,6 +137,7 @@ impl From<&RunnerConfig> for ExecutorSettings {
             shim: config.shim.clone(),
             fence: crate::fence::Fence::new(config.work_dir.join(crate::fence::FENCE_FILE), config.kill_grace),
             dirs: ExecutionDirs::default(),
+            zygote: config.shim.clone().filter(|_| config.zygote).map(Zygote::new),
         }
     }
 }
@@ -233,8 +245,16 @@ pub async fn start(
     events: mpsc::Sender<ExecutionEvent>,
 ) -> Result<Execution, Error> {
     let dir = ExecutionDir::create(&settings.work_dir, assign, &settings.dirs).await?;
-    match spawn(agent, assign, settings, &dir) {
-        Ok(child) => Ok(supervise(child, dir, assign, settings, events)),
+    let spawned = match &settings.zygote {
+        Some(zygote) if settings.shim.is_some() => match spawn_by_zygote(zygote, agent, assign, settings, &dir).await {
+            // Too large a request for the zygote: exec a shim for this one.
+            Err(Error::Spawn { source, .. }) if source.kind() == io::ErrorKind::InvalidInput => spawn(agent, assign, settings, &dir),
+            spawned => spawned,
+        },
+        _ => spawn(agent, assign, settings, &dir),
+    };
+    match spawned {
+        Ok(agent) => Ok(supervise(agent, dir, assign, settings, events)),
         Err(err) => {
             let _ = tokio::task::spawn_blocking(move || dir.remove()).await;
             Err(err)
@@ -397,9 +417,107 @@ impl ExecutionDir {
     }
 }
 
-/// Builds and spawns the agent command (directly or behind the shim), in a
-/// new process group.
-fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir: &ExecutionDir) -> Result<Child, Error> {
+/// A started agent: its process (or its supervisor's) and the runner's ends
+/// of its stdin, stdout and stderr.
+struct SpawnedAgent {
+    process: AgentProcess,
+    stdin: Option<Box<dyn tokio::io::AsyncWrite + Unpin + Send>>,
+    stdout: Option<Box<dyn AsyncRead + Unpin + Send>>,
+    stderr: Option<Box<dyn AsyncRead + Unpin + Send>>,
+}
+
+/// The process the runner waits for: its own child (the agent, or an
+/// exec'd shim), or a supervisor forked by the zygote.
+enum AgentProcess {
+    Child(Child),
+    Zygote(ZygoteProcess),
+}
+
+impl AgentProcess {
+    /// Its pid (also its process group id).
+    fn pid(&self) -> u32 {
+        match self {
+            // `id()` is `Some` until the child has been awaited.
+            AgentProcess::Child(child) => child.id().unwrap_or_default(),
+            AgentProcess::Zygote(process) => process.pid(),
+        }
+    }
+
+    /// Waits for it to end (cancel-safe).
+    async fn wait(&mut self) -> io::Result<ExitStatus> {
+        match self {
+            AgentProcess::Child(child) => child.wait().await,
+            AgentProcess::Zygote(process) => process.wait().await,
+        }
+    }
+
+    /// SIGKILLs it (only it, not its group).
+    fn start_kill(&mut self) -> io::Result<()> {
+        match self {
+            AgentProcess::Child(child) => child.start_kill(),
+            AgentProcess::Zygote(process) => process.start_kill(),
+        }
+    }
+}
+
+/// Starts the agent behind a supervisor forked by the zygote: the same
+/// argv, environment and working directory as [`spawn`] would give it.
+async fn spawn_by_zygote(
+    zygote: &Zygote,
+    agent: &ProcessAgent,
+    assign: &Assign,
+    settings: &ExecutorSettings,
+    dir: &ExecutionDir,
+) -> Result<SpawnedAgent, Error> {
+    let spawn_error =
+        |source| Error::Spawn { agent_id: assign.agent_id.clone(), program: agent.command.first().cloned().unwrap_or_default(), source };
+    check_working_dir(agent, assign)?;
+    // As `Command` would: the runner's environment, then the agent's, then ours.
+    let mut env: std::collections::BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    env.extend(agent.env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    env.extend(agent_env(assign, dir).into_iter().map(|(k, v)| (OsString::from(k), v)));
+    let mut request = ShimRequest {
+        id: 0,
+        cwd: agent.working_dir.as_ref().map(|dir| dir.as_os_str().to_owned()),
+        fence_file: Some(settings.fence.path().as_os_str().to_owned()),
+        kill_grace_ms: u64::try_from(settings.kill_grace.as_millis()).unwrap_or(u64::MAX),
+        argv: agent.command.iter().map(OsString::from).collect(),
+        env: env
+            .into_iter()
+            .map(|(mut key, value)| {
+                key.push("=");
+                key.push(value);
+                key
+            })
+            .collect(),
+    };
+    let spawned = zygote.spawn(&mut request).await.map_err(spawn_error)?;
+    Ok(SpawnedAgent {
+        process: AgentProcess::Zygote(spawned.process),
+        stdin: Some(Box::new(spawned.stdin)),
+        stdout: Some(Box::new(spawned.stdout)),
+        stderr: Some(Box::new(spawned.stderr)),
+    })
+}
+
+/// Checked before spawning: behind the shim a missing directory would be
+/// reported as the shim binary not being found.
+fn check_working_dir(agent: &ProcessAgent, assign: &Assign) -> Result<(), Error> {
+    if let Some(working_dir) = &agent.working_dir
+        && !working_dir.is_dir()
+    {
+        return Err(Error::Spawn {
+            agent_id: assign.agent_id.clone(),
+            program: format!("working_dir {}", working_dir.display()),
+            source: io::Error::new(io::ErrorKind::NotFound, "not a directory"),
+        });
+    }
+    Ok(())
+}
+
+/// Builds and spawns the agent command (directly or behind an exec'd
+/// shim), in a new process group.
+fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir: &ExecutionDir) -> Result<SpawnedAgent, Error> {
     // `command` is non-empty: the agents-file validation guarantees it.
     let (program, args): (OsString, Vec<OsString>) = match &settings.shim {
         Some(shim) => (
@@ -416,17 +534,7 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         }
     };
 
-    // Checked here: behind the shim a missing directory would be reported
-    // as the shim binary not being found.
-    if let Some(working_dir) = &agent.working_dir
-        && !working_dir.is_dir()
-    {
-        return Err(Error::Spawn {
-            agent_id: assign.agent_id.clone(),
-            program: format!("working_dir {}", working_dir.display()),
-            source: io::Error::new(io::ErrorKind::NotFound, "not a directory"),
-        });
-    }
+    check_working_dir(agent, assign)?;
     let mut command = Command::new(&program);
     command
         .args(&args)
@@ -466,10 +574,16 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         }
     }
 
-    command.spawn().map_err(|source| Error::Spawn {
+    let mut child = command.spawn().map_err(|source| Error::Spawn {
         agent_id: assign.agent_id.clone(),
         program: program.to_string_lossy().into_owned(),
         source,
+    })?;
+    Ok(SpawnedAgent {
+        stdin: child.stdin.take().map(|pipe| Box::new(pipe) as _),
+        stdout: child.stdout.take().map(|pipe| Box::new(pipe) as _),
+        stderr: child.stderr.take().map(|pipe| Box::new(pipe) as _),
+        process: AgentProcess::Child(child),
     })
 }
 
@@ -493,7 +607,7 @@ fn agent_env(assign: &Assign, dir: &ExecutionDir) -> Vec<(&'static str, OsString
 /// Wires up the spawned child (stdin, output tails, group) and starts the
 /// supervision task.
 fn supervise(
-    mut child: Child,
+    agent: SpawnedAgent,
     dir: ExecutionDir,
     assign: &Assign,
     settings: &ExecutorSettings,
@@ -506,11 +620,11 @@ fn supervise(
         attempt: assign.attempt,
         started_at: Some(started_at),
     };
-    // `id()` is `Some` until the child has been awaited, which has not happened yet.
-    let pid = child.id().unwrap_or_default();
+    let SpawnedAgent { process, stdin, stdout, stderr } = agent;
+    let pid = process.pid();
     let group = ProcessGroup::new(pid);
 
-    if let Some(mut stdin) = child.stdin.take() {
+    if let Some(mut stdin) = stdin {
         let context = assign.context_json.clone().into_bytes();
         tokio::spawn(async move {
             // A broken pipe just means the agent does not read its context.
@@ -519,8 +633,8 @@ fn supervise(
             }
         });
     }
-    let stdout = OutputTail::collect(child.stdout.take());
-    let stderr = OutputTail::collect(child.stderr.take());
+    let stdout = OutputTail::collect(stdout);
+    let stderr = OutputTail::collect(stderr);
 
     let deadline = assign.deadline.as_ref().and_then(|deadline| {
         let parsed = clock::from_timestamp(deadline);
@@ -541,7 +655,7 @@ fn supervise(
         started_at,
         fence: settings.fence.clone(),
         in_flight: in_flight.clone(),
-        child,
+        process,
         group,
         progress_path: dir.progress.clone(),
         dir: Some(dir),
@@ -581,7 +695,7 @@ struct Supervisor {
     /// The runner's fence: an agent that dies after it expired was stopped
     /// by the fence (the shim's, when the runner was paused).
     fence: crate::fence::Fence,
-    child: Child,
+    process: AgentProcess,
     group: Option<ProcessGroup>,
     /// Taken when the execution ends (its files read, then emptied).
     dir: Option<ExecutionDir>,
@@ -656,7 +770,7 @@ impl Supervisor {
 
         let stop = loop {
             tokio::select! {
-                status = self.child.wait() => {
+                status = self.process.wait() => {
                     // Killed by the shim's fence while the runner was paused.
                     let killed = status.as_ref().is_ok_and(|s| !s.success());
                     let stop = (killed && self.fence.expired())
@@ -678,7 +792,7 @@ impl Supervisor {
         if let Some(group) = &self.group {
             group.signal(libc::SIGTERM);
         }
-        match time::timeout(self.kill_grace, self.child.wait()).await {
+        match time::timeout(self.kill_grace, self.process.wait()).await {
             Ok(status) => status,
             Err(_elapsed) => {
                 debug!(execution_id = %self.in_flight.execution_id, "grace period over; killing");
@@ -689,16 +803,16 @@ impl Supervisor {
                     && let Some(group) = &self.group
                 {
                     group.signal_leader(libc::SIGUSR2);
-                    if let Ok(status) = time::timeout(SHIM_SWEEP_WAIT, self.child.wait()).await {
+                    if let Ok(status) = time::timeout(SHIM_SWEEP_WAIT, self.process.wait()).await {
                         group.signal(libc::SIGKILL);
                         return status;
                     }
                 }
                 match &self.group {
                     Some(group) => group.signal(libc::SIGKILL),
-                    None => self.child.start_kill()?,
+                    None => self.process.start_kill()?,
                 }
-                self.child.wait().await
+                self.process.wait().await
             }
         }
     }

@@ -12,6 +12,8 @@
 //!   fence (its own binary, and the `punchclock __agent-shim` subcommand);
 //!   [`ShimCommand`] says which one the runner execs.
 //! * [`fence`]: the runner's self-fence deadline, shared with the shims.
+//! * [`zygote`]: the runner's side of the shim's fork server, which forks
+//!   each execution's supervisor instead of the runner exec'ing a shim.
 //!
 //! See `README.md` in this crate for the core flows.
 
@@ -23,6 +25,7 @@ pub mod executor;
 pub mod fence;
 pub mod session;
 mod time;
+pub mod zygote;
 
 pub use config::{AgentSpec, AgentsFile, DEFAULT_KILL_GRACE, ProcessAgent, RunnerConfig, ShimCommand};
 pub use error::Error;

@@ -19,6 +19,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         shim: None,
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
         dirs: Default::default(),
+        zygote: None,
     }
 }
 

@@ -4,10 +4,12 @@
 //! `punchclock` binary's hidden subcommand; run as `shim fake-runner <dir>`
 //! it is a runner that the test kills with SIGKILL.
 //!
-//! Every test runs twice: with this binary's `__agent-shim` subcommand (as
-//! `punchclock __agent-shim`), then — in a child process with
-//! `PUNCHCLOCK_TEST_SHIM` set — with the dedicated `punchclock-agent-shim`
-//! binary, built here with cargo.
+//! Every test runs three times: with this binary's `__agent-shim`
+//! subcommand (as `punchclock __agent-shim`), then — in child processes
+//! with `PUNCHCLOCK_TEST_SHIM` set — with the dedicated
+//! `punchclock-agent-shim` binary (built here with cargo) exec'd for each
+//! execution, and with supervisors forked by that binary's zygote
+//! (`PUNCHCLOCK_TEST_ZYGOTE` set too), plus the zygote's own tests.
 
 mod common;
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use common::{PATIENCE, sh_agent, wait_until_gone};
 use punchclock_agent_runner::executor::{self, ExecutionEvent, ExecutorSettings};
+use punchclock_agent_runner::zygote::Zygote;
 use punchclock_agent_runner::{ProcessAgent, SHIM_BINARY, SHIM_SUBCOMMAND, ShimCommand, shim_main};
 use punchclock_proto::v1::{Assign, Finished, Outcome};
 use tokio::sync::mpsc;
@@ -43,6 +46,12 @@ fn main() {
 
 /// Names the shim binary the tests use (unset: this binary's subcommand).
 const SHIM_ENV: &str = "PUNCHCLOCK_TEST_SHIM";
+/// Set: executions are started through the shim's zygote.
+const ZYGOTE_ENV: &str = "PUNCHCLOCK_TEST_ZYGOTE";
+
+fn zygote_mode() -> bool {
+    std::env::var_os(ZYGOTE_ENV).is_some()
+}
 
 /// The shim under test.
 fn shim() -> ShimCommand {
@@ -70,8 +79,11 @@ fn run_with_dedicated_shim() {
     let binary = profile_dir.join(SHIM_BINARY);
     assert!(binary.is_file(), "{} was not built", binary.display());
     println!("again with {}", binary.display());
-    let status = std::process::Command::new(exe).env(SHIM_ENV, &binary).status().expect("re-run the tests");
+    let status = std::process::Command::new(&exe).env(SHIM_ENV, &binary).status().expect("re-run the tests");
     assert!(status.success(), "the tests failed with {}", binary.display());
+    println!("again with {} --zygote", binary.display());
+    let status = std::process::Command::new(&exe).env(SHIM_ENV, &binary).env(ZYGOTE_ENV, "1").status().expect("re-run the tests");
+    assert!(status.success(), "the tests failed with {} --zygote", binary.display());
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -82,7 +94,10 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 11] = [
+    let tests: [Test; 14] = [
+        ("the_agent_gets_only_its_stdio", |dir| runtime().block_on(only_stdio(dir))),
+        ("path_and_working_dir_come_from_the_agent", |dir| runtime().block_on(path_and_working_dir(dir))),
+        ("a_killed_zygote_takes_its_agents_and_comes_back", |dir| runtime().block_on(killed_zygote(dir))),
         ("missing_programs_and_scripts_without_shebang", |dir| runtime().block_on(missing_and_scripts(dir))),
         ("execution_directories_are_reused_empty", |dir| runtime().block_on(reused_empty(dir))),
         ("a_directory_is_not_reused_after_a_kill", |dir| runtime().block_on(not_reused_after_kill(dir))),
@@ -96,6 +111,9 @@ fn run_tests() {
         ("killed_runner_leaves_no_agent_behind", killed_runner),
     ];
     for (name, test) in tests {
+        if name.contains("zygote") && !zygote_mode() {
+            continue;
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         test(dir.path());
         println!("test {name} ... ok");
@@ -108,6 +126,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         work_dir: work_dir.join("runs"),
         kill_grace: Duration::from_millis(300),
         shim: Some(shim()),
+        zygote: zygote_mode().then(|| Zygote::new(shim())),
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
         dirs: Default::default(),
     }
@@ -322,4 +341,66 @@ async fn missing_and_scripts(dir: &Path) {
     let (_, finished) = run_agent(dir, &agent, &assign("e-script", 60)).await;
     assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
     assert_eq!(finished.stdout_tail, "ran arg\n");
+}
+
+/// The agent inherits stdin, stdout and stderr and nothing else: no runner
+/// socket, no zygote socket, no other execution's status socket.
+async fn only_stdio(dir: &Path) {
+    let settings = settings(dir);
+    // A second execution runs meanwhile, so its descriptors exist.
+    let (tx, _events) = mpsc::channel(16);
+    let _other = executor::start(&sh_agent("sleep 5"), &assign("e-other", 60), &settings, tx).await.expect("shim starts");
+    let agent = ProcessAgent { command: ["ls", "/proc/self/fd"].map(String::from).to_vec(), ..sh_agent("") };
+    let finished = run_with(&settings, &agent, &assign("e-fds", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    let fds: Vec<&str> = finished.stdout_tail.lines().collect();
+    // 0, 1, 2, and the directory `ls` opened to list them.
+    assert_eq!(fds, ["0", "1", "2", "3"], "descriptors the agent got");
+}
+
+/// The agent's `env` PATH finds its program, and it starts in its `working_dir`.
+async fn path_and_working_dir(dir: &Path) {
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).expect("mkdir bin");
+    let script = bin.join("only-here");
+    std::fs::write(&script, "#!/bin/sh\npwd\n").expect("write script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let agent = ProcessAgent {
+        command: vec!["only-here".into()],
+        env: [("PATH".to_owned(), format!("{}:/usr/bin:/bin", bin.display()))].into(),
+        working_dir: Some(bin.clone()),
+    };
+    let (_, finished) = run_agent(dir, &agent, &assign("e-path", 60)).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.stdout_tail.trim(), bin.display().to_string());
+}
+
+/// SIGKILL to the zygote: its supervisors kill their agents (and what they
+/// left in other sessions), the execution ends killed, and the next one
+/// gets a new zygote.
+async fn killed_zygote(dir: &Path) {
+    let settings = settings(dir);
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let (tx, mut events) = mpsc::channel(16);
+    let _execution = executor::start(&sh_agent(&format!("{SETSID_AGENT}\nsleep 3600")), &assign("e-zygote", 3600), &settings, tx)
+        .await
+        .expect("shim starts");
+    let daemon: i32 = match tokio::time::timeout(PATIENCE, events.recv()).await.expect("progress in time").expect("channel open") {
+        ExecutionEvent::Progress(progress) => progress.message.parse().expect("a pid"),
+        ExecutionEvent::Finished(finished) => panic!("ended early: {finished:?}"),
+    };
+    let first = zygote.pid().await.expect("zygote running");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(first as i32, libc::SIGKILL) };
+    let finished = loop {
+        match tokio::time::timeout(PATIENCE, events.recv()).await.expect("finished in time").expect("channel open") {
+            ExecutionEvent::Progress(_) => {}
+            ExecutionEvent::Finished(finished) => break finished,
+        }
+    };
+    assert_eq!(finished.outcome(), Outcome::Failed, "{finished:?}");
+    assert!(wait_until_gone(daemon).await, "setsid daemon {daemon} outlived the killed zygote");
+    let next = run_with(&settings, &sh_agent("echo again"), &assign("e-after", 60)).await;
+    assert_eq!(next.outcome(), Outcome::Succeeded, "{next:?}");
+    assert_ne!(zygote.pid().await, Some(first), "a new zygote serves the next execution");
 }

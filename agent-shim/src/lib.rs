@@ -35,17 +35,28 @@
 //!    descendant and the group. This runs even while the runner process is
 //!    stopped, so no agent outlives its runner's fence.
 //!
+//! Steps 1–5 are the same when the supervisor is not exec'd but forked by
+//! the shim's fork server ([`zygote`], `punchclock-agent-shim --zygote`,
+//! what the runner uses by default): then the parent whose death it
+//! watches is the zygote, which exits when the runner's socket closes. In
+//! both cases the supervisor closes every inherited descriptor but 0, 1 and
+//! 2 before it starts the agent.
+//!
 //! It is its own crate, with no dependency but libc, because it is exec'd
 //! once per execution: the `punchclock-agent-shim` binary starts in a
 //! fraction of the time of the whole `punchclock` binary (which still
 //! exposes the same code as its hidden `__agent-shim` subcommand). The agent
 //! is started with `posix_spawn` (a `vfork`, no page-table copy).
 
+pub mod zygote;
+
 use std::ffi::OsString;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
+
+pub use zygote::ZYGOTE_FLAG;
 
 /// The subcommand of the `punchclock` binary that runs the shim (the
 /// fallback when `punchclock-agent-shim` is not installed beside it).
@@ -82,6 +93,9 @@ const EXIT_NOT_FOUND: i32 = 127;
 /// let it kill the shim without taking the agent down. Never returns.
 pub fn shim_main(argv: Vec<OsString>) -> ! {
     let mut argv = argv.into_iter().peekable();
+    if argv.peek().is_some_and(|arg| arg == ZYGOTE_FLAG) {
+        zygote::zygote_main();
+    }
     if argv.peek().is_some_and(|arg| arg == "--") {
         argv.next();
     }
@@ -95,6 +109,28 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
         );
     };
 
+    let expected_parent = std::env::var(SHIM_PARENT_PID_ENV).ok().and_then(|pid| pid.parse::<libc::pid_t>().ok());
+    let fence_file = std::env::var_os(SHIM_FENCE_FILE_ENV).map(std::path::PathBuf::from);
+    let kill_grace_ms = std::env::var(SHIM_KILL_GRACE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(5000);
+    supervise(program, argv.collect(), Supervision { expected_parent, fence_file, kill_grace_ms })
+}
+
+/// What the supervisor is told besides the agent's command.
+struct Supervision {
+    /// The pid the supervisor's parent must have once the parent-death
+    /// signal is armed (else the parent already died: kill and exit).
+    expected_parent: Option<libc::pid_t>,
+    /// The runner's fence deadline file ([`fence_file`]).
+    fence_file: Option<std::path::PathBuf>,
+    /// Time between the fence's SIGTERM and its kill, in milliseconds.
+    kill_grace_ms: u64,
+}
+
+/// Supervises `program args` to its end (the shim proper, steps 1–5 of the
+/// crate docs), as a process-group leader whose stdin, stdout, stderr, cwd
+/// and environment the agent inherits. Never returns.
+fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -> ! {
+    close_inherited_fds();
     let signals = SignalSet::new(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGUSR2])
         .and_then(|set| set.block().map(|()| set))
         .unwrap_or_else(|err| fail(1, format_args!("cannot block signals: {err}")));
@@ -111,17 +147,15 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
         let err = io::Error::last_os_error();
         fail(1, format_args!("cannot set the parent-death signal: {err}"));
     }
-    // The runner may have died before the parent-death signal was armed.
-    let expected_parent = std::env::var(SHIM_PARENT_PID_ENV).ok().and_then(|pid| pid.parse::<libc::pid_t>().ok());
+    // The parent may have died before the parent-death signal was armed.
     // SAFETY: getppid() has no preconditions.
-    if expected_parent.is_some_and(|parent| parent != unsafe { libc::getppid() }) {
+    if supervision.expected_parent.is_some_and(|parent| parent != unsafe { libc::getppid() }) {
         kill_group();
     }
 
-    let fence_file = std::env::var_os(SHIM_FENCE_FILE_ENV).map(std::path::PathBuf::from);
-    let kill_grace_ns: u64 =
-        std::env::var(SHIM_KILL_GRACE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(5000).saturating_mul(1_000_000);
-    let agent = spawn_agent(&program, argv).unwrap_or_else(|err| {
+    let Supervision { fence_file, kill_grace_ms, .. } = supervision;
+    let kill_grace_ns = kill_grace_ms.saturating_mul(1_000_000);
+    let agent = spawn_agent(&program, args.into_iter()).unwrap_or_else(|err| {
         let code = match err.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
             _ => EXIT_CANNOT_EXECUTE,
@@ -264,6 +298,22 @@ fn posix_spawnp(file: &std::ffi::CStr, argv: &[std::ffi::CString], env: &[std::f
     // SAFETY: `attr` was initialized by posix_spawnattr_init.
     unsafe { libc::posix_spawnattr_destroy(attr) };
     result
+}
+
+/// Closes every descriptor but stdin, stdout and stderr: the agent gets
+/// those three only, not what the runner inherited without close-on-exec
+/// (a jobserver pipe, a terminal) nor, behind the zygote, its socket and
+/// other executions' status sockets. The Rust objects that owned any of
+/// them (in a zygote's child) are never dropped: the caller never returns.
+fn close_inherited_fds() {
+    // SAFETY: close_range/close only end descriptors; none is used after.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) == -1 {
+            for fd in 3..1024 {
+                libc::close(fd);
+            }
+        }
+    }
 }
 
 /// Reaps the agent if it has exited (`waitpid` with `WNOHANG`).

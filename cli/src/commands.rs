@@ -115,6 +115,11 @@ struct DevArgs {
     /// Slots of the in-process runner.
     #[arg(long, default_value_t = 4)]
     slots: u32,
+    /// Exec the agent shim for every execution instead of forking each
+    /// execution's supervisor from one long-lived shim (the zygote, the
+    /// default: half the CPU per agent start, same guarantees).
+    #[arg(long)]
+    no_agent_zygote: bool,
     #[command(flatten)]
     timing: TimingArgs,
 }
@@ -167,6 +172,11 @@ struct RunnerArgs {
     /// files); locked by this process. Default: `$TMPDIR/punchclock-runner/<runner id>`.
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Exec the agent shim for every execution instead of forking each
+    /// execution's supervisor from one long-lived shim (the zygote, the
+    /// default: half the CPU per agent start, same guarantees).
+    #[arg(long)]
+    no_agent_zygote: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -409,7 +419,7 @@ async fn dev(a: DevArgs) -> Res {
     })
     .await
     .map_err(|e| e.to_string())?;
-    let rcfg = runner_config(
+    let mut rcfg = runner_config(
         "dev-runner".into(),
         vec![format!("http://{}", server.addr)],
         &a.agents,
@@ -418,6 +428,7 @@ async fn dev(a: DevArgs) -> Res {
         timing.kill_grace,
         a.data_dir.join("runner"),
     )?;
+    rcfg.zygote = !a.no_agent_zygote;
     eprintln!(
         "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
         server.addr,
@@ -472,8 +483,9 @@ async fn runner(a: RunnerArgs) -> Res {
     let cps: Vec<String> = a.control_plane.split(',').filter(|s| !s.trim().is_empty()).map(client::normalize).collect();
     let runner_id = a.runner_id.unwrap_or_else(|| default_id("runner"));
     let work_dir = a.work_dir.unwrap_or_else(|| std::env::temp_dir().join("punchclock-runner").join(&runner_id));
-    let cfg =
+    let mut cfg =
         runner_config(runner_id, cps, &a.agents, a.slots, parse_labels(&a.labels)?, Duration::from_millis(a.kill_grace_ms), work_dir)?;
+    cfg.zygote = !a.no_agent_zygote;
     punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string())
 }
 

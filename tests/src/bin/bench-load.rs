@@ -227,6 +227,8 @@ struct Figures {
     skipped: usize,
     /// Skipped slots by reason.
     skip_reasons: std::collections::BTreeMap<&'static str, usize>,
+    /// Runs that never started, by status, with one error each.
+    not_started: std::collections::BTreeMap<String, (usize, String)>,
     missing: usize,
     dispatch: Vec<i64>,
     start: Vec<i64>,
@@ -293,6 +295,14 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
         *skip_reasons.entry(r.skip_reason.map(|why| why.as_str()).unwrap_or("?")).or_insert(0) += r.missed_count.unwrap_or(1) as usize;
     }
     let started: Vec<&&RunRecord> = in_window.iter().filter(|r| r.actual_started_at.is_some()).collect();
+    let mut not_started = std::collections::BTreeMap::new();
+    for r in in_window.iter().filter(|r| r.actual_started_at.is_none() && r.status != RunStatus::Skipped) {
+        let entry = not_started.entry(format!("{:?}", r.status)).or_insert((0, String::new()));
+        entry.0 += 1;
+        if entry.1.is_empty() {
+            entry.1 = r.error.clone().unwrap_or_default();
+        }
+    }
     let ms = |d: chrono::Duration| d.num_milliseconds();
     let mut dispatch: Vec<i64> =
         in_window.iter().filter_map(|r| r.attempts.first().map(|a| ms(a.dispatched_at - r.scheduled_at))).collect();
@@ -305,6 +315,7 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
         fired: started.len(),
         skipped,
         skip_reasons,
+        not_started,
         missing: expected.saturating_sub(records),
         dispatch,
         start,
@@ -383,6 +394,9 @@ async fn main() {
                     join(&f.rss),
                     f.apply_secs,
                 );
+                if !f.not_started.is_empty() {
+                    println!("{:<30} not started, by status (count, an error): {:?}", "", f.not_started);
+                }
                 if !f.skip_reasons.is_empty() {
                     println!("{:<30} skipped by reason: {:?}", "", f.skip_reasons);
                 }

@@ -14,8 +14,10 @@
 //!
 //! Ways: `bare /bin/true` (the baseline, not through the executor),
 //! `direct` (no shim: the agent leads its group, `PR_SET_PDEATHSIG`
-//! only), `shim binary` (`punchclock-agent-shim`, what `punchclock runner`
-//! uses when it is installed beside it) and `shim subcommand`
+//! only), `shim zygote` (supervisors forked by `punchclock-agent-shim
+//! --zygote`, what `punchclock runner` uses by default; the zygote's CPU
+//! and its supervisors' are read from its `/proc/<pid>/stat`), `shim
+//! binary` (`punchclock-agent-shim` exec'd per run) and `shim subcommand`
 //! (`punchclock __agent-shim`, the fallback, and what every run paid before).
 //!
 //! Usage: `bench-spawn [RUNS] [CONCURRENCY] [PUNCHCLOCK_BINARY]` (defaults
@@ -26,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use punchclock_agent_runner::executor::{self, ExecutionEvent, ExecutorSettings};
 use punchclock_agent_runner::fence::Fence;
+use punchclock_agent_runner::zygote::Zygote;
 use punchclock_agent_runner::{ProcessAgent, SHIM_BINARY, ShimCommand};
 use punchclock_proto::v1::{Assign, Outcome};
 use tokio::sync::mpsc;
@@ -47,10 +50,22 @@ struct Figures {
     runs_per_sec: f64,
 }
 
-async fn measure(shim: Option<ShimCommand>, runs: usize, concurrency: usize, work: &std::path::Path) -> Figures {
+/// CPU time of a live process and of the children it has reaped
+/// (`/proc/<pid>/stat` utime + stime + cutime + cstime), in milliseconds.
+fn process_tree_cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name: state is field 3, utime field 14.
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    let ticks: f64 = fields.get(11..15).map(|f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    ticks * 1e3 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+async fn measure(shim: Option<ShimCommand>, zygote: bool, runs: usize, concurrency: usize, work: &std::path::Path) -> Figures {
     let settings = ExecutorSettings {
         work_dir: work.join("runs"),
         kill_grace: Duration::from_secs(1),
+        zygote: shim.clone().filter(|_| zygote).map(Zygote::new),
         shim,
         fence: Fence::new(work.join("fence"), Duration::from_secs(1)),
         dirs: Default::default(),
@@ -85,8 +100,14 @@ async fn measure(shim: Option<ShimCommand>, runs: usize, concurrency: usize, wor
         }
     }
     let secs = t0.elapsed().as_secs_f64();
+    // The zygote is not reaped yet: its CPU and its reaped supervisors' are
+    // read from /proc (it started with the first run, so all of it counts).
+    let zygote_ms = match &settings.zygote {
+        Some(zygote) => process_tree_cpu_ms(zygote.pid().await.expect("zygote running")),
+        None => 0.0,
+    };
     Figures {
-        children_ms: (cpu_ms(libc::RUSAGE_CHILDREN) - children0) / runs as f64,
+        children_ms: (cpu_ms(libc::RUSAGE_CHILDREN) - children0 + zygote_ms) / runs as f64,
         runner_ms: (cpu_ms(libc::RUSAGE_SELF) - self0) / runs as f64,
         runs_per_sec: runs as f64 / secs,
     }
@@ -124,12 +145,13 @@ async fn main() {
     println!("{:<16} {:>14} {:>9} {:>10} {:>8}", "way", "agent+shim ms", "shim ms", "runner ms", "runs/s");
     let base = bare(runs);
     println!("{:<16} {:>14.3} {:>9} {:>10} {:>8}", "bare /bin/true", base, "", "", "");
-    for (way, shim) in [
-        ("direct", None),
-        ("shim binary", Some(ShimCommand::binary(shim_binary.clone()))),
-        ("shim subcommand", Some(ShimCommand::subcommand(punchclock.clone()))),
+    for (way, shim, zygote) in [
+        ("direct", None, false),
+        ("shim zygote", Some(ShimCommand::binary(shim_binary.clone())), true),
+        ("shim binary", Some(ShimCommand::binary(shim_binary.clone())), false),
+        ("shim subcommand", Some(ShimCommand::subcommand(punchclock.clone())), false),
     ] {
-        let f = measure(shim, runs, concurrency, work.path()).await;
+        let f = measure(shim, zygote, runs, concurrency, work.path()).await;
         println!("{way:<16} {:>14.3} {:>9.3} {:>10.3} {:>8.0}", f.children_ms, f.children_ms - base, f.runner_ms, f.runs_per_sec);
     }
 }

@@ -1,0 +1,470 @@
+//! The shim's fork server ("zygote"): one long-lived shim process per runner
+//! that forks the per-execution supervisor, instead of the runner exec'ing
+//! a new shim for every execution.
+//!
+//! The runner starts `punchclock-agent-shim --zygote` once, with one end of
+//! a `SOCK_SEQPACKET` Unix socket pair as its stdin. For each execution it
+//! sends one [`Request`] (an id of its choosing, the agent's argv, its whole
+//! environment, working directory, fence file and kill grace) with three
+//! descriptors attached (`SCM_RIGHTS`): the agent's stdin, stdout and
+//! stderr. The zygote forks; the child becomes the supervisor exactly as an
+//! exec'd shim would (its own process group, child subreaper, parent-death
+//! signal, fence; see the crate docs), with the three descriptors as 0, 1
+//! and 2 and nothing else open. On the same socket the zygote answers with
+//! the request's id and [`Status::Started`] (the supervisor's pid, also its
+//! process group id) or [`Status::Failed`], and once it has reaped the
+//! supervisor, [`Status::Exited`] with the raw wait status. The zygote
+//! keeps no descriptor per execution, and the runner no more than the
+//! agent's pipes.
+//!
+//! Lifetimes: the zygote exits when its socket reaches EOF — the runner
+//! closed it or died, even by SIGKILL (a process-wide event, unlike
+//! `PR_SET_PDEATHSIG`, which follows the thread that forked). Its
+//! supervisors' parent-death signal then makes each of them kill its agent
+//! and everything the agent left behind. The zygote calls `setsid`: its
+//! supervisors and agents share one session apart from the runner's, so
+//! under the kernel's autogroup scheduling a burst of agents competes with
+//! the runner (and a control plane in the same process) as one group, not
+//! as hundreds of equals.
+//!
+//! Why: a fork of this small, single-threaded process costs a fraction of
+//! an `execve` of the shim binary (page tables of a few pages, no loader,
+//! no start-up), which every execution paid before.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStringExt;
+
+use crate::{SHIM_PARENT_PID_ENV, SignalSet, Supervision, supervise};
+
+/// The first argument that makes the shim binary (or `punchclock
+/// __agent-shim`) a zygote.
+pub const ZYGOTE_FLAG: &str = "--zygote";
+
+/// Largest encoded [`Request`] (bytes). A request for a larger argv plus
+/// environment is not sent to the zygote; the runner execs a shim for it.
+pub const MAX_REQUEST_BYTES: usize = 128 * 1024;
+
+/// Descriptors attached to a request, in this order: the agent's stdin,
+/// stdout, stderr.
+pub const REQUEST_FDS: usize = 3;
+
+/// One execution to start.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Request {
+    /// The runner's id for this request, echoed in every [`Status`] about it.
+    pub id: u64,
+    /// Working directory of the agent (`None`: the zygote's, i.e. the
+    /// runner's at zygote start).
+    pub cwd: Option<OsString>,
+    /// The runner's fence deadline file (`None`: no fence).
+    pub fence_file: Option<OsString>,
+    /// Time between the fence's SIGTERM and its kill, in milliseconds.
+    pub kill_grace_ms: u64,
+    /// The agent's program and arguments (non-empty; the program is looked
+    /// up in the `PATH` of `env`).
+    pub argv: Vec<OsString>,
+    /// The agent's whole environment, as `KEY=VALUE` entries.
+    pub env: Vec<OsString>,
+}
+
+impl Request {
+    /// The wire form: length-prefixed fields (u32 little-endian lengths):
+    /// id, cwd, fence file, kill grace, argc (the numbers in decimal),
+    /// argv…, env…. Empty cwd or fence file means `None`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut field = |bytes: &[u8]| {
+            out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
+            out.extend_from_slice(bytes);
+        };
+        let bytes = |s: &Option<OsString>| s.as_ref().map(|s| s.as_encoded_bytes().to_vec()).unwrap_or_default();
+        field(self.id.to_string().as_bytes());
+        field(&bytes(&self.cwd));
+        field(&bytes(&self.fence_file));
+        field(self.kill_grace_ms.to_string().as_bytes());
+        field(self.argv.len().to_string().as_bytes());
+        for arg in self.argv.iter().chain(&self.env) {
+            field(arg.as_encoded_bytes());
+        }
+        out
+    }
+
+    /// Parses [`Request::encode`]'s output (`None`: malformed).
+    pub fn decode(mut bytes: &[u8]) -> Option<Self> {
+        let mut fields = Vec::new();
+        while !bytes.is_empty() {
+            let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+            fields.push(OsString::from_vec(bytes.get(4..4 + len)?.to_vec()));
+            bytes = &bytes[4 + len..];
+        }
+        let mut fields = fields.into_iter();
+        let optional = |s: OsString| (!s.is_empty()).then_some(s);
+        let id = fields.next()?.to_str()?.parse().ok()?;
+        let cwd = optional(fields.next()?);
+        let fence_file = optional(fields.next()?);
+        let kill_grace_ms = fields.next()?.to_str()?.parse().ok()?;
+        let argc: usize = fields.next()?.to_str()?.parse().ok()?;
+        let argv: Vec<OsString> = fields.by_ref().take(argc).collect();
+        if argv.len() != argc || argc == 0 {
+            return None;
+        }
+        Some(Self { id, cwd, fence_file, kill_grace_ms, argv, env: fields.collect() })
+    }
+}
+
+/// What the zygote answers about a request: `Started` or `Failed` first,
+/// then (after `Started`) `Exited`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// The supervisor was forked: its pid, which is also its process group.
+    Started(libc::pid_t),
+    /// The supervisor was reaped: its raw wait status (`waitpid`'s).
+    Exited(libc::c_int),
+    /// The request could not be served: an errno (`fork` failed, or the
+    /// request was malformed: `EINVAL`, with id 0 when even that is
+    /// unreadable).
+    Failed(libc::c_int),
+}
+
+/// Length of an encoded status message (request id and [`Status`]).
+pub const STATUS_BYTES: usize = 13;
+
+impl Status {
+    /// The request id (u64), one tag byte (`P`, `X`, `E`) and an i32, all
+    /// little-endian.
+    pub fn encode(self, id: u64) -> [u8; STATUS_BYTES] {
+        let (tag, value) = match self {
+            Status::Started(pid) => (b'P', pid),
+            Status::Exited(status) => (b'X', status),
+            Status::Failed(errno) => (b'E', errno),
+        };
+        let mut out = [0u8; STATUS_BYTES];
+        out[..8].copy_from_slice(&id.to_le_bytes());
+        out[8] = tag;
+        out[9..].copy_from_slice(&value.to_le_bytes());
+        out
+    }
+
+    /// Parses [`Status::encode`]'s output: `(request id, status)`.
+    pub fn decode(bytes: &[u8]) -> Option<(u64, Self)> {
+        if bytes.len() != STATUS_BYTES {
+            return None;
+        }
+        let id = u64::from_le_bytes(bytes[..8].try_into().ok()?);
+        let value = i32::from_le_bytes(bytes[9..].try_into().ok()?);
+        let status = match bytes[8] {
+            b'P' => Status::Started(value),
+            b'X' => Status::Exited(value),
+            b'E' => Status::Failed(value),
+            _ => return None,
+        };
+        Some((id, status))
+    }
+}
+
+/// Sends `bytes` as one message on `socket` with `fds` attached
+/// (`SCM_RIGHTS`), without SIGPIPE (`MSG_NOSIGNAL`); `wait`: block while
+/// the socket is full, else `WouldBlock`.
+pub fn send_with_fds(socket: RawFd, bytes: &[u8], fds: &[RawFd], wait: bool) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr().cast_mut().cast(), iov_len: bytes.len() };
+    let payload = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is valid; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `space` bytes, enough for one
+        // header carrying `payload` bytes; CMSG_FIRSTHDR is non-null.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), payload);
+        }
+    }
+    loop {
+        // SAFETY: msg points at a live iovec and control buffer.
+        let flags = if wait { libc::MSG_NOSIGNAL } else { libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL };
+        let sent = unsafe { libc::sendmsg(socket, &msg, flags) };
+        if sent >= 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Receives one message into `buf` with up to `REQUEST_FDS` descriptors:
+/// `(length, descriptors, truncated)`; length 0 is EOF.
+fn recv_with_fds(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE((REQUEST_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is valid; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    let received = loop {
+        // SAFETY: msg points at live buffers; received descriptors are
+        // close-on-exec.
+        let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel filled in.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+    Ok((received, fds, truncated))
+}
+
+/// Tells the runner `status` about request `id`, waiting while its socket
+/// is full (it reads all the time); exits when the runner is gone.
+fn report(id: u64, status: Status) {
+    if let Err(err) = send_with_fds(0, &status.encode(id), &[], true) {
+        if !matches!(err.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) {
+            eprintln!("punchclock agent zygote: cannot answer the runner: {err}");
+        }
+        std::process::exit(0);
+    }
+}
+
+/// Runs the zygote on the socket that is its stdin; exits when it reaches
+/// EOF. Must run single-threaded (it forks). Never returns.
+pub(crate) fn zygote_main() -> ! {
+    // SAFETY: setsid has no preconditions; failing (already a group
+    // leader) only loses the scheduling isolation.
+    unsafe { libc::setsid() };
+    // The runner may have died before we got here: its socket end is then
+    // already closed and the first recv reads EOF; the pid check is for a
+    // zygote started by hand.
+    let expected_parent = std::env::var(SHIM_PARENT_PID_ENV).ok().and_then(|pid| pid.parse::<libc::pid_t>().ok());
+    // SAFETY: getppid() has no preconditions.
+    if expected_parent.is_some_and(|parent| parent != unsafe { libc::getppid() }) {
+        std::process::exit(1);
+    }
+    let chld = SignalSet::new(&[libc::SIGCHLD]).and_then(|set| set.block().map(|()| set)).unwrap_or_else(|err| {
+        eprintln!("punchclock agent zygote: cannot block SIGCHLD: {err}");
+        std::process::exit(1)
+    });
+    // SAFETY: a valid signal set; the result is a new descriptor or -1.
+    let sigfd = unsafe { libc::signalfd(-1, &chld.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if sigfd == -1 {
+        eprintln!("punchclock agent zygote: signalfd: {}", io::Error::last_os_error());
+        std::process::exit(1);
+    }
+    // SAFETY: signalfd returned a descriptor we now own.
+    let sigfd = unsafe { OwnedFd::from_raw_fd(sigfd) };
+    let me = std::process::id() as libc::pid_t;
+    // Supervisors not reaped yet: pid → request id.
+    let mut running: HashMap<libc::pid_t, u64> = HashMap::new();
+    let mut buf = vec![0u8; MAX_REQUEST_BYTES];
+    loop {
+        let mut polls = [
+            libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: sigfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfd entries.
+        if unsafe { libc::poll(polls.as_mut_ptr(), 2, -1) } == -1 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            eprintln!("punchclock agent zygote: poll: {err}");
+            std::process::exit(1);
+        }
+        if polls[1].revents != 0 {
+            let mut info = [0u8; 128];
+            // SAFETY: reading into a buffer we own (signalfd_siginfo is 128 bytes).
+            while unsafe { libc::read(sigfd.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) } > 0 {}
+            reap(&mut running);
+        }
+        if polls[0].revents != 0 {
+            match recv_with_fds(0, &mut buf) {
+                // EOF: the runner closed the socket or died.
+                Ok((0, _, _)) => std::process::exit(0),
+                Ok((len, fds, truncated)) => start(me, &buf[..len], fds, truncated, &mut running),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                Err(err) => {
+                    eprintln!("punchclock agent zygote: recvmsg: {err}");
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+}
+
+/// Reaps every exited supervisor and reports it.
+fn reap(running: &mut HashMap<libc::pid_t, u64>) {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid writes into a c_int we own.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return;
+        }
+        if let Some(id) = running.remove(&pid) {
+            report(id, Status::Exited(status));
+        }
+    }
+}
+
+/// Serves one request: forks the supervisor, reports its pid.
+fn start(zygote: libc::pid_t, bytes: &[u8], fds: Vec<OwnedFd>, truncated: bool, running: &mut HashMap<libc::pid_t, u64>) {
+    let request = if truncated { None } else { Request::decode(bytes) };
+    let (Some(request), Ok::<[OwnedFd; REQUEST_FDS], _>([stdin, stdout, stderr])) = (request, fds.try_into()) else {
+        // The runner's requests are never malformed; if one is, its id may
+        // be too. The descriptors close.
+        report(0, Status::Failed(libc::EINVAL));
+        return;
+    };
+    let id = request.id;
+    // SAFETY: the zygote is single-threaded, so the child may do anything
+    // the parent could (allocate, set the environment).
+    match unsafe { libc::fork() } {
+        -1 => report(id, Status::Failed(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN))),
+        0 => become_supervisor(zygote, request, [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()]),
+        pid => {
+            // Also here (the child does it too): the group must exist when
+            // the runner reads the pid, which it may signal at once.
+            // SAFETY: setpgid has no memory-safety preconditions.
+            unsafe { libc::setpgid(pid, pid) };
+            running.insert(pid, id);
+            report(id, Status::Started(pid));
+        }
+    }
+}
+
+/// In the forked child: takes the execution's descriptors as 0, 1, 2, then
+/// supervises the agent ([`supervise`] closes every other descriptor: the
+/// zygote's socket, other executions' status sockets). Never returns.
+fn become_supervisor(zygote: libc::pid_t, request: Request, stdio: [RawFd; 3]) -> ! {
+    // SAFETY: setpgid/dup2 on descriptors this process owns.
+    unsafe {
+        libc::setpgid(0, 0);
+        for (target, fd) in stdio.into_iter().enumerate() {
+            if libc::dup2(fd, target as RawFd) == -1 {
+                libc::_exit(crate::EXIT_CANNOT_EXECUTE);
+            }
+        }
+    }
+    let Request { cwd, fence_file, kill_grace_ms, argv, env, .. } = request;
+    if let Some(cwd) = &cwd
+        && let Err(err) = std::env::set_current_dir(cwd)
+    {
+        crate::fail(crate::EXIT_CANNOT_EXECUTE, format_args!("cannot enter working directory {}: {err}", cwd.to_string_lossy()));
+    }
+    // The agent's environment becomes the supervisor's: `posix_spawnp`
+    // looks the program up in the caller's PATH.
+    for (key, _) in std::env::vars_os() {
+        // SAFETY: single-threaded process.
+        unsafe { std::env::remove_var(key) };
+    }
+    for entry in env {
+        let bytes = entry.into_vec();
+        if let Some(eq) = bytes.iter().position(|&b| b == b'=').filter(|&eq| eq > 0) {
+            let (key, value) = (OsString::from_vec(bytes[..eq].to_vec()), OsString::from_vec(bytes[eq + 1..].to_vec()));
+            // SAFETY: single-threaded process.
+            unsafe { std::env::set_var(key, value) };
+        }
+    }
+    let mut argv = argv.into_iter();
+    let program = argv.next().unwrap_or_default();
+    supervise(program, argv.collect(), Supervision { expected_parent: Some(zygote), fence_file: fence_file.map(Into::into), kill_grace_ms })
+}
+
+/// Creates a `SOCK_SEQPACKET` Unix socket pair, close-on-exec.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: socketpair writes two descriptors into the array.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Reads one status message (request id and [`Status`]) from the zygote's
+/// socket without blocking: `Ok(None)` at EOF; `WouldBlock` when nothing is
+/// there yet.
+pub fn read_status(socket: RawFd) -> io::Result<Option<(u64, Status)>> {
+    let mut buf = [0u8; STATUS_BYTES];
+    loop {
+        // SAFETY: reading into a buffer we own.
+        let n = unsafe { libc::recv(socket, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        match n {
+            0 => return Ok(None),
+            n if n > 0 => {
+                return Status::decode(&buf[..n as usize])
+                    .map(Some)
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed zygote status"));
+            }
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let request = Request {
+            id: 7,
+            cwd: Some("/tmp".into()),
+            fence_file: None,
+            kill_grace_ms: 300,
+            argv: vec!["sh".into(), "-c".into(), "".into()],
+            env: vec!["A=1".into(), "PATH=/bin".into()],
+        };
+        assert_eq!(Request::decode(&request.encode()), Some(request));
+        assert_eq!(Request::decode(&[1, 0, 0]), None);
+        assert_eq!(Request::decode(&Request::default().encode()), None, "an empty argv is refused");
+    }
+
+    #[test]
+    fn statuses_round_trip() {
+        for status in [Status::Started(42), Status::Exited(9), Status::Failed(libc::EAGAIN)] {
+            assert_eq!(Status::decode(&status.encode(u64::MAX - 1)), Some((u64::MAX - 1, status)));
+        }
+        assert_eq!(Status::decode(b"12345678Q1234"), None);
+        assert_eq!(Status::decode(b"P1234"), None);
+    }
+}
