@@ -7,11 +7,20 @@
 //! queued commands, a task change, or up to [`MAX_TIMERS_PER_TURN`] due
 //! timers — whichever `select!` picks, at random when several are ready, so
 //! neither starves the other; a timer turn also takes the commands already
-//! queued, within the same bound), then perform the effects: commit the writes
-//! (one fenced transaction as far as the store allows), close and send to
-//! runners (`try_send`: a runner whose stream does not drain is
-//! disconnected, never awaited), publish lifecycle events, deliver replies,
-//! and feed back the runs the core asked to read.
+//! queued, within the same bound) and hand it to the core.
+//!
+//! Effects are performed in batches, in the order the core decided them,
+//! with **group commit**: a batch's writes go to the store as one fenced
+//! transaction (as far as the store allows) while the engine keeps taking
+//! inputs; everything the core decides meanwhile forms the next batch,
+//! whose commit starts when this one has committed and its other effects
+//! are performed: close and send to runners (`try_send`: a runner whose
+//! stream does not drain is disconnected, never awaited), publish lifecycle
+//! events, deliver replies, feed back the runs the core asked to read. At
+//! most one commit is in flight, and nothing of a batch leaves the engine
+//! before its writes (and every earlier batch's) have committed. Under load
+//! batches grow by themselves: a burst's slots and the reports that arrive
+//! during one commit share the next.
 //!
 //! A failed write ends the engine ([`EngineExit::Fenced`] when the fence
 //! rejected it, else [`EngineExit::Failed`]); the bootstrap starts a new one
@@ -24,7 +33,7 @@ use futures::stream::BoxStream;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
-use super::core::{CoreConfig, EngineCore, Input, Reply, ReplyId, Triggered};
+use super::core::{CoreConfig, Effects, EngineCore, Input, Reply, ReplyId, Triggered};
 use super::lifecycle::{Lifecycle, LifecycleBus};
 use super::protocol::ToRunner;
 use super::{Command, EngineHandle};
@@ -32,7 +41,7 @@ use crate::clock::SharedClock;
 use crate::election::Leadership;
 use crate::error::{Error, Result};
 use crate::model::RunRecord;
-use crate::repo::{Repo, TaskChange};
+use crate::repo::{CommitStats, Repo, TaskChange};
 use crate::timing::Timing;
 
 /// Commands handled per turn before effects are performed.
@@ -134,11 +143,20 @@ impl Engine {
     }
 
     async fn run(mut self, mut watch: BoxStream<'static, Result<TaskChange>>) -> EngineExit {
+        // The batch whose writes are being committed: its other effects wait
+        // for the commit; meanwhile the core keeps taking inputs, and what it
+        // decides goes in the next batch (group commit).
+        let mut in_flight: Option<InFlight> = None;
         let exit = loop {
-            if let Err(exit) = self.perform().await {
-                break exit;
+            if in_flight.is_none() {
+                match self.perform().await {
+                    Ok(batch) => in_flight = batch,
+                    Err(exit) => break exit,
+                }
             }
-            if let Some(reply) = self.stop_reply.take() {
+            if in_flight.is_none()
+                && let Some(reply) = self.stop_reply.take()
+            {
                 let _ = reply.send(());
                 break EngineExit::Handover;
             }
@@ -151,6 +169,12 @@ impl Engine {
                 }
             };
             tokio::select! {
+                committed = async { (&mut in_flight.as_mut().expect("guarded").commit).await }, if in_flight.is_some() => {
+                    let Some(batch) = in_flight.take() else { continue };
+                    if let Err(exit) = self.committed(committed, batch.rest).await {
+                        break exit;
+                    }
+                }
                 cmd = self.rx.recv() => match cmd {
                     None => break EngineExit::Stopped,
                     Some(cmd) => {
@@ -287,85 +311,111 @@ impl Engine {
         }
     }
 
-    /// Performs the core's effects until it has none left.
-    async fn perform(&mut self) -> std::result::Result<(), EngineExit> {
+    /// Performs the core's effects until it has none left, or until a batch
+    /// with writes: that one is returned with its commit started, the rest
+    /// of its effects to be performed once it commits
+    /// ([`Engine::committed`]).
+    async fn perform(&mut self) -> std::result::Result<Option<InFlight>, EngineExit> {
         loop {
-            let fx = self.core.poll_effects();
+            let mut fx = self.core.poll_effects();
             if fx.is_empty() {
-                return Ok(());
+                return Ok(None);
             }
             if !fx.writes.is_empty() {
-                match self.repo.commit(&self.leadership, fx.writes).await {
-                    Ok(stats) => self.transactions += stats.transactions as u64,
-                    Err(Error::Fenced(e)) => {
-                        tracing::error!(error = %e, token = self.leadership.token, "leader write rejected by fencing token; stepping down");
-                        return Err(EngineExit::Fenced);
-                    }
-                    // A slot's run exists although the cursor says the slot
-                    // is still to come (a crash between the pieces of an
-                    // oversized write, or a bug): the slot has its record, so
-                    // the cursor moves past it — else the next engine would
-                    // decide the same and fail the same way, forever.
-                    Err(Error::AlreadyExists { id, .. }) => {
-                        tracing::error!(run_id = %id, "a run to create exists already; the engine restarts from the store");
-                        if let Some((task_id, slot)) = crate::model::run::slot_of_run_id(&id)
-                            && let Err(e) = self.repo.advance_cursor(&self.leadership, task_id, slot, self.clock.now()).await
-                        {
-                            tracing::error!(error = %e, task_id, "cannot move the cursor past the existing run");
-                        }
-                        return Err(EngineExit::Failed);
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "store write failed; the engine restarts from the store");
-                        return Err(EngineExit::Failed);
-                    }
+                let (repo, leadership, writes) = (self.repo.clone(), self.leadership.clone(), std::mem::take(&mut fx.writes));
+                let commit = Box::pin(async move { repo.commit(&leadership, writes).await });
+                return Ok(Some(InFlight { commit, rest: fx }));
+            }
+            self.after_commit(fx).await?;
+        }
+    }
+
+    /// A batch's commit ended: on success, performs the rest of its effects;
+    /// else the engine ends (how, by the error).
+    async fn committed(&mut self, result: Result<CommitStats>, rest: Effects) -> std::result::Result<(), EngineExit> {
+        match result {
+            Ok(stats) => self.transactions += stats.transactions as u64,
+            Err(Error::Fenced(e)) => {
+                tracing::error!(error = %e, token = self.leadership.token, "leader write rejected by fencing token; stepping down");
+                return Err(EngineExit::Fenced);
+            }
+            // A slot's run exists although the cursor says the slot is still
+            // to come (a crash between the pieces of an oversized write, or a
+            // bug): the slot has its record, so the cursor moves past it —
+            // else the next engine would decide the same and fail the same
+            // way, forever.
+            Err(Error::AlreadyExists { id, .. }) => {
+                tracing::error!(run_id = %id, "a run to create exists already; the engine restarts from the store");
+                if let Some((task_id, slot)) = crate::model::run::slot_of_run_id(&id)
+                    && let Err(e) = self.repo.advance_cursor(&self.leadership, task_id, slot, self.clock.now()).await
+                {
+                    tracing::error!(error = %e, task_id, "cannot move the cursor past the existing run");
                 }
+                return Err(EngineExit::Failed);
             }
-            for (runner_id, session) in fx.disconnects {
-                if self.links.get(&runner_id).is_some_and(|l| l.session == session) {
-                    self.links.remove(&runner_id);
+            Err(e) => {
+                tracing::error!(error = %e, "store write failed; the engine restarts from the store");
+                return Err(EngineExit::Failed);
+            }
+        }
+        self.after_commit(rest).await
+    }
+
+    /// Performs what follows a batch's writes (or a batch without any):
+    /// closes and sends to runners, publishes events, delivers replies,
+    /// feeds back the runs the core asked to read.
+    async fn after_commit(&mut self, fx: Effects) -> std::result::Result<(), EngineExit> {
+        for (runner_id, session) in fx.disconnects {
+            if self.links.get(&runner_id).is_some_and(|l| l.session == session) {
+                self.links.remove(&runner_id);
+            }
+        }
+        let now = self.clock.now();
+        for out in fx.sends {
+            let failed = match self.links.get(&out.runner_id) {
+                Some(link) if link.session == out.session => match link.tx.try_send(out.msg) {
+                    Ok(()) => None,
+                    Err(TrySendError::Full(_)) => Some("its stream does not drain"),
+                    Err(TrySendError::Closed(_)) => Some("its stream closed"),
+                },
+                // A message for an older session, or a closed one: dropped.
+                _ => None,
+            };
+            if let Some(why) = failed {
+                tracing::warn!(runner_id = %out.runner_id, session = out.session, why, "disconnecting runner");
+                self.links.remove(&out.runner_id);
+                self.core.handle(now, Input::RunnerGone { runner_id: out.runner_id, session: out.session });
+            }
+        }
+        for ev in fx.events {
+            let _ = self.bus.send(ev);
+        }
+        for (id, reply) in fx.replies {
+            match (self.pending.remove(&id), reply) {
+                (Some(Pending::Trigger(tx)), Reply::Trigger(r)) => {
+                    let _ = tx.send(r);
                 }
-            }
-            let now = self.clock.now();
-            for out in fx.sends {
-                let failed = match self.links.get(&out.runner_id) {
-                    Some(link) if link.session == out.session => match link.tx.try_send(out.msg) {
-                        Ok(()) => None,
-                        Err(TrySendError::Full(_)) => Some("its stream does not drain"),
-                        Err(TrySendError::Closed(_)) => Some("its stream closed"),
-                    },
-                    // A message for an older session, or a closed one: dropped.
-                    _ => None,
-                };
-                if let Some(why) = failed {
-                    tracing::warn!(runner_id = %out.runner_id, session = out.session, why, "disconnecting runner");
-                    self.links.remove(&out.runner_id);
-                    self.core.handle(now, Input::RunnerGone { runner_id: out.runner_id, session: out.session });
+                (Some(Pending::Cancel(tx)), Reply::Cancel(r)) => {
+                    let _ = tx.send(r.map(|b| *b));
                 }
+                _ => tracing::error!(reply = id, "reply of the wrong kind or to nobody"),
             }
-            for ev in fx.events {
-                let _ = self.bus.send(ev);
-            }
-            for (id, reply) in fx.replies {
-                match (self.pending.remove(&id), reply) {
-                    (Some(Pending::Trigger(tx)), Reply::Trigger(r)) => {
-                        let _ = tx.send(r);
-                    }
-                    (Some(Pending::Cancel(tx)), Reply::Cancel(r)) => {
-                        let _ = tx.send(r.map(|b| *b));
-                    }
-                    _ => tracing::error!(reply = id, "reply of the wrong kind or to nobody"),
-                }
-            }
-            for (run_id, purpose) in fx.reads {
-                match self.repo.get_run(&run_id).await {
-                    Ok(run) => self.core.handle(self.clock.now(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
-                    Err(e) => {
-                        tracing::error!(error = %e, run_id, "cannot read a run; the engine restarts");
-                        return Err(EngineExit::Failed);
-                    }
+        }
+        for (run_id, purpose) in fx.reads {
+            match self.repo.get_run(&run_id).await {
+                Ok(run) => self.core.handle(self.clock.now(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
+                Err(e) => {
+                    tracing::error!(error = %e, run_id, "cannot read a run; the engine restarts");
+                    return Err(EngineExit::Failed);
                 }
             }
         }
+        Ok(())
     }
+}
+
+/// A batch being committed: the commit, and the effects that wait for it.
+struct InFlight {
+    commit: futures::future::BoxFuture<'static, Result<CommitStats>>,
+    rest: Effects,
 }
