@@ -247,8 +247,9 @@ pub async fn start(
     let dir = ExecutionDir::create(&settings.work_dir, assign, &settings.dirs).await?;
     let spawned = match &settings.zygote {
         Some(zygote) if settings.shim.is_some() => match spawn_by_zygote(zygote, agent, assign, settings, &dir).await {
-            // Too large a request for the zygote: exec a shim for this one.
-            Err(Error::Spawn { source, .. }) if source.kind() == io::ErrorKind::InvalidInput => spawn(agent, assign, settings, &dir),
+            // Too large a request for the zygote (nothing was sent): exec a
+            // shim for this one.
+            Err(Error::Spawn { source, .. }) if source.raw_os_error() == Some(libc::EMSGSIZE) => spawn(agent, assign, settings, &dir),
             spawned => spawned,
         },
         _ => spawn(agent, assign, settings, &dir),

@@ -93,6 +93,7 @@ pub const LEADER_METADATA: &str = "punchclock-leader";
 /// `config.work_dir`.
 pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     config.validate()?;
+    raise_open_files_limit();
     // Held until this function returns; the kernel drops it if the process dies.
     let _lock = lock_work_dir(&config.work_dir)?;
     remove_stale_execution_dirs(&config.work_dir).await;
@@ -1027,6 +1028,24 @@ impl Backoff {
 impl Default for Backoff {
     fn default() -> Self {
         Self { next: Self::INITIAL }
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard limit (as Go's
+/// runtime and most servers do): each running agent holds three or four of
+/// the runner's, and the default soft limit (often 1,024) would cap a
+/// runner far below its slots. Best effort.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write an rlimit we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            let old = limit.rlim_cur;
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                debug!(from = old, to = limit.rlim_max, "raised the open files limit");
+            }
+        }
     }
 }
 

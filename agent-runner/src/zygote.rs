@@ -3,7 +3,7 @@
 //!
 //! A [`Zygote`] is started on first use and again whenever it is found
 //! dead. Each execution gets three pipes (the agent's stdin, stdout and
-//! stderr) and a request id; a reader task hands the zygote's answers —
+//! stderr) and a request id; a reader thread hands the zygote's answers —
 //! the supervisor's pid, then, when it has reaped it, its wait status — to
 //! the execution they name. If the zygote dies meanwhile (its socket
 //! reaches EOF), its supervisors kill their agents (parent-death signal)
@@ -27,8 +27,9 @@ use crate::shim::SHIM_PARENT_PID_ENV;
 use crate::shim::zygote::{self, MAX_REQUEST_BYTES, Request, Status, ZYGOTE_FLAG};
 
 /// How long the zygote may take to accept a request or to answer it with
-/// the supervisor's pid before it is killed and replaced (its executions
-/// end killed). Generous: a zygote this late is stopped or stuck, not busy.
+/// the supervisor's pid before the start fails (the supervisor, if it is
+/// ever forked, then exits without starting the agent). A stopped zygote
+/// is not killed: its running executions go on.
 const ZYGOTE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A lazily started zygote, shared by every execution of a runner. Cheap to
@@ -36,8 +37,17 @@ const ZYGOTE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct Zygote {
     shim: ShimCommand,
-    state: Arc<tokio::sync::Mutex<Option<Running>>>,
+    /// The running zygote. A plain mutex, held for no await: starts that
+    /// queued on an async one were handed the lock one scheduler round
+    /// each, which under a burst cost hundreds of milliseconds per start.
+    state: Arc<Mutex<Option<Running>>>,
     next_id: Arc<AtomicU64>,
+    /// See [`ZYGOTE_PATIENCE`].
+    patience: std::time::Duration,
+    /// Bounds the starts in progress (each holds eight descriptors until
+    /// the zygote has answered): a burst of thousands must not run the
+    /// runner out of descriptors.
+    starting: Arc<tokio::sync::Semaphore>,
 }
 
 /// Where the statuses of each request go, by request id; emptied (every
@@ -46,17 +56,22 @@ type Waiters = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Status>>>>;
 
 #[derive(Debug)]
 struct Running {
+    /// Which start of the zygote this is (unique per `Zygote`).
+    generation: u64,
     socket: Arc<AsyncFd<OwnedFd>>,
     waiters: Waiters,
     /// Reaped by tokio once dropped; the zygote exits when `socket` closes.
     child: tokio::process::Child,
     /// Reads the zygote's statuses; ends at EOF.
-    reader: tokio::task::JoinHandle<()>,
+    reader: std::thread::JoinHandle<()>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.reader.abort();
+        // The reader thread holds the socket: shutting it down (not just
+        // dropping our handle) is what ends the zygote, and the thread.
+        // SAFETY: shutdown(2) on a socket we own.
+        unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };
     }
 }
 
@@ -75,8 +90,12 @@ pub(crate) struct Spawned {
 #[derive(Debug)]
 pub(crate) struct ZygoteProcess {
     pid: libc::pid_t,
+    /// The execution's control socket: the agent's exit code arrives here
+    /// from the supervisor itself; EOF without one means it was killed.
+    control: AsyncFd<OwnedFd>,
+    /// The zygote's reports (its wait status tells which signal).
     statuses: mpsc::UnboundedReceiver<Status>,
-    exited: Option<ExitStatus>,
+    exit: Option<ExitStatus>,
     /// Keeps the zygote (its socket) open while this supervisor runs: its
     /// closing would make the zygote exit and its supervisors kill their
     /// agents.
@@ -86,97 +105,95 @@ pub(crate) struct ZygoteProcess {
 impl Zygote {
     /// A zygote run as `shim --zygote` (started on first use).
     pub fn new(shim: ShimCommand) -> Self {
-        Self { shim, state: Arc::new(tokio::sync::Mutex::new(None)), next_id: Arc::new(AtomicU64::new(1)) }
+        Self {
+            shim,
+            state: Arc::new(Mutex::new(None)),
+            next_id: Arc::new(AtomicU64::new(1)),
+            patience: ZYGOTE_PATIENCE,
+            starting: Arc::new(tokio::sync::Semaphore::new(MAX_STARTING)),
+        }
+    }
+
+    /// The same with another patience (how long a start waits for the
+    /// zygote before it fails; default 30 s).
+    pub fn with_patience(self, patience: std::time::Duration) -> Self {
+        Self { patience, ..self }
     }
 
     /// The running zygote's pid, if one is running.
-    pub async fn pid(&self) -> Option<u32> {
-        self.state.lock().await.as_ref().and_then(|running| running.child.id())
+    pub fn pid(&self) -> Option<u32> {
+        lock(&self.state).as_ref().and_then(|running| running.child.id())
     }
 
-    /// Starts a supervisor for `request` (its `id` is set here).
+    /// Starts a supervisor for `request` (its `id` is set here) and tells
+    /// it to start the agent once its pid is known. Whatever fails before
+    /// that "go" (an error, a timeout) leaves no agent behind: a supervisor
+    /// the zygote forks later finds its control socket closed and exits
+    /// without starting it. So a start reported failed never runs.
     ///
-    /// Errors: `InvalidInput` when the encoded request is larger than
-    /// [`MAX_REQUEST_BYTES`] (the caller execs a shim instead); the zygote
-    /// cannot be started or refused the request (its errno, e.g. `EAGAIN`
-    /// from `fork`); it did not answer within [`ZYGOTE_PATIENCE`]
-    /// (`TimedOut`; it is killed); pipes cannot be created.
+    /// Errors: `EMSGSIZE` when the encoded request is larger than
+    /// [`MAX_REQUEST_BYTES`] or than the socket takes (nothing was sent:
+    /// the caller execs a shim instead); the zygote cannot be started or
+    /// refused the request (its errno, e.g. `EAGAIN` from `fork`); it did
+    /// not answer within its patience ([`ZYGOTE_PATIENCE`]) (`TimedOut`); pipes or sockets
+    /// cannot be created.
     pub(crate) async fn spawn(&self, request: &mut Request) -> io::Result<Spawned> {
         request.id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let bytes = request.encode();
         if bytes.len() > MAX_REQUEST_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv and environment too large for the zygote"));
+            return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
         }
-        let sent = tokio::time::timeout(ZYGOTE_PATIENCE, self.send(request.id, &bytes)).await;
-        let (mut statuses, [stdin, stdout, stderr]) = match sent {
-            Ok(sent) => sent?,
-            Err(_elapsed) => {
-                self.replace("did not take a request").await;
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "the agent zygote did not take the request"));
-            }
+        let _permit = self.starting.acquire().await.map_err(io::Error::other)?;
+        let (control, theirs) = zygote::seqpacket_pair()?;
+        let Ok(sent) = tokio::time::timeout(self.patience, self.send(request.id, &bytes, theirs)).await else {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the agent zygote did not take the request in time"));
         };
-        let first = match tokio::time::timeout(ZYGOTE_PATIENCE, statuses.recv()).await {
-            Ok(first) => first,
-            Err(_elapsed) => {
-                self.replace("did not answer a request").await;
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "the agent zygote did not answer"));
-            }
+        let (mut statuses, [stdin, stdout, stderr]) = sent?;
+        let Ok(first) = tokio::time::timeout(self.patience, statuses.recv()).await else {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the agent zygote did not answer in time"));
         };
         let pid = match first {
             Some(Status::Started(pid)) => pid,
-            Some(Status::Failed(errno)) => return Err(io::Error::from_raw_os_error(errno)),
+            Some(Status::Failed(errno)) => {
+                return Err(io::Error::other(format!("the agent zygote cannot fork: {}", io::Error::from_raw_os_error(errno))));
+            }
             Some(Status::Exited(_)) | None => return Err(io::Error::other("the agent zygote exited")),
         };
-        Ok(Spawned {
-            process: ZygoteProcess { pid, statuses, exited: None, _zygote: self.clone() },
+        let spawned = Spawned {
             stdin: pipe::Sender::from_owned_fd(stdin)?,
             stdout: pipe::Receiver::from_owned_fd(stdout)?,
             stderr: pipe::Receiver::from_owned_fd(stderr)?,
-        })
-    }
-
-    /// Kills the running zygote (its executions end killed); the next
-    /// request starts a new one.
-    async fn replace(&self, why: &str) {
-        if let Some(mut running) = self.state.lock().await.take() {
-            warn!(pid = running.child.id(), why, "killing the agent zygote");
-            let _ = running.child.start_kill();
-        }
+            process: ZygoteProcess { pid, control: register(control)?, statuses, exit: None, _zygote: self.clone() },
+        };
+        // Go. The socket is empty, so this never blocks.
+        zygote::send_with_fds(spawned.process.control.as_raw_fd(), &[1], &[], false)?;
+        Ok(spawned)
     }
 
     /// Sends request `id`, starting the zygote if needed and once more if
-    /// the running one turns out to be dead. The agent's pipes are made
-    /// here, under the lock, so requests waiting for it hold no
-    /// descriptors. Returns where its statuses arrive and the runner's ends
-    /// of the pipes (stdin's write end, stdout's and stderr's read ends).
-    async fn send(&self, id: u64, bytes: &[u8]) -> io::Result<(mpsc::UnboundedReceiver<Status>, [OwnedFd; 3])> {
-        let mut state = self.state.lock().await;
+    /// the running one turns out to be dead. Returns where its statuses
+    /// arrive and the runner's ends of the agent's pipes (stdin's write end,
+    /// stdout's and stderr's read ends). Concurrent sends need no lock: each
+    /// `sendmsg` on a `SOCK_SEQPACKET` socket is one whole message.
+    async fn send(&self, id: u64, bytes: &[u8], control: OwnedFd) -> io::Result<(mpsc::UnboundedReceiver<Status>, [OwnedFd; 3])> {
         let (stdin_r, stdin_w) = pipe_pair()?;
         let (stdout_r, stdout_w) = pipe_pair()?;
         let (stderr_r, stderr_w) = pipe_pair()?;
-        let fds = [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()];
+        // The supervisor's ends, closed here once sent (so the runner's ends
+        // see EOF when the supervisor is gone).
+        let fds = [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd(), control.as_raw_fd()];
         for _ in 0..2 {
-            let alive = match state.as_mut() {
-                Some(running) => running.child.try_wait().map(|exit| exit.is_none()).unwrap_or(false) && !running.reader.is_finished(),
-                None => false,
-            };
-            if !alive {
-                if state.is_some() {
-                    warn!("the agent zygote exited; starting a new one");
-                }
-                *state = Some(self.start()?);
-            }
-            let Some(running) = state.as_mut() else { continue };
+            let (socket, waiters, generation) = self.current()?;
             let (tx, rx) = mpsc::unbounded_channel();
-            lock(&running.waiters).insert(id, tx);
+            lock(&waiters).insert(id, tx);
             loop {
-                let mut guard = running.socket.writable().await?;
+                let mut guard = socket.writable().await?;
                 match guard.try_io(|socket| zygote::send_with_fds(socket.as_raw_fd(), bytes, &fds, false)) {
                     Ok(Ok(())) => return Ok((rx, [stdin_w, stdout_r, stderr_r])),
                     Ok(Err(err)) => {
-                        lock(&running.waiters).remove(&id);
+                        lock(&waiters).remove(&id);
                         if matches!(err.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) {
-                            *state = None;
+                            self.forget(generation);
                             break;
                         }
                         return Err(err);
@@ -188,7 +205,36 @@ impl Zygote {
         Err(io::Error::other("the agent zygote exits as soon as it starts"))
     }
 
-    fn start(&self) -> io::Result<Running> {
+    /// The running zygote's socket, waiters and generation, starting one if
+    /// none runs (or the last one exited).
+    fn current(&self) -> io::Result<(Arc<AsyncFd<OwnedFd>>, Waiters, u64)> {
+        let mut state = lock(&self.state);
+        let alive = match state.as_mut() {
+            Some(running) => running.child.try_wait().map(|exit| exit.is_none()).unwrap_or(false) && !running.reader.is_finished(),
+            None => false,
+        };
+        if !alive {
+            if state.take().is_some() {
+                warn!("the agent zygote exited; starting a new one");
+            }
+            // Unique (shared with request ids).
+            let generation = self.next_id.fetch_add(1, Ordering::Relaxed);
+            *state = Some(self.start(generation)?);
+        }
+        let running = state.as_ref().ok_or_else(|| io::Error::other("no agent zygote"))?;
+        Ok((Arc::clone(&running.socket), Arc::clone(&running.waiters), running.generation))
+    }
+
+    /// Drops the zygote of `generation` (found dead) if it is still the
+    /// current one.
+    fn forget(&self, generation: u64) {
+        let mut state = lock(&self.state);
+        if state.as_ref().is_some_and(|running| running.generation == generation) {
+            *state = None;
+        }
+    }
+
+    fn start(&self, generation: u64) -> io::Result<Running> {
         let (mine, theirs) = zygote::seqpacket_pair()?;
         let mut command = tokio::process::Command::new(&self.shim.program);
         command
@@ -200,32 +246,57 @@ impl Zygote {
             .stderr(Stdio::inherit());
         let child = command.spawn()?;
         info!(program = %self.shim.program.display(), pid = child.id(), "agent zygote started");
+        // Room for the largest request (the default buffer may be smaller;
+        // a request that still does not fit gets EMSGSIZE and is exec'd).
+        let size: libc::c_int = 2 * MAX_REQUEST_BYTES as libc::c_int;
+        // SAFETY: setsockopt reads an int we own.
+        unsafe {
+            libc::setsockopt(
+                mine.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&raw const size).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
         let socket = Arc::new(register(mine)?);
         let waiters = Waiters::default();
-        let reader = tokio::spawn(read_statuses(Arc::clone(&socket), Arc::clone(&waiters)));
-        Ok(Running { socket, waiters, child, reader })
+        let (reader_socket, reader_waiters) = (Arc::clone(&socket), Arc::clone(&waiters));
+        let reader = std::thread::Builder::new().name("agent-zygote".into()).spawn(move || read_statuses(reader_socket, reader_waiters))?;
+        Ok(Running { generation, socket, waiters, child, reader })
     }
 }
 
 /// Hands each status the zygote sends to its request's waiter, until EOF
-/// (then drops every waiter: their executions see the zygote gone).
-async fn read_statuses(socket: Arc<AsyncFd<OwnedFd>>, waiters: Waiters) {
+/// (then drops every waiter: their executions see the zygote gone). A
+/// thread of its own, blocked in `recv`: as a task it was polled once per
+/// turn of a runtime busy with a burst's starts, the zygote's answers
+/// backed up in the socket, and the zygote stalled on a full socket.
+fn read_statuses(socket: Arc<AsyncFd<OwnedFd>>, waiters: Waiters) {
+    let mut buf = [0u8; zygote::STATUS_BYTES];
     loop {
-        let Ok(mut guard) = socket.readable().await else { break };
-        match guard.try_io(|socket| zygote::read_status(socket.as_raw_fd())) {
-            Ok(Ok(Some((id, status)))) => {
-                let mut waiters = lock(&waiters);
-                let delivered = waiters.get(&id).is_some_and(|tx| tx.send(status).is_ok());
-                if !delivered || matches!(status, Status::Exited(_) | Status::Failed(_)) {
-                    waiters.remove(&id);
-                }
+        // SAFETY: reading into a buffer we own; the socket is blocking
+        // (tokio only sends on it, with MSG_DONTWAIT).
+        let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n == 0 {
+            break;
+        }
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
             }
-            Ok(Ok(None)) => break,
-            Ok(Err(err)) => {
-                warn!(error = %err, "cannot read the agent zygote's answers");
-                break;
-            }
-            Err(_would_block) => {}
+            warn!(error = %err, "cannot read the agent zygote's answers");
+            break;
+        }
+        let Some((id, status)) = Status::decode(&buf[..n as usize]) else {
+            warn!("malformed answer from the agent zygote");
+            continue;
+        };
+        let mut waiters = lock(&waiters);
+        let delivered = waiters.get(&id).is_some_and(|tx| tx.send(status).is_ok());
+        if !delivered || matches!(status, Status::Exited(_) | Status::Failed(_)) {
+            waiters.remove(&id);
         }
     }
     lock(&waiters).clear();
@@ -241,33 +312,52 @@ impl ZygoteProcess {
         u32::try_from(self.pid).unwrap_or_default()
     }
 
-    /// Waits for the supervisor to be reaped (cancel-safe). A zygote that
-    /// died first reports it killed by SIGKILL (its supervisors killed
-    /// their agents when it died).
+    /// Waits for the supervisor to end (cancel-safe): the exit code it
+    /// sends, or — killed before it could — the signal in the zygote's
+    /// wait status, or SIGKILL when the zygote cannot tell (it is gone).
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
-        while self.exited.is_none() {
-            match self.statuses.recv().await {
-                Some(Status::Exited(raw)) => self.exited = Some(ExitStatus::from_raw(raw)),
-                Some(_) => {}
-                None => {
-                    warn!(pid = self.pid, "the agent zygote exited before reporting this supervisor's end");
-                    // Its parent-death signal has it sweeping the agent's
-                    // descendants (even ones in other sessions); a kill of
-                    // its group now would cut that short.
-                    let deadline = tokio::time::Instant::now() + ORPHAN_SWEEP_WAIT;
-                    while !exited_or_zombie(self.pid) && tokio::time::Instant::now() < deadline {
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    }
-                    self.exited = Some(ExitStatus::from_raw(libc::SIGKILL));
+        while self.exit.is_none() {
+            let mut guard = self.control.readable().await?;
+            let mut code = [0u8; 4];
+            let read = guard.try_io(|control| {
+                // SAFETY: reading into a buffer we own.
+                match unsafe { libc::recv(control.as_raw_fd(), code.as_mut_ptr().cast(), 4, libc::MSG_DONTWAIT) } {
+                    -1 => Err(io::Error::last_os_error()),
+                    n => Ok(n as usize),
                 }
+            });
+            match read {
+                Ok(Ok(4)) => self.exit = Some(ExitStatus::from_raw((i32::from_le_bytes(code) & 0xff) << 8)),
+                // EOF: killed before it could tell.
+                Ok(Ok(_)) => self.exit = Some(self.killed_by().await),
+                Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Err(err)) => return Err(err),
+                Err(_would_block) => {}
             }
         }
-        Ok(self.exited.unwrap_or_else(|| ExitStatus::from_raw(libc::SIGKILL)))
+        Ok(self.exit.unwrap_or_else(|| ExitStatus::from_raw(libc::SIGKILL)))
+    }
+
+    /// The wait status of a supervisor that died without reporting: the
+    /// zygote's, when it reports within a moment; else SIGKILL.
+    async fn killed_by(&mut self) -> ExitStatus {
+        let zygote = async {
+            while let Some(status) = self.statuses.recv().await {
+                if let Status::Exited(raw) = status {
+                    return Some(ExitStatus::from_raw(raw));
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(KILLED_STATUS_WAIT, zygote).await {
+            Ok(Some(status)) => status,
+            _ => ExitStatus::from_raw(libc::SIGKILL),
+        }
     }
 
     /// SIGKILLs the supervisor (not its group); a no-op once reaped.
     pub fn start_kill(&mut self) -> io::Result<()> {
-        if self.exited.is_none() && self.pid > 0 {
+        if self.exit.is_none() && self.pid > 0 {
             // SAFETY: kill(2) has no memory-safety preconditions; pid > 0.
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
         }
@@ -275,18 +365,12 @@ impl ZygoteProcess {
     }
 }
 
-/// How long a supervisor whose zygote died gets to finish its sweep before
-/// the executor kills what is left of its group.
-const ORPHAN_SWEEP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Starts in progress at once (see [`Zygote::starting`]).
+const MAX_STARTING: usize = 256;
 
-/// Whether `pid` has exited (gone, or a zombie nobody reaped yet).
-fn exited_or_zombie(pid: libc::pid_t) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // "pid (comm) STATE ...": comm may contain spaces or ')'.
-        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|s| s == "Z" || s == "X"),
-        Err(_) => true,
-    }
-}
+/// How long to wait for the zygote's wait status of a supervisor that died
+/// without reporting its exit code (it tells the signal).
+const KILLED_STATUS_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Registers a socket we own with the reactor.
 fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {

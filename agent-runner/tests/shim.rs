@@ -94,7 +94,10 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 14] = [
+    let tests: [Test; 17] = [
+        ("a_stopped_zygote_fails_the_start_and_the_agent_never_runs", |dir| runtime().block_on(stopped_zygote(dir))),
+        ("the_exit_code_arrives_while_the_zygote_is_stopped", |dir| runtime().block_on(exit_code_without_zygote(dir))),
+        ("sigterm_to_the_zygote_spares_its_agents", |dir| runtime().block_on(sigterm_to_zygote(dir))),
         ("the_agent_gets_only_its_stdio", |dir| runtime().block_on(only_stdio(dir))),
         ("path_and_working_dir_come_from_the_agent", |dir| runtime().block_on(path_and_working_dir(dir))),
         ("a_killed_zygote_takes_its_agents_and_comes_back", |dir| runtime().block_on(killed_zygote(dir))),
@@ -389,7 +392,7 @@ async fn killed_zygote(dir: &Path) {
         ExecutionEvent::Progress(progress) => progress.message.parse().expect("a pid"),
         ExecutionEvent::Finished(finished) => panic!("ended early: {finished:?}"),
     };
-    let first = zygote.pid().await.expect("zygote running");
+    let first = zygote.pid().expect("zygote running");
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe { libc::kill(first as i32, libc::SIGKILL) };
     let finished = loop {
@@ -402,5 +405,87 @@ async fn killed_zygote(dir: &Path) {
     assert!(wait_until_gone(daemon).await, "setsid daemon {daemon} outlived the killed zygote");
     let next = run_with(&settings, &sh_agent("echo again"), &assign("e-after", 60)).await;
     assert_eq!(next.outcome(), Outcome::Succeeded, "{next:?}");
-    assert_ne!(zygote.pid().await, Some(first), "a new zygote serves the next execution");
+    assert_ne!(zygote.pid(), Some(first), "a new zygote serves the next execution");
+}
+
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, signal) };
+}
+
+/// Starts `agent` and returns its events; the zygote must be running after.
+async fn start_events(settings: &ExecutorSettings, agent: &ProcessAgent, assign: &Assign) -> mpsc::Receiver<ExecutionEvent> {
+    let (tx, events) = mpsc::channel(16);
+    let execution = executor::start(agent, assign, settings, tx).await.expect("shim starts");
+    std::mem::forget(execution);
+    events
+}
+
+async fn finished(events: &mut mpsc::Receiver<ExecutionEvent>) -> Finished {
+    loop {
+        match tokio::time::timeout(PATIENCE, events.recv()).await.expect("finished in time").expect("channel open") {
+            ExecutionEvent::Progress(_) => {}
+            ExecutionEvent::Finished(finished) => return finished,
+        }
+    }
+}
+
+/// A zygote that does not answer in time: the start fails, the zygote is
+/// left alone, and the agent of that start never runs — not even once the
+/// zygote resumes (it would run twice: the failed start is retried).
+async fn stopped_zygote(dir: &Path) {
+    let mut settings = settings(dir);
+    settings.zygote = settings.zygote.take().map(|z| z.with_patience(Duration::from_millis(500)));
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let first = run_with(&settings, &sh_agent("true"), &assign("e-warm", 60)).await;
+    assert_eq!(first.outcome(), Outcome::Succeeded, "{first:?}");
+    let pid = zygote.pid().expect("zygote running");
+    signal(pid, libc::SIGSTOP);
+    let marker = dir.join("ran");
+    let agent = sh_agent(&format!("touch {}", marker.display()));
+    let (tx, _events) = mpsc::channel(16);
+    let started = executor::start(&agent, &assign("e-stopped", 60), &settings, tx).await;
+    signal(pid, libc::SIGCONT);
+    let err = started.expect_err("no answer from a stopped zygote");
+    assert!(err.to_string().contains("in time"), "{err}");
+    // The resumed zygote forks the supervisor it was asked for; it must
+    // not start the agent. Another execution after it proves it has.
+    let next = run_with(&settings, &sh_agent("echo next"), &assign("e-next", 60)).await;
+    assert_eq!(next.outcome(), Outcome::Succeeded, "{next:?}");
+    assert_eq!(zygote.pid(), Some(pid), "the zygote was not killed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!marker.exists(), "the agent of a start reported failed ran");
+}
+
+/// The agent's exit code comes from its supervisor, not the zygote: it
+/// arrives while the zygote is stopped (and would survive its death).
+async fn exit_code_without_zygote(dir: &Path) {
+    let settings = settings(dir);
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let mut events = start_events(&settings, &sh_agent("sleep 0.3; echo done; exit 3"), &assign("e-code", 60)).await;
+    let pid = zygote.pid().expect("zygote running");
+    signal(pid, libc::SIGSTOP);
+    let finished = tokio::time::timeout(Duration::from_secs(5), finished(&mut events)).await;
+    signal(pid, libc::SIGCONT);
+    let finished = finished.expect("Finished while the zygote is stopped");
+    assert_eq!(finished.outcome(), Outcome::Failed, "{finished:?}");
+    assert_eq!(finished.exit_code, Some(3), "{finished:?}");
+    assert_eq!(finished.stdout_tail, "done\n");
+}
+
+/// systemd stops a service with SIGTERM to every process of its cgroup:
+/// the zygote must not die of it (its agents would be killed at once,
+/// before the runner's grace period).
+async fn sigterm_to_zygote(dir: &Path) {
+    let settings = settings(dir);
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let mut events = start_events(&settings, &sh_agent("sleep 0.5; echo survived"), &assign("e-term", 60)).await;
+    let pid = zygote.pid().expect("zygote running");
+    signal(pid, libc::SIGTERM);
+    signal(pid, libc::SIGINT);
+    signal(pid, libc::SIGHUP);
+    let finished = finished(&mut events).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.stdout_tail, "survived\n");
+    assert_eq!(zygote.pid(), Some(pid));
 }

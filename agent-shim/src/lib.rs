@@ -53,6 +53,7 @@ pub mod zygote;
 use std::ffi::OsString;
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::RawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
@@ -79,6 +80,9 @@ const EXIT_USAGE: i32 = 2;
 const EXIT_CANNOT_EXECUTE: i32 = 126;
 /// Exit code when the agent program does not exist (as in POSIX shells).
 const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code of a supervisor whose runner gave up on the start (no go):
+/// the agent was not started.
+const EXIT_NOT_STARTED: i32 = 125;
 
 /// Runs the shim and exits with the agent's exit code (128+N if the agent
 /// was killed by signal N; 126/127 if it could not be started; 2 if `argv`
@@ -112,7 +116,7 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
     let expected_parent = std::env::var(SHIM_PARENT_PID_ENV).ok().and_then(|pid| pid.parse::<libc::pid_t>().ok());
     let fence_file = std::env::var_os(SHIM_FENCE_FILE_ENV).map(std::path::PathBuf::from);
     let kill_grace_ms = std::env::var(SHIM_KILL_GRACE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(5000);
-    supervise(program, argv.collect(), Supervision { expected_parent, fence_file, kill_grace_ms })
+    supervise(program, argv.collect(), Supervision { expected_parent, fence_file, kill_grace_ms, control: None })
 }
 
 /// What the supervisor is told besides the agent's command.
@@ -124,13 +128,21 @@ struct Supervision {
     fence_file: Option<std::path::PathBuf>,
     /// Time between the fence's SIGTERM and its kill, in milliseconds.
     kill_grace_ms: u64,
+    /// Behind the zygote: the execution's control socket (at fd 3,
+    /// close-on-exec). The agent is started only once the runner sends one
+    /// byte on it ("go": it has taken the supervisor's pid; EOF instead —
+    /// the runner gave up on this start — means exit without starting it),
+    /// and the agent's exit code is written on it (an i32, little-endian)
+    /// before the supervisor exits, so the runner learns it even if the
+    /// zygote dies.
+    control: Option<RawFd>,
 }
 
 /// Supervises `program args` to its end (the shim proper, steps 1–5 of the
 /// crate docs), as a process-group leader whose stdin, stdout, stderr, cwd
 /// and environment the agent inherits. Never returns.
 fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -> ! {
-    close_inherited_fds();
+    close_inherited_fds(supervision.control.map_or(3, |fd| fd + 1));
     let signals = SignalSet::new(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGUSR2])
         .and_then(|set| set.block().map(|()| set))
         .unwrap_or_else(|err| fail(1, format_args!("cannot block signals: {err}")));
@@ -153,7 +165,17 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
         kill_group();
     }
 
-    let Supervision { fence_file, kill_grace_ms, .. } = supervision;
+    let Supervision { fence_file, kill_grace_ms, control, .. } = &supervision;
+    let (fence_file, kill_grace_ms, control) = (fence_file.clone(), *kill_grace_ms, *control);
+    // Behind the zygote: wait for the runner's go (EOF: it gave up on this
+    // start, so the agent must not run).
+    if let Some(control) = control {
+        // SAFETY: getppid() has no preconditions.
+        let parent_alive = || supervision.expected_parent.is_none_or(|parent| parent == unsafe { libc::getppid() });
+        if !zygote::await_go(control) || !parent_alive() {
+            std::process::exit(EXIT_NOT_STARTED);
+        }
+    }
     let kill_grace_ns = kill_grace_ms.saturating_mul(1_000_000);
     let agent = spawn_agent(&program, args.into_iter()).unwrap_or_else(|err| {
         let code = match err.kind() {
@@ -170,7 +192,11 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
                 // Whatever the agent left behind (even in a new session)
                 // was reparented to us, the subreaper: it goes too.
                 sweep_descendants();
-                std::process::exit(exit_code(status))
+                let code = exit_code(status);
+                if let Some(control) = control {
+                    zygote::report_exit(control, code);
+                }
+                std::process::exit(code)
             }
             Ok(None) => {}
             Err(err) => {
@@ -300,17 +326,19 @@ fn posix_spawnp(file: &std::ffi::CStr, argv: &[std::ffi::CString], env: &[std::f
     result
 }
 
-/// Closes every descriptor but stdin, stdout and stderr: the agent gets
-/// those three only, not what the runner inherited without close-on-exec
-/// (a jobserver pipe, a terminal) nor, behind the zygote, its socket and
-/// other executions' status sockets. The Rust objects that owned any of
-/// them (in a zygote's child) are never dropped: the caller never returns.
-fn close_inherited_fds() {
+/// Closes every descriptor from `first` up: the agent gets stdin, stdout
+/// and stderr only, not what the runner inherited without close-on-exec (a
+/// jobserver pipe, a terminal) nor, behind the zygote, its socket and other
+/// executions' (the supervisor's own control socket sits below `first`,
+/// close-on-exec). The Rust objects that owned any of them (in a zygote's
+/// child) are never dropped: the callers never return.
+fn close_inherited_fds(first: RawFd) {
+    let first = u32::try_from(first).unwrap_or(3);
     // SAFETY: close_range/close only end descriptors; none is used after.
     unsafe {
-        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) == -1 {
-            for fd in 3..1024 {
-                libc::close(fd);
+        if libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) == -1 {
+            for fd in first..1024 {
+                libc::close(fd as RawFd);
             }
         }
     }

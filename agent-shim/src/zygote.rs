@@ -5,21 +5,31 @@
 //! The runner starts `punchclock-agent-shim --zygote` once, with one end of
 //! a `SOCK_SEQPACKET` Unix socket pair as its stdin. For each execution it
 //! sends one [`Request`] (an id of its choosing, the agent's argv, its whole
-//! environment, working directory, fence file and kill grace) with three
-//! descriptors attached (`SCM_RIGHTS`): the agent's stdin, stdout and
-//! stderr. The zygote forks; the child becomes the supervisor exactly as an
-//! exec'd shim would (its own process group, child subreaper, parent-death
-//! signal, fence; see the crate docs), with the three descriptors as 0, 1
-//! and 2 and nothing else open. On the same socket the zygote answers with
-//! the request's id and [`Status::Started`] (the supervisor's pid, also its
+//! environment, working directory, fence file and kill grace) with four
+//! descriptors attached (`SCM_RIGHTS`, see [`REQUEST_FDS`]): the agent's
+//! stdin, stdout and stderr, and the supervisor's end of the execution's
+//! control socket. The zygote forks; the child becomes the supervisor
+//! exactly as an exec'd shim would (its own process group, child
+//! subreaper, parent-death signal, fence; see the crate docs), with the
+//! three descriptors as 0, 1 and 2, the control socket as 3 (close-on-exec)
+//! and nothing else open. On its own socket the zygote answers with the
+//! request's id and [`Status::Started`] (the supervisor's pid, also its
 //! process group id) or [`Status::Failed`], and once it has reaped the
-//! supervisor, [`Status::Exited`] with the raw wait status. The zygote
-//! keeps no descriptor per execution, and the runner no more than the
-//! agent's pipes.
+//! supervisor, [`Status::Exited`] with the raw wait status.
+//!
+//! The control socket makes a start exactly-once and the exit code the
+//! supervisor's own: the supervisor starts the agent only on the runner's
+//! "go" byte, which the runner sends once it has taken the pid (if it gave
+//! up first — the zygote too slow, an error — the socket closes and the
+//! supervisor exits without starting anything); it writes the agent's exit
+//! code there before it exits, so the runner has it even if the zygote is
+//! stopped or dead by then. The zygote keeps no descriptor per execution.
 //!
 //! Lifetimes: the zygote exits when its socket reaches EOF — the runner
 //! closed it or died, even by SIGKILL (a process-wide event, unlike
-//! `PR_SET_PDEATHSIG`, which follows the thread that forked). Its
+//! `PR_SET_PDEATHSIG`, which follows the thread that forked); it ignores
+//! SIGTERM, SIGINT and SIGHUP (a service manager's stop reaches the runner,
+//! which stops its agents with their grace period). Its
 //! supervisors' parent-death signal then makes each of them kill its agent
 //! and everything the agent left behind. The zygote calls `setsid`: its
 //! supervisors and agents share one session apart from the runner's, so
@@ -48,8 +58,12 @@ pub const ZYGOTE_FLAG: &str = "--zygote";
 pub const MAX_REQUEST_BYTES: usize = 128 * 1024;
 
 /// Descriptors attached to a request, in this order: the agent's stdin,
-/// stdout, stderr.
-pub const REQUEST_FDS: usize = 3;
+/// stdout, stderr, and the supervisor's end of the execution's control
+/// socket (a `SOCK_SEQPACKET` pair): the runner sends one byte on it once
+/// it has the supervisor's pid (only then is the agent started; EOF
+/// instead means "do not start it"), and the supervisor sends the agent's
+/// exit code back on it (an i32, little-endian) before it exits.
+pub const REQUEST_FDS: usize = 4;
 
 /// One execution to start.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -263,9 +277,20 @@ fn report(id: u64, status: Status) {
 /// Runs the zygote on the socket that is its stdin; exits when it reaches
 /// EOF. Must run single-threaded (it forks). Never returns.
 pub(crate) fn zygote_main() -> ! {
-    // SAFETY: setsid has no preconditions; failing (already a group
-    // leader) only loses the scheduling isolation.
-    unsafe { libc::setsid() };
+    // SAFETY: setsid/signal/close_range have no memory-safety
+    // preconditions. setsid failing (already a group leader) only loses
+    // the scheduling isolation. The zygote ends when its socket does, not
+    // on a stop signal meant for the whole service (systemd's SIGTERM to
+    // the cgroup): dying first would take the agents down before the
+    // runner's grace period. Descriptors the runner inherited without
+    // close-on-exec are not kept.
+    unsafe {
+        libc::setsid();
+        for signal in ZYGOTE_IGNORES {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+    }
     // The runner may have died before we got here: its socket end is then
     // already closed and the first recv reads EOF; the pid check is for a
     // zygote started by hand.
@@ -316,6 +341,8 @@ pub(crate) fn zygote_main() -> ! {
                 Ok((0, _, _)) => std::process::exit(0),
                 Ok((len, fds, truncated)) => start(me, &buf[..len], fds, truncated, &mut running),
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                // The runner closed its end with a request unread: gone too.
+                Err(err) if err.raw_os_error() == Some(libc::ECONNRESET) => std::process::exit(0),
                 Err(err) => {
                     eprintln!("punchclock agent zygote: recvmsg: {err}");
                     std::process::exit(1);
@@ -323,6 +350,29 @@ pub(crate) fn zygote_main() -> ! {
             }
         }
     }
+}
+
+/// Signals the zygote ignores (its supervisors restore them).
+const ZYGOTE_IGNORES: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// Waits for the runner's go on the control socket: true for a byte, false
+/// at EOF or on error (the runner gave up on this start, or died).
+pub(crate) fn await_go(control: RawFd) -> bool {
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: reading one byte into a variable we own.
+        match unsafe { libc::read(control, (&raw mut byte).cast(), 1) } {
+            1 => return true,
+            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+            _ => return false,
+        }
+    }
+}
+
+/// Writes the agent's exit code on the control socket (best effort: a
+/// runner that is gone needs none).
+pub(crate) fn report_exit(control: RawFd, code: i32) {
+    let _ = send_with_fds(control, &code.to_le_bytes(), &[], true);
 }
 
 /// Reaps every exited supervisor and reports it.
@@ -343,7 +393,7 @@ fn reap(running: &mut HashMap<libc::pid_t, u64>) {
 /// Serves one request: forks the supervisor, reports its pid.
 fn start(zygote: libc::pid_t, bytes: &[u8], fds: Vec<OwnedFd>, truncated: bool, running: &mut HashMap<libc::pid_t, u64>) {
     let request = if truncated { None } else { Request::decode(bytes) };
-    let (Some(request), Ok::<[OwnedFd; REQUEST_FDS], _>([stdin, stdout, stderr])) = (request, fds.try_into()) else {
+    let (Some(request), Ok::<[OwnedFd; REQUEST_FDS], _>([stdin, stdout, stderr, control])) = (request, fds.try_into()) else {
         // The runner's requests are never malformed; if one is, its id may
         // be too. The descriptors close.
         report(0, Status::Failed(libc::EINVAL));
@@ -354,7 +404,7 @@ fn start(zygote: libc::pid_t, bytes: &[u8], fds: Vec<OwnedFd>, truncated: bool, 
     // the parent could (allocate, set the environment).
     match unsafe { libc::fork() } {
         -1 => report(id, Status::Failed(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN))),
-        0 => become_supervisor(zygote, request, [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()]),
+        0 => become_supervisor(zygote, request, [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()], control.as_raw_fd()),
         pid => {
             // Also here (the child does it too): the group must exist when
             // the runner reads the pid, which it may signal at once.
@@ -369,15 +419,29 @@ fn start(zygote: libc::pid_t, bytes: &[u8], fds: Vec<OwnedFd>, truncated: bool, 
 /// In the forked child: takes the execution's descriptors as 0, 1, 2, then
 /// supervises the agent ([`supervise`] closes every other descriptor: the
 /// zygote's socket, other executions' status sockets). Never returns.
-fn become_supervisor(zygote: libc::pid_t, request: Request, stdio: [RawFd; 3]) -> ! {
-    // SAFETY: setpgid/dup2 on descriptors this process owns.
+fn become_supervisor(zygote: libc::pid_t, request: Request, stdio: [RawFd; 3], control: RawFd) -> ! {
+    const CONTROL_FD: RawFd = 3;
+    // SAFETY: prctl/signal/setpgid/dup2/fcntl on this process and the
+    // descriptors it owns. Received descriptors are all above 3 (0-2 and
+    // the signalfd were open when they arrived), so none is overwritten
+    // before it is copied.
     unsafe {
         libc::setpgid(0, 0);
+        // `ps` tells supervisors from the zygote (the command line is the same).
+        libc::prctl(libc::PR_SET_NAME, c"punchclock-sup".as_ptr());
+        // The zygote ignores these (it ends with its socket); the agent must not.
+        for signal in ZYGOTE_IGNORES {
+            libc::signal(signal, libc::SIG_DFL);
+        }
         for (target, fd) in stdio.into_iter().enumerate() {
             if libc::dup2(fd, target as RawFd) == -1 {
                 libc::_exit(crate::EXIT_CANNOT_EXECUTE);
             }
         }
+        if control != CONTROL_FD && libc::dup3(control, CONTROL_FD, libc::O_CLOEXEC) == -1 {
+            libc::_exit(crate::EXIT_CANNOT_EXECUTE);
+        }
+        libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
     }
     let Request { cwd, fence_file, kill_grace_ms, argv, env, .. } = request;
     if let Some(cwd) = &cwd
@@ -401,7 +465,11 @@ fn become_supervisor(zygote: libc::pid_t, request: Request, stdio: [RawFd; 3]) -
     }
     let mut argv = argv.into_iter();
     let program = argv.next().unwrap_or_default();
-    supervise(program, argv.collect(), Supervision { expected_parent: Some(zygote), fence_file: fence_file.map(Into::into), kill_grace_ms })
+    supervise(
+        program,
+        argv.collect(),
+        Supervision { expected_parent: Some(zygote), fence_file: fence_file.map(Into::into), kill_grace_ms, control: Some(CONTROL_FD) },
+    )
 }
 
 /// Creates a `SOCK_SEQPACKET` Unix socket pair, close-on-exec.

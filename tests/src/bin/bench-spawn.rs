@@ -103,7 +103,7 @@ async fn measure(shim: Option<ShimCommand>, zygote: bool, runs: usize, concurren
     // The zygote is not reaped yet: its CPU and its reaped supervisors' are
     // read from /proc (it started with the first run, so all of it counts).
     let zygote_ms = match &settings.zygote {
-        Some(zygote) => process_tree_cpu_ms(zygote.pid().await.expect("zygote running")),
+        Some(zygote) => process_tree_cpu_ms(zygote.pid().expect("zygote running")),
         None => 0.0,
     };
     Figures {
