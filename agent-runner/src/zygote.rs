@@ -96,6 +96,9 @@ pub(crate) struct ZygoteProcess {
     /// The zygote's reports (its wait status tells which signal).
     statuses: mpsc::UnboundedReceiver<Status>,
     exit: Option<ExitStatus>,
+    /// Set at the control socket's EOF: until when the zygote's wait
+    /// status is awaited (kept across cancelled `wait`s).
+    eof_deadline: Option<tokio::time::Instant>,
     /// Keeps the zygote (its socket) open while this supervisor runs: its
     /// closing would make the zygote exit and its supervisors kill their
     /// agents.
@@ -138,6 +141,9 @@ impl Zygote {
     /// not answer within its patience ([`ZYGOTE_PATIENCE`]) (`TimedOut`); pipes or sockets
     /// cannot be created.
     pub(crate) async fn spawn(&self, request: &mut Request) -> io::Result<Spawned> {
+        if request.argv.iter().chain(&request.env).any(|s| s.as_encoded_bytes().contains(&0)) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "an argument or environment entry contains a NUL byte"));
+        }
         request.id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let bytes = request.encode();
         if bytes.len() > MAX_REQUEST_BYTES {
@@ -163,11 +169,15 @@ impl Zygote {
             stdin: pipe::Sender::from_owned_fd(stdin)?,
             stdout: pipe::Receiver::from_owned_fd(stdout)?,
             stderr: pipe::Receiver::from_owned_fd(stderr)?,
-            process: ZygoteProcess { pid, control: register(control)?, statuses, exit: None, _zygote: self.clone() },
+            process: ZygoteProcess { pid, control: register(control)?, statuses, exit: None, eof_deadline: None, _zygote: self.clone() },
         };
-        // Go. The socket is empty, so this never blocks.
-        zygote::send_with_fds(spawned.process.control.as_raw_fd(), &[1], &[], false)?;
-        Ok(spawned)
+        // Go. The socket is empty, so this never blocks. A supervisor that
+        // already ended (it could not enter the working directory, say) has
+        // closed its end: its exit code and stderr are what `wait` reports.
+        match zygote::send_with_fds(spawned.process.control.as_raw_fd(), &[1], &[], false) {
+            Err(err) if !matches!(err.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => Err(err),
+            _ => Ok(spawned),
+        }
     }
 
     /// Sends request `id`, starting the zygote if needed and once more if
@@ -317,6 +327,10 @@ impl ZygoteProcess {
     /// wait status, or SIGKILL when the zygote cannot tell (it is gone).
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         while self.exit.is_none() {
+            if self.eof_deadline.is_some() {
+                self.exit = Some(self.killed_by().await);
+                break;
+            }
             let mut guard = self.control.readable().await?;
             let mut code = [0u8; 4];
             let read = guard.try_io(|control| {
@@ -329,8 +343,16 @@ impl ZygoteProcess {
             match read {
                 Ok(Ok(4)) => self.exit = Some(ExitStatus::from_raw((i32::from_le_bytes(code) & 0xff) << 8)),
                 // EOF: killed before it could tell.
-                Ok(Ok(_)) => self.exit = Some(self.killed_by().await),
+                Ok(Ok(_)) => {
+                    self.eof_deadline = Some(tokio::time::Instant::now() + KILLED_STATUS_WAIT);
+                    self.exit = Some(self.killed_by().await);
+                }
                 Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+                // A supervisor killed with data unread on its end: as EOF.
+                Ok(Err(err)) if err.raw_os_error() == Some(libc::ECONNRESET) => {
+                    self.eof_deadline = Some(tokio::time::Instant::now() + KILLED_STATUS_WAIT);
+                    self.exit = Some(self.killed_by().await);
+                }
                 Ok(Err(err)) => return Err(err),
                 Err(_would_block) => {}
             }
@@ -349,7 +371,8 @@ impl ZygoteProcess {
             }
             None
         };
-        match tokio::time::timeout(KILLED_STATUS_WAIT, zygote).await {
+        let deadline = self.eof_deadline.unwrap_or_else(tokio::time::Instant::now);
+        match tokio::time::timeout_at(deadline, zygote).await {
             Ok(Some(status)) => status,
             _ => ExitStatus::from_raw(libc::SIGKILL),
         }

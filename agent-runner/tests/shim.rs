@@ -94,7 +94,8 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 17] = [
+    let tests: [Test; 18] = [
+        ("a_killed_supervisor_is_reported_while_the_zygote_is_stopped", |dir| runtime().block_on(killed_supervisor(dir))),
         ("a_stopped_zygote_fails_the_start_and_the_agent_never_runs", |dir| runtime().block_on(stopped_zygote(dir))),
         ("the_exit_code_arrives_while_the_zygote_is_stopped", |dir| runtime().block_on(exit_code_without_zygote(dir))),
         ("sigterm_to_the_zygote_spares_its_agents", |dir| runtime().block_on(sigterm_to_zygote(dir))),
@@ -488,4 +489,22 @@ async fn sigterm_to_zygote(dir: &Path) {
     assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
     assert_eq!(finished.stdout_tail, "survived\n");
     assert_eq!(zygote.pid(), Some(pid));
+}
+
+/// A supervisor killed from outside sends no exit code; the runner waits
+/// a moment for the zygote's wait status, and no longer when the zygote is
+/// stopped (regression: progress polls restarted that wait forever).
+async fn killed_supervisor(dir: &Path) {
+    let settings = settings(dir);
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let (tx, mut events) = mpsc::channel(16);
+    let execution = executor::start(&sh_agent("sleep 30"), &assign("e-killed", 60), &settings, tx).await.expect("shim starts");
+    let zygote_pid = zygote.pid().expect("zygote running");
+    signal(zygote_pid, libc::SIGSTOP);
+    signal(execution.pid(), libc::SIGKILL);
+    let finished = tokio::time::timeout(Duration::from_secs(5), finished(&mut events)).await;
+    signal(zygote_pid, libc::SIGCONT);
+    let finished = finished.expect("Finished while the zygote is stopped");
+    assert_eq!(finished.outcome(), Outcome::Failed, "{finished:?}");
+    assert_eq!(finished.error, "killed by signal 9", "{finished:?}");
 }

@@ -143,6 +143,9 @@ struct Supervision {
 /// and environment the agent inherits. Never returns.
 fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -> ! {
     close_inherited_fds(supervision.control.map_or(3, |fd| fd + 1));
+    if let Some(control) = supervision.control {
+        CONTROL.store(control, std::sync::atomic::Ordering::Relaxed);
+    }
     let signals = SignalSet::new(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGUSR2])
         .and_then(|set| set.block().map(|()| set))
         .unwrap_or_else(|err| fail(1, format_args!("cannot block signals: {err}")));
@@ -173,6 +176,7 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
         // SAFETY: getppid() has no preconditions.
         let parent_alive = || supervision.expected_parent.is_none_or(|parent| parent == unsafe { libc::getppid() });
         if !zygote::await_go(control) || !parent_alive() {
+            report_exit(EXIT_NOT_STARTED);
             std::process::exit(EXIT_NOT_STARTED);
         }
     }
@@ -193,9 +197,7 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
                 // was reparented to us, the subreaper: it goes too.
                 sweep_descendants();
                 let code = exit_code(status);
-                if let Some(control) = control {
-                    zygote::report_exit(control, code);
-                }
+                report_exit(code);
                 std::process::exit(code)
             }
             Ok(None) => {}
@@ -417,6 +419,7 @@ const SWEEP_ROUNDS: usize = 400;
 
 /// SIGKILLs the shim's process group (the shim included).
 fn kill_group() -> ! {
+    report_exit(128 + libc::SIGKILL);
     // SAFETY: kill(2) has no memory-safety preconditions; pid 0 is our group.
     unsafe { libc::kill(0, libc::SIGKILL) };
     // Not reached: SIGKILL to ourselves is delivered before kill() returns.
@@ -427,7 +430,20 @@ fn kill_group() -> ! {
 /// tail) and exits.
 fn fail(code: i32, message: std::fmt::Arguments<'_>) -> ! {
     eprintln!("punchclock agent shim: {message}");
+    report_exit(code);
     std::process::exit(code)
+}
+
+/// Behind the zygote, the execution's control socket (-1: none), so every
+/// way the supervisor ends tells the runner its code.
+static CONTROL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Tells the runner `code` on the control socket, if there is one (once).
+fn report_exit(code: i32) {
+    let control = CONTROL.swap(-1, std::sync::atomic::Ordering::Relaxed);
+    if control >= 0 {
+        zygote::report_exit(control, code);
+    }
 }
 
 /// A set of signals handled synchronously with `sigwait`.
