@@ -410,6 +410,11 @@ fn start(zygote: libc::pid_t, bytes: &[u8], fds: Vec<OwnedFd>, truncated: bool, 
             // the runner reads the pid, which it may signal at once.
             // SAFETY: setpgid has no memory-safety preconditions.
             unsafe { libc::setpgid(pid, pid) };
+            // Our copies close before the runner hears of the supervisor:
+            // held by a zygote stopped right after its answer, they would
+            // keep the supervisor's control socket and pipes open after it
+            // died (no EOF for the runner).
+            drop((stdin, stdout, stderr, control));
             running.insert(pid, id);
             report(id, Status::Started(pid));
         }
