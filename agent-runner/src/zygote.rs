@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::config::ShimCommand;
+use crate::executor::lock;
 use crate::shim::SHIM_PARENT_PID_ENV;
 use crate::shim::zygote::{self, MAX_REQUEST_BYTES, Request, Status, ZYGOTE_FLAG};
 
@@ -312,10 +313,6 @@ fn read_statuses(socket: Arc<AsyncFd<OwnedFd>>, waiters: Waiters) {
     lock(&waiters).clear();
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl ZygoteProcess {
     /// The supervisor's pid (and process group id).
     pub fn pid(&self) -> u32 {
@@ -343,15 +340,11 @@ impl ZygoteProcess {
             match read {
                 Ok(Ok(4)) => self.exit = Some(ExitStatus::from_raw((i32::from_le_bytes(code) & 0xff) << 8)),
                 // EOF: killed before it could tell.
-                Ok(Ok(_)) => {
-                    self.eof_deadline = Some(tokio::time::Instant::now() + KILLED_STATUS_WAIT);
-                    self.exit = Some(self.killed_by().await);
-                }
+                Ok(Ok(_)) => self.eof_deadline = Some(tokio::time::Instant::now() + KILLED_STATUS_WAIT),
                 Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
                 // A supervisor killed with data unread on its end: as EOF.
                 Ok(Err(err)) if err.raw_os_error() == Some(libc::ECONNRESET) => {
                     self.eof_deadline = Some(tokio::time::Instant::now() + KILLED_STATUS_WAIT);
-                    self.exit = Some(self.killed_by().await);
                 }
                 Ok(Err(err)) => return Err(err),
                 Err(_would_block) => {}

@@ -281,14 +281,7 @@ fn killed_runner(dir: &Path) {
 
 /// Runs `agent` with `settings` to its end.
 async fn run_with(settings: &ExecutorSettings, agent: &ProcessAgent, assign: &Assign) -> Finished {
-    let (tx, mut events) = mpsc::channel(16);
-    let _execution = executor::start(agent, assign, settings, tx).await.expect("shim starts");
-    loop {
-        match tokio::time::timeout(PATIENCE, events.recv()).await.expect("event in time").expect("channel open") {
-            ExecutionEvent::Progress(_) => {}
-            ExecutionEvent::Finished(finished) => return finished,
-        }
-    }
+    finished(&mut start_events(settings, agent, assign).await).await
 }
 
 async fn reused_empty(dir: &Path) {
@@ -422,6 +415,13 @@ async fn start_events(settings: &ExecutorSettings, agent: &ProcessAgent, assign:
     events
 }
 
+/// Starts `sh -c script` through the zygote: its events and the zygote's pid.
+async fn start_with_zygote(settings: &ExecutorSettings, script: &str, execution_id: &str) -> (mpsc::Receiver<ExecutionEvent>, u32) {
+    let events = start_events(settings, &sh_agent(script), &assign(execution_id, 60)).await;
+    let pid = settings.zygote.as_ref().and_then(|zygote| zygote.pid()).expect("zygote running");
+    (events, pid)
+}
+
 async fn finished(events: &mut mpsc::Receiver<ExecutionEvent>) -> Finished {
     loop {
         match tokio::time::timeout(PATIENCE, events.recv()).await.expect("finished in time").expect("channel open") {
@@ -462,9 +462,7 @@ async fn stopped_zygote(dir: &Path) {
 /// arrives while the zygote is stopped (and would survive its death).
 async fn exit_code_without_zygote(dir: &Path) {
     let settings = settings(dir);
-    let zygote = settings.zygote.clone().expect("zygote mode");
-    let mut events = start_events(&settings, &sh_agent("sleep 0.3; echo done; exit 3"), &assign("e-code", 60)).await;
-    let pid = zygote.pid().expect("zygote running");
+    let (mut events, pid) = start_with_zygote(&settings, "sleep 0.3; echo done; exit 3", "e-code").await;
     signal(pid, libc::SIGSTOP);
     let finished = tokio::time::timeout(Duration::from_secs(5), finished(&mut events)).await;
     signal(pid, libc::SIGCONT);
@@ -480,8 +478,7 @@ async fn exit_code_without_zygote(dir: &Path) {
 async fn sigterm_to_zygote(dir: &Path) {
     let settings = settings(dir);
     let zygote = settings.zygote.clone().expect("zygote mode");
-    let mut events = start_events(&settings, &sh_agent("sleep 0.5; echo survived"), &assign("e-term", 60)).await;
-    let pid = zygote.pid().expect("zygote running");
+    let (mut events, pid) = start_with_zygote(&settings, "sleep 0.5; echo survived", "e-term").await;
     signal(pid, libc::SIGTERM);
     signal(pid, libc::SIGINT);
     signal(pid, libc::SIGHUP);
