@@ -118,10 +118,43 @@ enum StoreAt {
     Etcd(Vec<String>),
 }
 
+/// The fields of `/proc/PID/stat` after the command name (field 3 first).
+fn stat_fields(pid: i32) -> Vec<u64> {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Vec::new() };
+    stat.rsplit(')').next().unwrap_or("").split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0)).collect()
+}
+
+/// A process's own CPU (user + system), in clock ticks (1/100 s).
 fn cpu_ticks(pid: i32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
-    let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    let f = stat_fields(pid);
+    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
+}
+
+/// The CPU of a process's waited-for children and their waited-for
+/// descendants (cutime + cstime), in clock ticks.
+fn children_cpu_ticks(pid: i32) -> u64 {
+    let f = stat_fields(pid);
+    f.get(13).copied().unwrap_or(0) + f.get(14).copied().unwrap_or(0)
+}
+
+/// The agent zygote among the children of `parents`: its own CPU plus that
+/// of the supervisors it reaped (which reaped their agents) is what the
+/// agents cost.
+fn zygote_of(parents: &[i32]) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).find(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let ppid = stat_fields(*pid).get(1).copied().unwrap_or(0) as i32;
+        parents.contains(&ppid) && cmdline.split(|b| *b == 0).any(|arg| arg == b"--zygote")
+    })
+}
+
+/// Busy and total clock ticks of the whole machine (`/proc/stat`).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<u64> = stat.lines().next().unwrap_or("").split_whitespace().skip(1).map(|v| v.parse().unwrap_or(0)).collect();
+    let total: u64 = cpu.iter().take(8).sum();
+    let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+    (total - idle, total)
 }
 
 fn rss_mb(pid: i32) -> f64 {
@@ -233,6 +266,11 @@ struct Figures {
     dispatch: Vec<i64>,
     start: Vec<i64>,
     cpu: Vec<f64>,
+    /// CPU % of the agents with their supervisors and the zygote (0 when
+    /// the runner has no zygote).
+    agents_cpu: f64,
+    /// How busy the whole machine was, % of all its cores.
+    machine_busy: f64,
     rss: Vec<f64>,
     apply_secs: f64,
 }
@@ -255,10 +293,22 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
     tokio::time::sleep((from - Utc::now()).to_std().unwrap_or_default()).await;
     let pids: Vec<i32> = t.procs.iter().map(Proc::pid).collect();
     let ticks0: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+    let zygote = zygote_of(&pids);
+    let agents_ticks = |z: Option<i32>| z.map(|z| cpu_ticks(z) + children_cpu_ticks(z)).unwrap_or(0);
+    let (agents0, machine0) = (agents_ticks(zygote), machine_ticks());
     let wall = Instant::now();
     tokio::time::sleep((until - Utc::now()).to_std().unwrap_or_default()).await;
     let secs = wall.elapsed().as_secs_f64();
     let cpu: Vec<f64> = pids.iter().zip(&ticks0).map(|(p, t0)| (cpu_ticks(*p) - t0) as f64 / 100.0 / secs * 100.0).collect();
+    // A zygote that started during the window (at its first run) had used
+    // nothing before it.
+    let agents1 = match zygote {
+        Some(_) => agents_ticks(zygote),
+        None => agents_ticks(zygote_of(&pids)),
+    };
+    let agents_cpu = agents1.saturating_sub(agents0) as f64 / 100.0 / secs * 100.0;
+    let machine1 = machine_ticks();
+    let machine_busy = (machine1.0 - machine0.0) as f64 * 100.0 / (machine1.1 - machine0.1).max(1) as f64;
     let rss: Vec<f64> = pids.iter().map(|p| rss_mb(*p)).collect();
     // Let the window's last runs finish, then read the records.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -320,6 +370,8 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
         dispatch,
         start,
         cpu,
+        agents_cpu,
+        machine_busy,
         rss,
         apply_secs,
     }
@@ -393,6 +445,21 @@ async fn main() {
                     join(&f.cpu),
                     join(&f.rss),
                     f.apply_secs,
+                );
+                let per_run = |pct: f64| pct * 10.0 / (f.fired as f64 / o.window as f64).max(1.0);
+                let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
+                // The slots of one instant all start together: even alone,
+                // their agents keep every core busy this long.
+                println!(
+                    "{:<30} CPU per run: control plane{} {:.2} ms, agents + supervisors + zygote {:.2} ms; machine {:.0}% busy ({cores} cores); \
+                     one instant's {} agents alone fill every core for {:.0} ms",
+                    "",
+                    if f.cpu.len() > 1 { " + runner" } else { "" },
+                    per_run(f.cpu.iter().sum()),
+                    per_run(f.agents_cpu),
+                    f.machine_busy,
+                    row.tasks(),
+                    per_run(f.agents_cpu) * row.tasks() as f64 / cores as f64,
                 );
                 if !f.not_started.is_empty() {
                     println!("{:<30} not started, by status (count, an error): {:?}", "", f.not_started);
