@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps build test demo bench bench-idle bench-engine bench-load bench-spawn shim-static fmt clippy clean
+.PHONY: all deps build test demo bench bench-idle bench-engine bench-load bench-spawn bench-apply shim-static fmt clippy clean
 
 all: build
 
@@ -34,7 +34,7 @@ demo: build
 
 # Benches that print figures (not part of `make test`): idle cost, engine
 # transactions per run and throughput against the pre-issue-6 build.
-bench: bench-idle bench-engine bench-load bench-spawn
+bench: bench-idle bench-engine bench-load bench-spawn bench-apply
 
 # Issue 6: store transactions per run and runs/s, embedded and etcd, before/after.
 bench-engine: build
@@ -46,6 +46,12 @@ bench-engine: build
 REV ?= ebf31dc
 bench-load: deps
 	./scripts/bench-load.sh $(REV) $(ARGS)
+
+# Issue 8, acceptance 1: a 10,000- and 100,000-task file through the CLI
+# on dev, 10,000 on a real etcd (release build).
+bench-apply: deps
+	$(CARGO) build --quiet --release --workspace --bins
+	PUNCHCLOCK_BIN=$(CURDIR)/target/release/punchclock ./target/release/bench-apply $(ARGS)
 
 # Issue 7, acceptance 4: CPU per agent start (/bin/true, 10,000 runs) with
 # the punchclock-agent-shim binary, the __agent-shim subcommand, no shim.

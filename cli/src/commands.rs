@@ -542,55 +542,51 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
     };
     match c {
         TaskCmd::Apply { dry_run, .. } => {
-            let specs = specs.unwrap_or_default();
-            let id_of = |spec: &str| {
-                serde_json::from_str::<serde_json::Value>(spec)
-                    .ok()
-                    .and_then(|v| v["task_id"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| "?".into())
-            };
-            // All or nothing: validate every task (and reject repeated ids)
-            // before writing any, so a bad file leaves the cluster as it was.
-            let mut problems = Vec::new();
-            let mut seen = std::collections::HashSet::new();
-            for (n, spec) in specs.iter().enumerate() {
-                let id = id_of(spec);
-                if id != "?" && !seen.insert(id.clone()) {
-                    problems.push(format!("task #{} ({id}): task_id: appears more than once in the file", n + 1));
-                    continue;
+            // One call for the whole file: the server validates every task
+            // before it writes any, and writes them all or none.
+            const CHUNK_BYTES: usize = 1024 * 1024;
+            let mut messages = Vec::new();
+            let (mut chunk, mut bytes) = (Vec::new(), 0);
+            for spec in specs.unwrap_or_default() {
+                if bytes + spec.len() > CHUNK_BYTES && !chunk.is_empty() {
+                    messages.push(pb::ApplyTasksRequest { spec_json: std::mem::take(&mut chunk), dry_run });
+                    bytes = 0;
                 }
-                if let Err(e) = tc.apply_task(pb::ApplyTaskRequest { spec_json: spec.clone(), dry_run: true }).await {
-                    problems.push(format!("task #{} ({id}): {}", n + 1, grpc(e)));
-                }
+                bytes += spec.len();
+                chunk.push(spec);
             }
-            if !problems.is_empty() {
-                for p in &problems {
-                    eprintln!("{p}");
-                }
-                return Err(format!("{} problem(s); nothing applied", problems.len()));
-            }
+            messages.push(pb::ApplyTasksRequest { spec_json: chunk, dry_run });
+            let mut replies = tc.apply_tasks(futures::stream::iter(messages)).await.map_err(grpc)?.into_inner();
             let mut applied = Vec::new();
-            for spec in specs {
-                let id = id_of(&spec);
-                let r = tc
-                    .apply_task(pb::ApplyTaskRequest { spec_json: spec, dry_run })
-                    .await
-                    .map_err(|e| format!("task {id}: {}", grpc(e)))?
-                    .into_inner();
-                if let Some(t) = &r.task {
-                    applied.push(task_json(t));
+            // The same warning for many tasks (one agent no runner serves)
+            // is printed once, with the tasks it concerns.
+            let mut warnings: Vec<(String, Vec<String>)> = Vec::new();
+            while let Some(reply) = replies.message().await.map_err(grpc)? {
+                for t in reply.tasks {
+                    for w in &t.warnings {
+                        match warnings.iter_mut().find(|(text, _)| text == w) {
+                            Some((_, ids)) => ids.push(t.task_id.clone()),
+                            None => warnings.push((w.clone(), vec![t.task_id.clone()])),
+                        }
+                    }
+                    if fmt == Format::Table {
+                        if dry_run {
+                            println!("task {} valid (would be {})", t.task_id, t.outcome);
+                        } else {
+                            println!("task {} {}", t.task_id, t.outcome);
+                        }
+                    }
+                    applied
+                        .push(serde_json::json!({"task_id": t.task_id, "outcome": t.outcome, "warnings": t.warnings, "dry_run": dry_run}));
                 }
-                for w in &r.warnings {
-                    eprintln!("warning: task {id}: {w}");
-                }
-                if fmt == Format::Table {
-                    let verb = match (dry_run, r.created) {
-                        (true, _) => "valid",
-                        (false, true) => "created",
-                        (false, false) => "updated",
-                    };
-                    println!("task {id} {verb}");
-                }
+            }
+            for (text, ids) in warnings {
+                let tasks = match ids.len() {
+                    1 => format!("task {}", ids[0]),
+                    2..=3 => format!("tasks {}", ids.join(", ")),
+                    n => format!("{n} tasks ({}, ... {})", ids[..2].join(", "), ids[n - 1]),
+                };
+                eprintln!("warning: {tasks}: {text}");
             }
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(applied));

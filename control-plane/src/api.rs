@@ -16,7 +16,7 @@ use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
 use crate::engine::{EngineHandle, RunnerSnapshot, TriggerRequest};
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, RunStatus, TaskRecord, TaskSpec};
-use crate::repo::Repo;
+use crate::repo::{ApplyOutcome, Repo};
 use crate::schedule::{CronSchedule, Schedule, next_slot};
 
 /// Most fire times one preview returns.
@@ -50,6 +50,37 @@ pub struct Applied {
     pub created: bool,
     /// Problems that do not stop the apply.
     pub warnings: Vec<String>,
+}
+
+/// What `ApplyTasks` did to one task.
+#[derive(Debug, Clone)]
+pub struct AppliedTask {
+    /// The task.
+    pub task_id: String,
+    /// Created, updated or unchanged (with `dry_run`: what would be).
+    pub outcome: ApplyOutcome,
+    /// Problems that do not stop the apply.
+    pub warnings: Vec<String>,
+}
+
+/// Parses and validates one definition at `now`: the model's checks, then
+/// that every recurring trigger still has a fire time.
+///
+/// Errors: `InvalidArgument` naming the field.
+fn validate_spec(spec_json: &str, now: DateTime<Utc>) -> Result<TaskSpec> {
+    let spec = TaskSpec::from_json(spec_json)?;
+    let schedules = spec.schedules()?;
+    for (i, s) in schedules.iter().enumerate() {
+        if !matches!(s, Schedule::Once { .. }) && s.next_after(now).is_none() {
+            let path = if spec.trigger.is_some() && i == 0 {
+                "trigger".to_string()
+            } else {
+                format!("triggers[{}]", i - usize::from(spec.trigger.is_some()))
+            };
+            return Err(Error::invalid(format!("{path}.expr"), "has no fire time after now"));
+        }
+    }
+    Ok(spec)
 }
 
 /// Shared state of the API services.
@@ -86,19 +117,8 @@ impl Core {
     /// when validation fails. Warns (on the leader) when no connected runner
     /// serves the task's agent.
     pub async fn apply_task(&self, spec_json: &str, dry_run: bool) -> Result<Applied> {
-        let spec = TaskSpec::from_json(spec_json)?;
         let now = self.clock.now();
-        let schedules = spec.schedules()?;
-        for (i, s) in schedules.iter().enumerate() {
-            if !matches!(s, Schedule::Once { .. }) && s.next_after(now).is_none() {
-                let path = if spec.trigger.is_some() && i == 0 {
-                    "trigger".to_string()
-                } else {
-                    format!("triggers[{}]", i - usize::from(spec.trigger.is_some()))
-                };
-                return Err(Error::invalid(format!("{path}.expr"), "has no fire time after now"));
-            }
-        }
+        let spec = validate_spec(spec_json, now)?;
         let warnings = self.agent_warnings(&spec).await;
         for _ in 0..CAS_ATTEMPTS {
             let prev = self.repo.get_task(&spec.task_id).await?;
@@ -121,6 +141,74 @@ impl Core {
             }
         }
         Err(Error::Unavailable { reason: format!("task {} is being changed concurrently; try again", spec.task_id), leader: None })
+    }
+
+    /// Validates every definition of `spec_jsons` (a whole task file), then
+    /// creates or replaces them all or none (see [`crate::repo::apply`]);
+    /// with `dry_run`, says what it would do. Writes go through the leader
+    /// (its fence guards them, and a new leader finishes an interrupted
+    /// apply).
+    ///
+    /// Errors: `InvalidArgument` listing every bad definition (by position
+    /// and id) and repeated ids — nothing is written; `Unavailable` naming
+    /// the leader on a follower; store errors.
+    pub async fn apply_tasks(&self, spec_jsons: &[String], dry_run: bool) -> Result<Vec<AppliedTask>> {
+        const SHOWN_PROBLEMS: usize = 20;
+        let now = self.clock.now();
+        let mut specs = Vec::with_capacity(spec_jsons.len());
+        let mut problems = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, json) in spec_jsons.iter().enumerate() {
+            match validate_spec(json, now) {
+                Ok(spec) if !seen.insert(spec.task_id.clone()) => {
+                    problems.push(format!("task #{} ({}): task_id: appears more than once", i + 1, spec.task_id));
+                }
+                Ok(spec) => specs.push(spec),
+                Err(e) => {
+                    let id = serde_json::from_str::<serde_json::Value>(json)
+                        .ok()
+                        .and_then(|v| v.get("task_id").and_then(|id| id.as_str()).map(str::to_string))
+                        .unwrap_or_else(|| "?".into());
+                    problems.push(format!("task #{} ({id}): {e}", i + 1));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            let more = problems.len().saturating_sub(SHOWN_PROBLEMS);
+            let mut text = format!("{} of {} definitions are invalid; nothing applied:", problems.len(), spec_jsons.len());
+            for p in problems.iter().take(SHOWN_PROBLEMS) {
+                text.push_str("\n  ");
+                text.push_str(p);
+            }
+            if more > 0 {
+                text.push_str(&format!("\n  ... and {more} more"));
+            }
+            return Err(Error::invalid("tasks", text));
+        }
+        let outcomes = if dry_run {
+            self.repo.preview_apply(&specs, now).await?
+        } else {
+            let engine = self.engine().await?;
+            let report = self.repo.apply_tasks(engine.leadership(), &specs, now).await?;
+            tracing::info!(tasks = specs.len(), transactions = report.transactions, journaled = report.journaled, "tasks applied");
+            report.outcomes
+        };
+        // One question per distinct agent and selector, not per task.
+        let mut warned: std::collections::HashMap<(String, String), Vec<String>> = std::collections::HashMap::new();
+        let mut out = Vec::with_capacity(specs.len());
+        for (spec, outcome) in specs.into_iter().zip(outcomes) {
+            let key = (spec.agent_id.clone(), format!("{:?}", spec.execution.selector));
+            let warnings = match warned.get(&key) {
+                Some(w) => w.clone(),
+                None => {
+                    let w = self.agent_warnings(&spec).await;
+                    warned.insert(key, w.clone());
+                    w
+                }
+            };
+            out.push(AppliedTask { task_id: spec.task_id, outcome, warnings });
+        }
+        Ok(out)
     }
 
     /// "No connected runner serves agent X", when this replica leads and

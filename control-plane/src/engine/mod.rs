@@ -90,6 +90,7 @@ pub(crate) enum Command {
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
+    leadership: crate::election::Leadership,
 }
 
 fn gone() -> Error {
@@ -97,6 +98,13 @@ fn gone() -> Error {
 }
 
 impl EngineHandle {
+    /// The leadership (fencing token and fence) the engine runs under:
+    /// writes made on its behalf outside the engine (`ApplyTasks`) carry
+    /// the same fence.
+    pub fn leadership(&self) -> &crate::election::Leadership {
+        &self.leadership
+    }
+
     async fn send(&self, cmd: Command) -> Result<()> {
         self.tx.send(cmd).await.map_err(|_| gone())
     }

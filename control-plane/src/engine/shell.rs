@@ -119,6 +119,9 @@ impl Engine {
     /// Errors: the store cannot be read.
     pub async fn start(cfg: EngineConfig) -> Result<(EngineHandle, tokio::task::JoinHandle<EngineExit>)> {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        // An apply a previous leader left half done is finished (or rolled
+        // back) before the tasks are read.
+        cfg.repo.recover_applies(&cfg.leadership, cfg.clock.now()).await?;
         // Watch first, then read: no change falls in between.
         let watch = cfg.repo.watch_tasks().await?;
         let tasks = cfg.repo.load_tasks().await?;
@@ -138,8 +141,9 @@ impl Engine {
             stop_reply: None,
             transactions: 0,
         };
+        let leadership = engine.leadership.clone();
         let join = tokio::spawn(engine.run(watch));
-        Ok((EngineHandle { tx }, join))
+        Ok((EngineHandle { tx, leadership }, join))
     }
 
     async fn run(mut self, mut watch: BoxStream<'static, Result<TaskChange>>) -> EngineExit {

@@ -58,6 +58,24 @@ impl Keys {
     pub fn active_run(&self, run_id: &str) -> String {
         format!("{}active/{run_id}", self.prefix)
     }
+    /// `{prefix}applies/`: journals of applies too large for one
+    /// transaction (see [`crate::repo::apply`]).
+    pub fn applies(&self) -> String {
+        format!("{}applies/", self.prefix)
+    }
+    /// `{prefix}applies/{id}/`: one apply's journal.
+    pub fn apply(&self, id: &str) -> String {
+        format!("{}applies/{id}/", self.prefix)
+    }
+    /// `{prefix}applies/{id}/chunk-{n:06}`: a JSON array of task specs.
+    pub fn apply_chunk(&self, id: &str, n: usize) -> String {
+        format!("{}applies/{id}/chunk-{n:06}", self.prefix)
+    }
+    /// `{prefix}applies/{id}/ready`: present once every chunk is written
+    /// (the number of chunks).
+    pub fn apply_ready(&self, id: &str) -> String {
+        format!("{}applies/{id}/ready", self.prefix)
+    }
     /// `{prefix}election/`
     pub fn election(&self) -> String {
         format!("{}election/", self.prefix)

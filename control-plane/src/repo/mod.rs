@@ -9,6 +9,7 @@
 //! `--max-txn-ops` and request size), a group never split, groups committed
 //! in order.
 
+pub mod apply;
 pub mod codec;
 mod keys;
 
@@ -19,12 +20,13 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
+pub use apply::{ApplyOutcome, ApplyReport};
 pub use keys::Keys;
 
 use crate::election::Leadership;
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, TaskRecord};
-use crate::store::{Compare, KvStore, Revision, Txn, TxnOp, WatchEvent};
+use crate::store::{Compare, KeyValue, KvStore, Revision, Txn, TxnOp, WatchEvent};
 
 /// Largest encoded run record: 512 KiB, well below etcd's 1.5 MiB request
 /// limit (etcd docs, `--max-request-bytes`) so that a record plus its index
@@ -408,23 +410,38 @@ impl Repo {
         Ok(stats)
     }
 
-    async fn commit_one(&self, lead: &Leadership, mut txn: Txn) -> Result<Revision> {
-        // The failure branch reads the fence key and every run to create, to
-        // tell "fenced" from "already exists".
+    /// Runs `txn` under the leader's fence. `Ok(Ok(revision))` when it
+    /// committed; `Ok(Err(gets))` when the fence holds but the txn's own
+    /// compares failed (`gets`: its failure branch's reads).
+    ///
+    /// Errors: [`Error::Fenced`] when the fence fails; store errors.
+    async fn fenced_txn(&self, lead: &Leadership, mut txn: Txn) -> Result<std::result::Result<Revision, Vec<Option<KeyValue>>>> {
+        // The failure branch reads the fence keys first, to tell "fenced"
+        // from the txn's own compares failing.
         let fence_gets: Vec<TxnOp> = lead.fence.iter().map(|c| TxnOp::get(&c.key)).collect();
-        let creates: Vec<String> =
-            txn.failure.iter().filter_map(|op| if let TxnOp::Get { key } = op { Some(key.clone()) } else { None }).collect();
         txn.compares.extend(lead.fence.iter().cloned());
         txn.failure.splice(0..0, fence_gets);
         let r = self.store.txn(txn).await?;
         if r.succeeded {
-            return Ok(r.revision);
+            return Ok(Ok(r.revision));
         }
         let fence_holds = lead.fence.iter().zip(&r.gets).all(|(c, kv)| c.holds(kv.as_ref()));
         if !fence_holds {
             return Err(Error::Fenced(format!("fencing token {} is stale: a newer leader exists", lead.token)));
         }
-        let taken = creates.iter().zip(r.gets.iter().skip(lead.fence.len())).find(|(_, kv)| kv.is_some());
+        Ok(Err(r.gets.into_iter().skip(lead.fence.len()).collect()))
+    }
+
+    async fn commit_one(&self, lead: &Leadership, txn: Txn) -> Result<Revision> {
+        // The failure branch reads every run to create, to tell "already
+        // exists" from other failures.
+        let creates: Vec<String> =
+            txn.failure.iter().filter_map(|op| if let TxnOp::Get { key } = op { Some(key.clone()) } else { None }).collect();
+        let gets = match self.fenced_txn(lead, txn).await? {
+            Ok(revision) => return Ok(revision),
+            Err(gets) => gets,
+        };
+        let taken = creates.iter().zip(gets.iter()).find(|(_, kv)| kv.is_some());
         match taken {
             Some((key, _)) => {
                 let id = self.keys.id_after(&self.keys.runs(), key).unwrap_or(key).to_string();
@@ -566,6 +583,9 @@ mod tests {
         }
         async fn range(&self, prefix: &str) -> Result<(Vec<crate::store::KeyValue>, Revision)> {
             self.0.range(prefix).await
+        }
+        async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<crate::store::KeyValue>> {
+            self.0.range_page(prefix, after, limit, keys_only).await
         }
         async fn txn(&self, txn: Txn) -> Result<crate::store::TxnResult> {
             assert!(txn.success.len() <= self.1 && txn.compares.len() <= self.1 && txn.failure.len() <= self.1, "over the limit");

@@ -21,8 +21,44 @@ fn view(record: crate::model::TaskRecord) -> TaskView {
     TaskView { record, cursor: None, next_fire_at: None }
 }
 
+/// Most definitions one `ApplyTasks` call takes.
+pub const MAX_APPLY_TASKS: usize = 200_000;
+/// Results per `ApplyTasksResponse` message.
+const APPLIED_PER_MESSAGE: usize = 1000;
+
 #[tonic::async_trait]
 impl TaskService for TaskSvc {
+    type ApplyTasksStream = futures::stream::BoxStream<'static, Result<pb::ApplyTasksResponse, Status>>;
+
+    async fn apply_tasks(&self, req: Request<tonic::Streaming<pb::ApplyTasksRequest>>) -> Result<Response<Self::ApplyTasksStream>, Status> {
+        let mut incoming = req.into_inner();
+        let (mut specs, mut dry_run) = (Vec::new(), false);
+        while let Some(msg) = incoming.message().await? {
+            dry_run |= msg.dry_run;
+            specs.extend(msg.spec_json);
+            if specs.len() > MAX_APPLY_TASKS {
+                return Err(status(Error::invalid("spec_json", format!("more than {MAX_APPLY_TASKS} definitions in one apply"))));
+            }
+        }
+        let applied = self.0.apply_tasks(&specs, dry_run).await.map_err(status)?;
+        let messages: Vec<Result<pb::ApplyTasksResponse, Status>> = applied
+            .chunks(APPLIED_PER_MESSAGE)
+            .map(|chunk| {
+                Ok(pb::ApplyTasksResponse {
+                    tasks: chunk
+                        .iter()
+                        .map(|a| pb::TaskApplied {
+                            task_id: a.task_id.clone(),
+                            outcome: a.outcome.as_str().into(),
+                            warnings: a.warnings.clone(),
+                        })
+                        .collect(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(messages))))
+    }
+
     async fn apply_task(&self, req: Request<pb::ApplyTaskRequest>) -> Result<Response<pb::ApplyTaskResponse>, Status> {
         let r = req.into_inner();
         let applied = self.0.apply_task(&r.spec_json, r.dry_run).await.map_err(status)?;

@@ -13,6 +13,7 @@ use super::{Compare, KvStore, Txn, TxnOp, WatchEvent};
 pub async fn run_all(store: Arc<dyn KvStore>, prefix: &str) {
     put_get_and_revisions(&*store, prefix).await;
     range_is_prefix_exact_and_ordered(&*store, prefix).await;
+    range_pages_walk_every_key_once(&*store, prefix).await;
     txn_create_if_absent(&*store, prefix).await;
     txn_guard_fails_then_failure_branch(&*store, prefix).await;
     watch_sees_changes_in_order(&*store, prefix).await;
@@ -42,6 +43,27 @@ async fn range_is_prefix_exact_and_ordered(s: &dyn KvStore, p: &str) {
     let keys: Vec<String> = kvs.iter().map(|kv| kv.key.trim_start_matches(p).to_string()).collect();
     assert_eq!(keys, vec!["r/a", "r/b", "r/c"], "range: exact prefix, key order");
     assert!(rev >= kvs.iter().map(|k| k.mod_revision).max().unwrap_or(0));
+}
+
+async fn range_pages_walk_every_key_once(s: &dyn KvStore, p: &str) {
+    let keys = ["pg/a", "pg/a0", "pg/b", "pg/c", "pg/d", "pgx/e"];
+    for k in keys {
+        s.put(&format!("{p}{k}"), k.as_bytes().to_vec()).await.expect("put");
+    }
+    let prefix = format!("{p}pg/");
+    let (mut seen, mut after) = (Vec::new(), String::new());
+    loop {
+        let page = s.range_page(&prefix, &after, 2, false).await.expect("range_page");
+        assert!(page.len() <= 2, "range_page: at most limit keys");
+        let Some(last) = page.last() else { break };
+        after = last.key.clone();
+        seen.extend(page.iter().map(|kv| (kv.key.trim_start_matches(p).to_string(), kv.value.clone())));
+    }
+    let want: Vec<(String, Vec<u8>)> = keys[..5].iter().map(|k| (k.to_string(), k.as_bytes().to_vec())).collect();
+    assert_eq!(seen, want, "range_page: every key under the prefix once, in order, with values");
+    let keys_only = s.range_page(&prefix, "", 10, true).await.expect("range_page");
+    assert_eq!(keys_only.len(), 5);
+    assert!(keys_only.iter().all(|kv| kv.value.is_empty() && kv.mod_revision > 0), "range_page: keys only, with revisions");
 }
 
 async fn txn_create_if_absent(s: &dyn KvStore, p: &str) {

@@ -304,6 +304,33 @@ impl KvStore for EmbeddedStore {
         .await
     }
 
+    async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        let s = self.clone();
+        let (prefix, after) = (prefix.to_string(), after.to_string());
+        self.blocking(move || {
+            let r = s.inner.db.begin_read().map_err(store_err)?;
+            let kv = r.open_table(KV).map_err(store_err)?;
+            let start = if after.as_str() > prefix.as_str() { after.clone() } else { prefix.clone() };
+            let mut out = Vec::new();
+            for item in kv.range(start.as_str()..).map_err(store_err)? {
+                let (k, v) = item.map_err(store_err)?;
+                if !k.value().starts_with(prefix.as_str()) || out.len() >= limit {
+                    break;
+                }
+                if k.value() == after {
+                    continue;
+                }
+                let mut entry = decode(k.value(), v.value())?;
+                if keys_only {
+                    entry.value = Vec::new();
+                }
+                out.push(entry);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         let s = self.clone();
         self.blocking(move || s.txn_blocking(txn)).await

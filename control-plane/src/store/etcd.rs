@@ -108,6 +108,18 @@ impl KvStore for EtcdStore {
         Ok((r.kvs().iter().map(kv_of).collect(), rev))
     }
 
+    async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        // Start just after `after` (a key followed by a NUL byte is the
+        // next possible key); end where the prefix ends.
+        let start: Vec<u8> = if after > prefix { [after.as_bytes(), &[0]].concat() } else { prefix.as_bytes().to_vec() };
+        let mut options = GetOptions::new().with_range(prefix_end(prefix.as_bytes())).with_limit(limit as i64);
+        if keys_only {
+            options = options.with_keys_only();
+        }
+        let r = self.client.kv_client().get(start, Some(options)).await.map_err(err)?;
+        Ok(r.kvs().iter().map(kv_of).collect())
+    }
+
     fn max_txn_ops(&self) -> usize {
         MAX_TXN_OPS
     }
@@ -190,4 +202,18 @@ impl KvStore for EtcdStore {
     fn describe(&self) -> String {
         format!("etcd://{}", self.endpoints.iter().map(|e| e.trim_start_matches("http://")).collect::<Vec<_>>().join(","))
     }
+}
+
+/// The first key after every key starting with `prefix` (etcd's range end
+/// for a prefix): the prefix with its last byte below 0xff incremented.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or empty): to the end of the keyspace.
+    vec![0]
 }

@@ -212,6 +212,12 @@ pub trait KvStore: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>>;
     /// Every key starting with `prefix`, in key order, and the revision read at.
     async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)>;
+    /// One page of a range: at most `limit` keys under `prefix` strictly
+    /// after `after` (`""`: from the first), in key order; values left
+    /// empty when `keys_only`. On etcd a page is one range request with
+    /// `limit` and `keys_only` (etcd docs, "KV API: Range"), so no response
+    /// grows with the number or size of the records.
+    async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>>;
     /// Unconditional put; returns the new revision.
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
         Ok(self.txn(Txn { success: vec![TxnOp::put(key, value)], ..Txn::default() }).await?.revision)

@@ -1,0 +1,316 @@
+//! Applying many task definitions at once (`ApplyTasks`): all or nothing.
+//!
+//! When every write fits one transaction of the store (always on the
+//! embedded store; on etcd while the set is within `--max-txn-ops` and the
+//! request size) the set is written in that one transaction. Otherwise the
+//! whole set is first recorded in a journal under `applies/{id}/` (chunks,
+//! then a `ready` key in the last journal transaction), then the tasks are
+//! written in as few transactions as the limits allow, then the journal is
+//! deleted. A leader that starts finds any journal left by an interrupted
+//! apply: with `ready` it finishes the apply, without it deletes the chunks
+//! (no task of that apply was written yet). Every write is under the
+//! leader's fence, so a deposed leader cannot go on with an apply.
+//!
+//! Each task is written with a compare on its key's mod revision, from the
+//! record read just before: a concurrent pause, resume or apply of the same
+//! task is read again and kept (its `paused` state), never overwritten.
+
+use chrono::{DateTime, Utc};
+
+use super::{Limits, Part, Repo, codec};
+use crate::election::Leadership;
+use crate::error::{Error, Result};
+use crate::model::{TaskRecord, TaskSpec};
+use crate::store::{Compare, Revision, Txn, TxnOp};
+
+/// Attempts of one batch's read-compare-write before giving up.
+const CAS_ATTEMPTS: usize = 5;
+/// Largest journal chunk (bytes of encoded specs), well under etcd's
+/// request limit.
+const JOURNAL_CHUNK_BYTES: usize = 512 * 1024;
+
+/// What an apply did (or, validating only, would do) to one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// No task had this id.
+    Created,
+    /// The task existed with another definition.
+    Updated,
+    /// The task existed with this very definition: nothing written.
+    Unchanged,
+}
+
+impl ApplyOutcome {
+    /// `created`, `updated`, `unchanged`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApplyOutcome::Created => "created",
+            ApplyOutcome::Updated => "updated",
+            ApplyOutcome::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// What [`Repo::apply_tasks`] did.
+#[derive(Debug, Clone, Default)]
+pub struct ApplyReport {
+    /// One per spec, in order.
+    pub outcomes: Vec<ApplyOutcome>,
+    /// Store transactions committed (journal included).
+    pub transactions: usize,
+    /// Whether the set needed a journal (it did not fit one transaction).
+    pub journaled: bool,
+}
+
+/// The record a spec makes, given the current one: state the user did not
+/// write (pause, creation time) is kept.
+fn record_for(spec: &TaskSpec, prev: Option<&TaskRecord>, now: DateTime<Utc>) -> (TaskRecord, ApplyOutcome) {
+    match prev {
+        Some(p) if p.spec == *spec => (p.clone(), ApplyOutcome::Unchanged),
+        _ => {
+            let rec = TaskRecord {
+                spec: spec.clone(),
+                paused: prev.is_some_and(|p| p.paused),
+                paused_at: prev.and_then(|p| p.paused_at),
+                resumed_at: prev.and_then(|p| p.resumed_at),
+                created_at: prev.map_or(now, |p| p.created_at),
+                updated_at: now,
+            };
+            (rec, if prev.is_some() { ApplyOutcome::Updated } else { ApplyOutcome::Created })
+        }
+    }
+}
+
+impl Repo {
+    fn limits(&self, lead: Option<&Leadership>) -> Limits {
+        Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.map_or(0, |l| l.fence.len()) }
+    }
+
+    /// The current records of `ids` with their keys' mod revisions (0 when
+    /// absent), read in transactions of gets within the store's limits.
+    async fn read_tasks(&self, ids: &[&str]) -> Result<Vec<(Option<TaskRecord>, Revision)>> {
+        let per_txn = self.store.max_txn_ops().max(1);
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(per_txn) {
+            let txn = Txn { success: chunk.iter().map(|id| TxnOp::get(self.keys.task(id))).collect(), ..Txn::default() };
+            for kv in self.store.txn(txn).await?.gets {
+                out.push(match kv {
+                    Some(kv) => (Some(codec::decode::<TaskRecord>("task", &kv.value)?), kv.mod_revision),
+                    None => (None, 0),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// What applying `specs` would do, without writing.
+    pub async fn preview_apply(&self, specs: &[TaskSpec], now: DateTime<Utc>) -> Result<Vec<ApplyOutcome>> {
+        let ids: Vec<&str> = specs.iter().map(|s| s.task_id.as_str()).collect();
+        let prevs = self.read_tasks(&ids).await?;
+        Ok(specs.iter().zip(&prevs).map(|(s, (p, _))| record_for(s, p.as_ref(), now).1).collect())
+    }
+
+    /// Creates or replaces every task of `specs` (validated, ids unique),
+    /// all or nothing — see the module doc for how. Returns one outcome per
+    /// spec, in order.
+    ///
+    /// Errors: [`Error::Fenced`] when a newer leader exists (a journaled
+    /// apply is then finished by that leader); [`Error::Unavailable`] when
+    /// a task kept changing concurrently; store errors. After an error
+    /// the apply is either not visible at all or recorded in its journal
+    /// for the next leader to finish.
+    pub async fn apply_tasks(&self, lead: &Leadership, specs: &[TaskSpec], now: DateTime<Utc>) -> Result<ApplyReport> {
+        let limits = self.limits(Some(lead));
+        let encoded: Vec<usize> = specs.iter().map(|s| codec::encode(s).map(|b| b.len())).collect::<Result<_>>()?;
+        // A record is its spec plus ~200 bytes of state.
+        let fits_one = specs.len() < limits.ops.saturating_sub(limits.fence)
+            && encoded.iter().map(|n| n + 300 + self.keys.task("").len() + 128).sum::<usize>() <= limits.bytes;
+        if fits_one {
+            let (outcomes, transactions) = self.write_tasks(lead, specs, now, &limits).await?;
+            return Ok(ApplyReport { outcomes, transactions, journaled: false });
+        }
+        let id = format!("{}-{}", lead.token, now.timestamp_nanos_opt().unwrap_or_default());
+        let mut transactions = self.write_journal(lead, &id, specs, &limits).await?;
+        let (outcomes, written) = self.write_tasks(lead, specs, now, &limits).await?;
+        transactions += written + self.delete_journal(lead, &id, &limits).await?;
+        tracing::info!(apply = %id, tasks = specs.len(), transactions, "journaled apply done");
+        Ok(ApplyReport { outcomes, transactions, journaled: true })
+    }
+
+    /// Records `specs` under `applies/{id}/`: chunks, `ready` last.
+    async fn write_journal(&self, lead: &Leadership, id: &str, specs: &[TaskSpec], limits: &Limits) -> Result<usize> {
+        let mut chunks: Vec<Vec<&TaskSpec>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for spec in specs {
+            let n = codec::encode(spec)?.len();
+            if bytes + n > JOURNAL_CHUNK_BYTES.min(limits.bytes / 2) && !chunks.last().is_some_and(Vec::is_empty) {
+                chunks.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += n;
+            chunks.last_mut().expect("one chunk at least").push(spec);
+        }
+        let mut ops: Vec<TxnOp> = Vec::with_capacity(chunks.len() + 1);
+        for (i, chunk) in chunks.iter().enumerate() {
+            ops.push(TxnOp::put(self.keys.apply_chunk(id, i), codec::encode(chunk)?));
+        }
+        ops.push(TxnOp::put(self.keys.apply_ready(id), codec::encode(&chunks.len())?));
+        self.commit_ops(lead, ops, limits).await
+    }
+
+    /// Deletes an apply's journal, `ready` first (chunks without it are
+    /// deleted as an unfinished journal, never replayed).
+    async fn delete_journal(&self, lead: &Leadership, id: &str, limits: &Limits) -> Result<usize> {
+        let ready = self.keys.apply_ready(id);
+        let mut keys = vec![ready.clone()];
+        keys.extend(self.journal_keys(&self.keys.apply(id)).await?.into_iter().filter(|k| *k != ready));
+        self.commit_ops(lead, keys.into_iter().map(TxnOp::delete).collect(), limits).await
+    }
+
+    /// Every key under `prefix`, read in pages of keys only.
+    async fn journal_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        const PAGE: usize = 1000;
+        let mut keys: Vec<String> = Vec::new();
+        loop {
+            let after = keys.last().cloned().unwrap_or_default();
+            let page = self.store.range_page(prefix, &after, PAGE, true).await?;
+            let full = page.len() == PAGE;
+            keys.extend(page.into_iter().map(|kv| kv.key));
+            if !full {
+                return Ok(keys);
+            }
+        }
+    }
+
+    /// Commits `ops` in order, as few fenced transactions as fit.
+    async fn commit_ops(&self, lead: &Leadership, ops: Vec<TxnOp>, limits: &Limits) -> Result<usize> {
+        let mut txns = 0;
+        let mut part = Part::default();
+        for op in ops {
+            let add = Part::from((Vec::new(), vec![op], Vec::new()));
+            if !part.success.is_empty() && !limits.fits(&part, &add) {
+                self.fenced_or_fail(lead, std::mem::take(&mut part).into_txn()).await?;
+                txns += 1;
+            }
+            part.extend(add);
+        }
+        if !part.success.is_empty() {
+            self.fenced_or_fail(lead, part.into_txn()).await?;
+            txns += 1;
+        }
+        Ok(txns)
+    }
+
+    async fn fenced_or_fail(&self, lead: &Leadership, txn: Txn) -> Result<Revision> {
+        match self.fenced_txn(lead, txn).await? {
+            Ok(rev) => Ok(rev),
+            Err(_) => Err(Error::Store("a journal transaction's compares failed for no known reason".into())),
+        }
+    }
+
+    /// Writes the records of `specs` in batches that fit one transaction
+    /// each: read the batch, compute, write if nothing changed meanwhile
+    /// (else read again). Returns the outcomes and transactions committed.
+    async fn write_tasks(
+        &self,
+        lead: &Leadership,
+        specs: &[TaskSpec],
+        now: DateTime<Utc>,
+        limits: &Limits,
+    ) -> Result<(Vec<ApplyOutcome>, usize)> {
+        let mut outcomes = Vec::with_capacity(specs.len());
+        let mut transactions = 0;
+        let mut start = 0;
+        while start < specs.len() {
+            let (batch_outcomes, end, committed) = self.write_batch(lead, specs, start, now, limits).await?;
+            outcomes.extend(batch_outcomes);
+            transactions += committed;
+            start = end;
+        }
+        Ok((outcomes, transactions))
+    }
+
+    /// Writes specs from `start` on, as many as one transaction takes;
+    /// returns their outcomes, where the next batch starts, and whether a
+    /// transaction was committed (0 or 1).
+    async fn write_batch(
+        &self,
+        lead: &Leadership,
+        specs: &[TaskSpec],
+        start: usize,
+        now: DateTime<Utc>,
+        limits: &Limits,
+    ) -> Result<(Vec<ApplyOutcome>, usize, usize)> {
+        // How many fit is known only once encoded; read what one
+        // transaction of gets can hold, then write the prefix that fits.
+        let window = &specs[start..specs.len().min(start.saturating_add(limits.ops.saturating_sub(limits.fence).max(1)))];
+        for _ in 0..CAS_ATTEMPTS {
+            let ids: Vec<&str> = window.iter().map(|s| s.task_id.as_str()).collect();
+            let prevs = self.read_tasks(&ids).await?;
+            let mut part = Part::default();
+            let mut outcomes = Vec::with_capacity(window.len());
+            for (spec, (prev, rev)) in window.iter().zip(&prevs) {
+                let (rec, outcome) = record_for(spec, prev.as_ref(), now);
+                if outcome != ApplyOutcome::Unchanged {
+                    let key = self.keys.task(&spec.task_id);
+                    let add =
+                        Part::from((vec![Compare::mod_revision(&key, *rev)], vec![TxnOp::put(&key, codec::encode(&rec)?)], Vec::new()));
+                    if !limits.fits(&part, &add) {
+                        break;
+                    }
+                    part.extend(add);
+                }
+                outcomes.push(outcome);
+            }
+            if outcomes.is_empty() {
+                return Err(Error::invalid(
+                    format!("tasks[{start}]"),
+                    "the task's record does not fit one store transaction (etcd --max-request-bytes)",
+                ));
+            }
+            let end = start + outcomes.len();
+            if part.success.is_empty() {
+                return Ok((outcomes, end, 0));
+            }
+            if self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
+                return Ok((outcomes, end, 1));
+            }
+            // A task of the batch changed since it was read: read again.
+        }
+        Err(Error::Unavailable { reason: "tasks of this apply are being changed concurrently; try again".into(), leader: None })
+    }
+
+    /// Finishes or rolls back the applies a previous leader left (see the
+    /// module doc). Returns how many journals it found.
+    ///
+    /// Errors: [`Error::Fenced`]; store errors (the next start tries again).
+    pub async fn recover_applies(&self, lead: &Leadership, now: DateTime<Utc>) -> Result<usize> {
+        let mut journals: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for key in self.journal_keys(&self.keys.applies()).await? {
+            let Some(rest) = self.keys.id_after(&self.keys.applies(), &key) else { continue };
+            journals.insert(rest.split('/').next().unwrap_or(rest).to_string());
+        }
+        let limits = self.limits(Some(lead));
+        for id in &journals {
+            // Chunk by chunk: each is one get of at most 512 KiB.
+            if let Some(ready) = self.store.get(&self.keys.apply_ready(id)).await? {
+                let chunks: usize = codec::decode("apply journal", &ready.value)?;
+                let mut specs: Vec<TaskSpec> = Vec::new();
+                for i in 0..chunks {
+                    let kv = self
+                        .store
+                        .get(&self.keys.apply_chunk(id, i))
+                        .await?
+                        .ok_or_else(|| Error::Internal(format!("apply journal {id} is ready but chunk {i} of {chunks} is missing")))?;
+                    specs.extend(codec::decode::<Vec<TaskSpec>>("apply journal", &kv.value)?);
+                }
+                tracing::warn!(apply = %id, tasks = specs.len(), "finishing an apply a previous leader left");
+                self.write_tasks(lead, &specs, now, &limits).await?;
+            } else {
+                tracing::warn!(apply = %id, "rolling back an apply a previous leader left unrecorded");
+            }
+            self.delete_journal(lead, id, &limits).await?;
+        }
+        Ok(journals.len())
+    }
+}
