@@ -27,6 +27,8 @@ pub const DEFAULT_TASK_PAGE: u32 = 500;
 pub const MAX_TASK_PAGE: u32 = 1000;
 /// Default page of `ListRuns`.
 pub const DEFAULT_RUN_LIMIT: u32 = 100;
+/// Most runs one `ListRuns` returns (a larger `limit` is capped).
+pub const MAX_RUN_LIMIT: u32 = 1000;
 /// Attempts of an optimistic read-modify-write before giving up.
 const CAS_ATTEMPTS: usize = 5;
 
@@ -61,6 +63,45 @@ pub struct AppliedTask {
     pub outcome: ApplyOutcome,
     /// Problems that do not stop the apply.
     pub warnings: Vec<String>,
+}
+
+/// Validates every definition of a task file at `now`, in order.
+///
+/// Errors: `InvalidArgument` on `tasks` listing every bad definition (by
+/// position and id, the first 20) and every repeated id.
+fn validate_all(spec_jsons: &[String], now: DateTime<Utc>) -> Result<Vec<TaskSpec>> {
+    const SHOWN_PROBLEMS: usize = 20;
+    let mut specs = Vec::with_capacity(spec_jsons.len());
+    let mut problems = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, json) in spec_jsons.iter().enumerate() {
+        match validate_spec(json, now) {
+            Ok(spec) if !seen.insert(spec.task_id.clone()) => {
+                problems.push(format!("task #{} ({}): task_id: appears more than once", i + 1, spec.task_id));
+            }
+            Ok(spec) => specs.push(spec),
+            Err(e) => {
+                let id = serde_json::from_str::<serde_json::Value>(json)
+                    .ok()
+                    .and_then(|v| v.get("task_id").and_then(|id| id.as_str()).map(str::to_string))
+                    .unwrap_or_else(|| "?".into());
+                problems.push(format!("task #{} ({id}): {e}", i + 1));
+            }
+        }
+    }
+    if problems.is_empty() {
+        return Ok(specs);
+    }
+    let more = problems.len().saturating_sub(SHOWN_PROBLEMS);
+    let mut text = format!("{} of {} definitions are invalid; nothing applied:", problems.len(), spec_jsons.len());
+    for p in problems.iter().take(SHOWN_PROBLEMS) {
+        text.push_str("\n  ");
+        text.push_str(p);
+    }
+    if more > 0 {
+        text.push_str(&format!("\n  ... and {more} more"));
+    }
+    Err(Error::invalid("tasks", text))
 }
 
 /// Parses and validates one definition at `now`: the model's checks, then
@@ -152,39 +193,13 @@ impl Core {
     /// Errors: `InvalidArgument` listing every bad definition (by position
     /// and id) and repeated ids — nothing is written; `Unavailable` naming
     /// the leader on a follower; store errors.
-    pub async fn apply_tasks(&self, spec_jsons: &[String], dry_run: bool) -> Result<Vec<AppliedTask>> {
-        const SHOWN_PROBLEMS: usize = 20;
+    pub async fn apply_tasks(&self, spec_jsons: Vec<String>, dry_run: bool) -> Result<Vec<AppliedTask>> {
         let now = self.clock.now();
-        let mut specs = Vec::with_capacity(spec_jsons.len());
-        let mut problems = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for (i, json) in spec_jsons.iter().enumerate() {
-            match validate_spec(json, now) {
-                Ok(spec) if !seen.insert(spec.task_id.clone()) => {
-                    problems.push(format!("task #{} ({}): task_id: appears more than once", i + 1, spec.task_id));
-                }
-                Ok(spec) => specs.push(spec),
-                Err(e) => {
-                    let id = serde_json::from_str::<serde_json::Value>(json)
-                        .ok()
-                        .and_then(|v| v.get("task_id").and_then(|id| id.as_str()).map(str::to_string))
-                        .unwrap_or_else(|| "?".into());
-                    problems.push(format!("task #{} ({id}): {e}", i + 1));
-                }
-            }
-        }
-        if !problems.is_empty() {
-            let more = problems.len().saturating_sub(SHOWN_PROBLEMS);
-            let mut text = format!("{} of {} definitions are invalid; nothing applied:", problems.len(), spec_jsons.len());
-            for p in problems.iter().take(SHOWN_PROBLEMS) {
-                text.push_str("\n  ");
-                text.push_str(p);
-            }
-            if more > 0 {
-                text.push_str(&format!("\n  ... and {more} more"));
-            }
-            return Err(Error::invalid("tasks", text));
-        }
+        // Thousands of definitions are seconds of CPU: off the runtime's
+        // workers, which also serve the lease renewals and the engine.
+        let specs = tokio::task::spawn_blocking(move || validate_all(&spec_jsons, now))
+            .await
+            .map_err(|e| Error::Internal(format!("validation task failed: {e}")))??;
         let outcomes = if dry_run {
             self.repo.preview_apply(&specs, now).await?
         } else {
@@ -291,18 +306,11 @@ impl Core {
 
     /// Tasks by id, `limit` of them after `page_token` (a task id; empty =
     /// from the start). Returns the page and the next token (empty at the end).
+    /// Reads only that page from the store.
     pub async fn list_tasks_page(&self, page_token: &str, limit: u32) -> Result<(Vec<TaskView>, String)> {
         let limit = if limit == 0 { DEFAULT_TASK_PAGE } else { limit.min(MAX_TASK_PAGE) } as usize;
-        let mut all = self.list_tasks().await?;
-        all.retain(|v| v.record.spec.task_id.as_str() > page_token);
-        let next = if all.len() > limit { all[limit - 1].record.spec.task_id.clone() } else { String::new() };
-        all.truncate(limit);
-        Ok((all, next))
-    }
-
-    /// Every task, by id.
-    pub async fn list_tasks(&self) -> Result<Vec<TaskView>> {
-        Ok(self.repo.load_tasks().await?.into_iter().map(|(rec, cursor)| self.view(rec, cursor)).collect())
+        let (page, next) = self.repo.tasks_page(page_token, limit).await?;
+        Ok((page.into_iter().map(|(rec, cursor)| self.view(rec, cursor)).collect(), next.unwrap_or_default()))
     }
 
     /// Fire times of `expr` in `tz` strictly after `after`, or of a task's triggers.
@@ -356,12 +364,13 @@ impl Core {
         self.repo.get_run(run_id).await?.ok_or_else(|| Error::NotFound { kind: "run", id: run_id.to_string() })
     }
 
-    /// Runs, newest slot first, filtered by task and status.
+    /// Runs, newest slot first, filtered by task (a key range of that
+    /// task's runs) and status; at most `limit` (0: 100; capped at 1,000).
     pub async fn list_runs(&self, task_id: &str, status: Option<RunStatus>, limit: u32) -> Result<Vec<RunRecord>> {
         let (mut runs, _) = self.repo.list_runs(task_id).await?;
         runs.retain(|r| status.is_none_or(|s| r.status == s));
         runs.sort_by(|a, b| b.scheduled_at.cmp(&a.scheduled_at).then_with(|| b.run_id.cmp(&a.run_id)));
-        runs.truncate(if limit == 0 { DEFAULT_RUN_LIMIT } else { limit } as usize);
+        runs.truncate(if limit == 0 { DEFAULT_RUN_LIMIT } else { limit.min(MAX_RUN_LIMIT) } as usize);
         // Listings leave out the output tails (up to 64 KiB each); GetRun has them.
         for r in &mut runs {
             r.stdout_tail.clear();

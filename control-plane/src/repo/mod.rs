@@ -262,6 +262,43 @@ impl Repo {
         Ok(out)
     }
 
+    /// One page of tasks by id: at most `limit` with ids after `after_id`
+    /// (`""`: from the first), each with its cursor, and the id to ask
+    /// the next page after (`None` at the end). Reads only that page (and
+    /// its cursors), whatever the number of tasks. Unreadable records are
+    /// logged and left out.
+    pub async fn tasks_page(&self, after_id: &str, limit: usize) -> Result<(Vec<(TaskRecord, Option<Cursor>)>, Option<String>)> {
+        let after = if after_id.is_empty() { String::new() } else { self.keys.task(after_id) };
+        let mut kvs = self.store.range_page(&self.keys.tasks(), &after, limit + 1, false).await?;
+        let more = kvs.len() > limit;
+        kvs.truncate(limit);
+        let next = if more { kvs.last().and_then(|kv| self.keys.id_after(&self.keys.tasks(), &kv.key)).map(str::to_string) } else { None };
+        let mut records = Vec::with_capacity(kvs.len());
+        for kv in kvs {
+            match codec::decode::<TaskRecord>("task", &kv.value) {
+                Ok(rec) => records.push(rec),
+                Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable task"),
+            }
+        }
+        let mut out = Vec::with_capacity(records.len());
+        for chunk in records.chunks(self.store.max_txn_ops().max(1)) {
+            let txn = Txn { success: chunk.iter().map(|r| TxnOp::get(self.keys.cursor(&r.spec.task_id))).collect(), ..Txn::default() };
+            let gets = self.store.txn(txn).await?.gets;
+            for (rec, kv) in chunk.iter().zip(gets) {
+                let cursor = match kv.map(|kv| codec::decode::<Cursor>("cursor", &kv.value)) {
+                    Some(Ok(c)) => Some(c),
+                    Some(Err(e)) => {
+                        tracing::error!(task_id = %rec.spec.task_id, error = %e, "unreadable cursor");
+                        None
+                    }
+                    None => None,
+                };
+                out.push((rec.clone(), cursor));
+            }
+        }
+        Ok((out, next))
+    }
+
     /// Changes to task definitions committed after this call returns.
     /// An `Err` item means the watch broke: load again and re-watch.
     pub async fn watch_tasks(&self) -> Result<BoxStream<'static, Result<TaskChange>>> {

@@ -11,6 +11,11 @@ use tonic::{Request, Response, Status};
 use super::convert::{run_to_pb, status_from_pb};
 use super::status;
 use crate::api::Core;
+use crate::error::Error;
+
+/// Most bytes of runs one `ListRuns` answer carries (gRPC's default
+/// message limit is 4 MiB): the newest runs up to it.
+pub const MAX_LIST_RUNS_BYTES: usize = 3 * 1024 * 1024;
 
 /// `punchclock.v1.RunService`.
 pub struct RunSvc(pub Arc<Core>);
@@ -19,9 +24,22 @@ pub struct RunSvc(pub Arc<Core>);
 impl RunService for RunSvc {
     async fn list_runs(&self, req: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
         let r = req.into_inner();
-        let st = status_from_pb(pb::RunStatus::try_from(r.status).unwrap_or(pb::RunStatus::Unspecified));
+        let st = pb::RunStatus::try_from(r.status)
+            .map_err(|_| status(Error::invalid("status", format!("unknown run status {}", r.status))))
+            .map(status_from_pb)?;
         let runs = self.0.list_runs(&r.task_id, st, r.limit).await.map_err(status)?;
-        Ok(Response::new(pb::ListRunsResponse { runs: runs.iter().map(run_to_pb).collect() }))
+        // Newest first, until the message would pass its byte budget.
+        let mut out = Vec::with_capacity(runs.len());
+        let mut bytes = 0;
+        for run in &runs {
+            let pb_run = run_to_pb(run);
+            bytes += prost::Message::encoded_len(&pb_run);
+            if bytes > MAX_LIST_RUNS_BYTES && !out.is_empty() {
+                break;
+            }
+            out.push(pb_run);
+        }
+        Ok(Response::new(pb::ListRunsResponse { runs: out }))
     }
 
     async fn get_run(&self, req: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {

@@ -40,7 +40,7 @@ impl TaskService for TaskSvc {
                 return Err(status(Error::invalid("spec_json", format!("more than {MAX_APPLY_TASKS} definitions in one apply"))));
             }
         }
-        let applied = self.0.apply_tasks(&specs, dry_run).await.map_err(status)?;
+        let applied = self.0.apply_tasks(specs, dry_run).await.map_err(status)?;
         let messages: Vec<Result<pb::ApplyTasksResponse, Status>> = applied
             .chunks(APPLIED_PER_MESSAGE)
             .map(|chunk| {

@@ -20,6 +20,18 @@ pub const MAX_TXN_OPS: usize = 128;
 /// so keys, compares and framing fit.
 pub const MAX_TXN_BYTES: usize = 1024 * 1024;
 
+/// Largest etcd response this client decodes (tonic's default is 4 MiB).
+/// Ranges are read in pages sized to stay near [`RANGE_PAGE_BYTES`]; this
+/// is the margin for a page of records of the largest size (a run record
+/// is at most 512 KiB, a task about 260 KiB) and for watch responses.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// What a range page aims at: the next page's key count is chosen from the
+/// average record size so far.
+pub const RANGE_PAGE_BYTES: usize = 2 * 1024 * 1024;
+/// Keys in the first page of a range (and the most in any page).
+const FIRST_PAGE_KEYS: usize = 64;
+const MAX_PAGE_KEYS: usize = 1024;
+
 /// Deadline of one etcd request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -95,29 +107,62 @@ fn op(o: &TxnOp) -> etcd_client::TxnOp {
     }
 }
 
-#[async_trait]
-impl KvStore for EtcdStore {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        let r = self.client.kv_client().get(key, None).await.map_err(err)?;
-        Ok(r.kvs().first().map(kv_of))
+impl EtcdStore {
+    /// The KV client, decoding responses up to [`MAX_RESPONSE_BYTES`].
+    fn kv(&self) -> etcd_client::KvClient {
+        self.client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
-    async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
-        let r = self.client.kv_client().get(prefix, Some(GetOptions::new().with_prefix())).await.map_err(err)?;
-        let rev = r.header().map_or(0, |h| h.revision());
-        Ok((r.kvs().iter().map(kv_of).collect(), rev))
-    }
-
-    async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+    /// At most `limit` keys under `prefix` strictly after `after`, read at
+    /// `revision` (0: the latest); returns them, the revision read at, and
+    /// whether more keys follow.
+    async fn page(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+        keys_only: bool,
+        revision: Revision,
+    ) -> Result<(Vec<KeyValue>, Revision, bool)> {
         // Start just after `after` (a key followed by a NUL byte is the
         // next possible key); end where the prefix ends.
         let start: Vec<u8> = if after > prefix { [after.as_bytes(), &[0]].concat() } else { prefix.as_bytes().to_vec() };
-        let mut options = GetOptions::new().with_range(prefix_end(prefix.as_bytes())).with_limit(limit as i64);
+        let mut options = GetOptions::new().with_range(prefix_end(prefix.as_bytes())).with_limit(limit as i64).with_revision(revision);
         if keys_only {
             options = options.with_keys_only();
         }
-        let r = self.client.kv_client().get(start, Some(options)).await.map_err(err)?;
-        Ok(r.kvs().iter().map(kv_of).collect())
+        let r = self.kv().get(start, Some(options)).await.map_err(err)?;
+        let rev = r.header().map_or(0, |h| h.revision());
+        Ok((r.kvs().iter().map(kv_of).collect(), rev, r.more()))
+    }
+}
+
+#[async_trait]
+impl KvStore for EtcdStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        let r = self.kv().get(key, None).await.map_err(err)?;
+        Ok(r.kvs().first().map(kv_of))
+    }
+
+    /// In pages (every page at the first page's revision, so the whole is
+    /// one consistent read): no response grows with the number of keys.
+    async fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let (mut out, mut after, mut limit, mut revision) = (Vec::new(), String::new(), FIRST_PAGE_KEYS, 0);
+        loop {
+            let (page, rev, more) = self.page(prefix, &after, limit, false, revision).await?;
+            revision = rev;
+            let bytes: usize = page.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+            limit = (RANGE_PAGE_BYTES / (bytes / page.len().max(1)).max(1)).clamp(1, MAX_PAGE_KEYS);
+            after = page.last().map(|kv| kv.key.clone()).unwrap_or_default();
+            out.extend(page);
+            if !more {
+                return Ok((out, revision));
+            }
+        }
+    }
+
+    async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        Ok(self.page(prefix, after, limit, keys_only, 0).await?.0)
     }
 
     fn max_txn_ops(&self) -> usize {
@@ -133,7 +178,7 @@ impl KvStore for EtcdStore {
             .when(txn.compares.iter().map(compare).collect::<Vec<_>>())
             .and_then(txn.success.iter().map(op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(op).collect::<Vec<_>>());
-        let r = self.client.kv_client().txn(t).await.map_err(err)?;
+        let r = self.kv().txn(t).await.map_err(err)?;
         let gets = r
             .op_responses()
             .into_iter()
@@ -146,7 +191,13 @@ impl KvStore for EtcdStore {
     }
 
     async fn watch(&self, prefix: &str) -> Result<WatchStream> {
-        let stream = self.client.watch_client().watch(prefix, Some(WatchOptions::new().with_prefix())).await.map_err(err)?;
+        let stream = self
+            .client
+            .watch_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+            .watch(prefix, Some(WatchOptions::new().with_prefix()))
+            .await
+            .map_err(err)?;
         let s = futures::stream::unfold(Some(stream), |state| async move {
             let mut stream = state?;
             match stream.message().await {
