@@ -6,23 +6,52 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/debug/punchclock}
 DATA=${PUNCHCLOCK_DEMO_DATA:-.punchclock-demo}
-export PUNCHCLOCK_ENDPOINT=${PUNCHCLOCK_ENDPOINT:-http://127.0.0.1:7700}
+# The API on PUNCHCLOCK_DEMO_PORT (default 7700); when that port is taken
+# and no port was asked for, on a free one. The health port is the next one
+# (or a free one); `punchclock dev` prints both.
+PORT=${PUNCHCLOCK_DEMO_PORT:-7700}
 
 rm -rf "$DATA"
-"$BIN" dev --data-dir "$DATA" --agents examples/agents.yaml 2> "$DATA.log" &
-DEV=$!
-cleanup() { kill -TERM "$DEV" 2>/dev/null || true; wait "$DEV" 2>/dev/null || true; }
+mkdir -p "$DATA"
+DEV=
+cleanup() { [ -n "$DEV" ] && { kill -TERM "$DEV" 2>/dev/null || true; wait "$DEV" 2>/dev/null || true; }; }
 trap cleanup EXIT
 trap 'exit 0' INT TERM
 
+# Starts dev on port $1; waits until it prints its addresses (returns 0) or
+# exits (returns 1).
+start_dev() {
+  "$BIN" dev --data-dir "$DATA" --agents examples/agents.yaml --listen "127.0.0.1:$1" 2> "$DATA.log" &
+  DEV=$!
+  for _ in $(seq 1 300); do
+    grep -q "API on http://" "$DATA.log" 2>/dev/null && return 0
+    kill -0 "$DEV" 2>/dev/null || { wait "$DEV" 2>/dev/null || true; DEV=; return 1; }
+    sleep 0.1
+  done
+  echo "punchclock dev did not start in 30 s; log:"; cat "$DATA.log"; exit 1
+}
+if ! start_dev "$PORT"; then
+  if [ -z "${PUNCHCLOCK_DEMO_PORT:-}" ] && grep -q "cannot listen on" "$DATA.log"; then
+    echo "== port $PORT is taken; using a free one"
+    start_dev 0 || { echo "punchclock dev exited; log:"; cat "$DATA.log"; exit 1; }
+  else
+    echo "punchclock dev exited; log:"; cat "$DATA.log"; exit 1
+  fi
+fi
+API=$(grep -o 'API on http://[0-9.:]*' "$DATA.log" | head -1 | cut -d' ' -f3)
+HEALTH=$(grep -o 'health on http://[0-9.:]*/healthz' "$DATA.log" | head -1 | cut -d' ' -f3)
+export PUNCHCLOCK_ENDPOINT=$API
 for _ in $(seq 1 100); do
   "$BIN" task list >/dev/null 2>&1 && break
-  kill -0 "$DEV" 2>/dev/null || { echo "punchclock dev exited; log:"; cat "$DATA.log"; exit 1; }
   sleep 0.1
 done
-echo "== punchclock dev is up (API $PUNCHCLOCK_ENDPOINT, log in $DATA.log)"
+echo "== punchclock dev is up (API $API, health $HEALTH, log in $DATA.log)"
+echo "   other shells: export PUNCHCLOCK_ENDPOINT=$API"
+# The example tasks check the local health endpoint at its default address;
+# they get the one this dev listens on.
 for f in examples/tasks/*.json examples/tasks/*.yaml; do
-  "$BIN" task apply -f "$f"
+  sed "s#http://127.0.0.1:7701/healthz#$HEALTH#g" "$f" > "$DATA/$(basename "$f")"
+  "$BIN" task apply -f "$DATA/$(basename "$f")"
 done
 echo
 "$BIN" task list

@@ -106,11 +106,12 @@ struct DevArgs {
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:7700")]
     listen: SocketAddr,
-    /// HTTP listen address (/healthz).
-    #[arg(long, default_value = "127.0.0.1:7701")]
-    http_listen: SocketAddr,
+    /// HTTP listen address (/healthz). Default: the port after --listen's
+    /// (7701), or a free one when that is taken; printed at start.
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
     /// Agents file of the in-process runner.
-    #[arg(long, default_value = "examples/agents.yaml")]
+    #[arg(long, default_value = DEFAULT_AGENTS_FILE)]
     agents: PathBuf,
     /// Slots of the in-process runner.
     #[arg(long, default_value_t = 4)]
@@ -399,14 +400,27 @@ fn runner_config(
     Ok(cfg)
 }
 
+/// `dev`'s agents file when `--agents` is not given: the repository's.
+const DEFAULT_AGENTS_FILE: &str = "examples/agents.yaml";
+
 async fn dev(a: DevArgs) -> Res {
     // Check the agents file before touching the data dir or binding ports.
+    if !a.agents.exists() && a.agents == Path::new(DEFAULT_AGENTS_FILE) {
+        return Err(format!(
+            "no agents file at {DEFAULT_AGENTS_FILE} (the default, relative to the punchclock repository): run `punchclock dev` \
+             from the repository, or give --agents FILE (README, \"Agents file\")"
+        ));
+    }
     punchclock_agent_runner::AgentsFile::load(&a.agents).map_err(|e| format!("{}: {e}", a.agents.display()))?;
     let timing = a.timing.timing();
+    // The HTTP port defaults to the one after the API's (a free one when
+    // that is taken, or when the API's port is chosen by the system).
+    let http_next = SocketAddr::new(a.listen.ip(), if a.listen.port() == 0 { 0 } else { a.listen.port().saturating_add(1) });
     let cfg = ServerConfig {
         listen: a.listen,
         advertise: None,
-        http_listen: Some(a.http_listen),
+        http_listen: Some(a.http_listen.unwrap_or(http_next)),
+        http_listen_fallback: a.http_listen.is_none(),
         store: StoreSpec::Embedded(a.data_dir.clone()),
         key_prefix: "/punchclock/".into(),
         node_id: "dev".into(),
@@ -432,7 +446,7 @@ async fn dev(a: DevArgs) -> Res {
     eprintln!(
         "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
         server.addr,
-        a.http_listen,
+        server.http_addr.map(|a| a.to_string()).unwrap_or_default(),
         a.data_dir.display(),
         a.agents.display()
     );
@@ -458,6 +472,7 @@ async fn server(a: ServerArgs) -> Res {
         listen: a.listen,
         advertise: a.advertise,
         http_listen: a.http_listen,
+        http_listen_fallback: false,
         store,
         key_prefix: a.key_prefix,
         node_id: a.node_id.unwrap_or_else(|| default_id("cp")),

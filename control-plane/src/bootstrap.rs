@@ -67,6 +67,10 @@ pub struct ServerConfig {
     pub advertise: Option<String>,
     /// HTTP listen address for `/healthz` (none = no HTTP port).
     pub http_listen: Option<SocketAddr>,
+    /// When `http_listen`'s port is taken, listen on a free port of the
+    /// same address instead of failing (`dev`, whose HTTP port defaults to
+    /// the one next to the API's).
+    pub http_listen_fallback: bool,
     /// Store.
     pub store: StoreSpec,
     /// Key prefix in the store.
@@ -104,9 +108,12 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
         StoreSpec::Etcd(endpoints) => Arc::new(EtcdStore::connect(endpoints).await?),
     };
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| Error::Unavailable { reason: format!("bind {}: {e}", cfg.listen), leader: None })?;
+    let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
+        Error::FailedPrecondition(format!(
+            "cannot listen on {} (gRPC API): {e}; give --listen another address (port 0 picks a free one)",
+            cfg.listen
+        ))
+    })?;
     let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
     let keys = Keys::new(&cfg.key_prefix);
@@ -128,7 +135,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     });
 
     let http_addr = match cfg.http_listen {
-        Some(a) => Some(crate::http::serve(a, core.clone()).await?),
+        Some(a) => Some(crate::http::serve(a, cfg.http_listen_fallback, core.clone()).await?),
         None => None,
     };
 

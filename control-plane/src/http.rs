@@ -17,9 +17,21 @@ async fn healthz(State(core): State<Arc<Core>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok", "leader": leading, "leader_address": leader, "store": core.repo.store().describe() }))
 }
 
-/// Binds `addr` and serves until the process ends; returns the bound address.
-pub async fn serve(addr: SocketAddr, core: Arc<Core>) -> Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await.map_err(|e| Error::Unavailable { reason: format!("bind {addr}: {e}"), leader: None })?;
+/// Binds `addr` (with `fallback`, a free port of the same address when
+/// its port is taken) and serves until the process ends; returns the bound
+/// address.
+///
+/// Errors: `FailedPrecondition` naming the address and the flag to change.
+pub async fn serve(addr: SocketAddr, fallback: bool, core: Arc<Core>) -> Result<SocketAddr> {
+    let listener = match TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) if fallback && e.kind() == std::io::ErrorKind::AddrInUse => {
+            let any = SocketAddr::new(addr.ip(), 0);
+            tracing::info!(taken = %addr, "HTTP port taken; listening on a free one");
+            TcpListener::bind(any).await.map_err(|e| bind_error(any, e))?
+        }
+        Err(e) => return Err(bind_error(addr, e)),
+    };
     let bound = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
     let app = Router::new().route("/healthz", get(healthz)).with_state(core);
     tokio::spawn(async move {
@@ -28,4 +40,10 @@ pub async fn serve(addr: SocketAddr, core: Arc<Core>) -> Result<SocketAddr> {
         }
     });
     Ok(bound)
+}
+
+fn bind_error(addr: SocketAddr, e: std::io::Error) -> Error {
+    Error::FailedPrecondition(format!(
+        "cannot listen on {addr} (HTTP, /healthz): {e}; give --http-listen another address (port 0 picks a free one)"
+    ))
 }

@@ -453,6 +453,7 @@ pub async fn in_process_server(
         listen: "127.0.0.1:0".parse().expect("addr"),
         advertise: None,
         http_listen: None,
+        http_listen_fallback: false,
         store: StoreSpec::Embedded(dir.to_path_buf()),
         key_prefix: "/punchclock/".into(),
         node_id: "test".into(),
