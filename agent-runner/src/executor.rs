@@ -1051,29 +1051,37 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug, Default)]
 struct TailBuffer {
     bytes: VecDeque<u8>,
-    truncated: bool,
+    /// Bytes dropped from the front.
+    cut: u64,
 }
 
 impl TailBuffer {
     fn push(&mut self, chunk: &[u8]) {
-        let chunk = &chunk[chunk.len().saturating_sub(OUTPUT_TAIL_BYTES)..];
-        self.bytes.extend(chunk);
+        let skipped = chunk.len().saturating_sub(OUTPUT_TAIL_BYTES);
+        self.cut += skipped as u64;
+        self.bytes.extend(&chunk[skipped..]);
         let excess = self.bytes.len().saturating_sub(OUTPUT_TAIL_BYTES);
         if excess > 0 {
             self.bytes.drain(..excess);
-            self.truncated = true;
+            self.cut += excess as u64;
         }
     }
 
-    /// Lossy UTF-8; when the front was cut off, a partial character at the
-    /// start is skipped rather than shown as U+FFFD.
+    /// Lossy UTF-8 of at most [`OUTPUT_TAIL_BYTES`], marked
+    /// `[trimmed: N earlier bytes not kept]` when the front was cut (see
+    /// `punchclock_proto::output::tail`); a partial character at the cut
+    /// is skipped rather than shown as U+FFFD.
     fn text(&self) -> String {
         let mut bytes: Vec<u8> = self.bytes.iter().copied().collect();
-        if self.truncated {
+        let mut cut = self.cut;
+        if cut > 0 {
             let partial = bytes.iter().take(3).take_while(|b| (**b & 0b1100_0000) == 0b1000_0000).count();
             bytes.drain(..partial);
+            cut += partial as u64;
         }
-        String::from_utf8_lossy(&bytes).into_owned()
+        // Invalid bytes become U+FFFD (3 bytes): the text can outgrow the
+        // buffer, and is cut again to fit.
+        punchclock_proto::output::tail(&String::from_utf8_lossy(&bytes), cut, OUTPUT_TAIL_BYTES)
     }
 }
 
@@ -1212,10 +1220,23 @@ mod tests {
         let text = tail.text();
         assert_eq!(text.len(), OUTPUT_TAIL_BYTES);
         assert!(text.ends_with("aend"));
+        assert!(text.starts_with("[trimmed: "), "what was cut is said");
 
         let mut tail = TailBuffer::default();
         tail.push(&vec![b'x'; 3 * OUTPUT_TAIL_BYTES]);
-        assert_eq!(tail.text().len(), OUTPUT_TAIL_BYTES);
+        let text = tail.text();
+        assert_eq!(text.len(), OUTPUT_TAIL_BYTES);
+        let marker = format!(
+            "[trimmed: {} earlier bytes not kept] ",
+            3 * OUTPUT_TAIL_BYTES - (OUTPUT_TAIL_BYTES - text.find("] ").unwrap_or(0) - 2)
+        );
+        assert!(text.starts_with(&marker), "{:.60}", text);
+
+        // Binary output: each invalid byte becomes 3 bytes of U+FFFD; the
+        // text still fits.
+        let mut tail = TailBuffer::default();
+        tail.push(&vec![0xff; 2 * OUTPUT_TAIL_BYTES]);
+        assert!(tail.text().len() <= OUTPUT_TAIL_BYTES);
     }
 
     #[test]
@@ -1225,7 +1246,8 @@ mod tests {
         tail.push(&vec![b'z'; OUTPUT_TAIL_BYTES - 1]);
         let text = tail.text();
         assert!(!text.contains('\u{FFFD}'));
-        assert_eq!(text.len(), OUTPUT_TAIL_BYTES - 1);
+        // The 2 bytes of the cut character, plus room for the marker.
+        assert!(text.starts_with("[trimmed: ") && text.len() == OUTPUT_TAIL_BYTES, "{:.60}", text);
     }
 
     #[test]

@@ -55,3 +55,57 @@ pub mod time {
         }
     }
 }
+
+/// Output tails on the wire (`Finished.stdout_tail`/`stderr_tail`): the
+/// end of an agent's output, bounded, saying how much was cut before it.
+pub mod output {
+    /// The end of `text`, at most `max` bytes of UTF-8. When `cut` earlier
+    /// bytes were already dropped, or `text` itself is longer than `max`,
+    /// it starts with `[trimmed: N earlier bytes not kept] ` (N counts
+    /// both) and keeps the last characters that fit after that marker.
+    pub fn tail(text: &str, cut: u64, max: usize) -> String {
+        if cut == 0 && text.len() <= max {
+            return text.to_string();
+        }
+        // The marker's length depends on N, N on where the kept part
+        // starts: two rounds settle it (N only shrinks the kept part).
+        let mut start = 0;
+        for _ in 0..2 {
+            let marker_len = format!("[trimmed: {} earlier bytes not kept] ", cut + start as u64).len();
+            let room = max.saturating_sub(marker_len);
+            start = text.len().saturating_sub(room).max(start);
+            while !text.is_char_boundary(start) {
+                start += 1;
+            }
+        }
+        let mut out = format!("[trimmed: {} earlier bytes not kept] ", cut + start as u64);
+        out.push_str(&text[start..]);
+        if out.len() > max {
+            // A marker longer than `max` itself: keep the end only.
+            let mut from = out.len() - max;
+            while !out.is_char_boundary(from) {
+                from += 1;
+            }
+            out.drain(..from);
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::tail;
+
+        #[test]
+        fn short_text_is_kept_and_long_text_is_marked_within_max() {
+            assert_eq!(tail("hello", 0, 100), "hello");
+            let t = tail(&"x".repeat(1000), 0, 100);
+            assert!(t.len() <= 100 && t.starts_with("[trimmed: ") && t.ends_with('x'), "{t}");
+            let n: u64 = t["[trimmed: ".len()..].split(' ').next().and_then(|n| n.parse().ok()).expect("count");
+            assert_eq!(n as usize + t.len() - t.find("] ").expect("marker") - 2, 1000, "N plus what is kept is the whole");
+            let t = tail("abc", 5000, 100);
+            assert_eq!(t, "[trimmed: 5000 earlier bytes not kept] abc");
+            let t = tail(&"é".repeat(100), 0, 51);
+            assert!(t.len() <= 51 && !t.contains('\u{FFFD}'), "{t}");
+        }
+    }
+}

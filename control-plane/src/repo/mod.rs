@@ -38,17 +38,32 @@ const TRIMMED_TAIL_BYTES: usize = 4096;
 /// What an error text is cut to when a record must be trimmed.
 const TRIMMED_TEXT_BYTES: usize = 256;
 
-/// Encodes a run record within [`MAX_RUN_RECORD_BYTES`]. When it is
-/// larger (agents can write megabytes of escaped control characters), the
-/// parts that can be large are trimmed, in this order, until it fits:
-/// output tails (to their last 4 KiB, marked `[trimmed to fit the store]`),
-/// the checkpoint, the result, late reports' results, the params (each
-/// replaced by `{"trimmed": true, "bytes": N}`), then error texts (to
-/// 256 bytes). The record in memory is not changed.
+/// Encodes a run record within [`MAX_RUN_RECORD_BYTES`], trimming a
+/// copy as [`trim_run`] does when it is larger. The engine trims its own
+/// record first (so what watchers see is what is stored); this is the
+/// guard for every other writer.
 pub fn encode_run(run: &RunRecord) -> Result<Vec<u8>> {
     let bytes = codec::encode(run)?;
     if bytes.len() <= MAX_RUN_RECORD_BYTES {
         return Ok(bytes);
+    }
+    let mut trimmed = run.clone();
+    trim_run(&mut trimmed)?;
+    codec::encode(&trimmed)
+}
+
+/// Trims a run record in place until it encodes within
+/// [`MAX_RUN_RECORD_BYTES`] (agents can write megabytes of escaped control
+/// characters): in this order, output tails (to their last 4 KiB, marked
+/// `[trimmed to fit the store]`), the checkpoint, the result, late
+/// reports' results, the params (each replaced by `{"trimmed": true,
+/// "bytes": N}`, N its encoded size), then error texts (to 256 bytes,
+/// marked `[trimmed]`). Returns whether anything was cut.
+///
+/// Errors: [`Error::Internal`] if the record cannot be encoded (a bug).
+pub fn trim_run(run: &mut RunRecord) -> Result<bool> {
+    if codec::encode(run)?.len() <= MAX_RUN_RECORD_BYTES {
+        return Ok(false);
     }
     fn marker(v: &serde_json::Value) -> serde_json::Value {
         serde_json::json!({ "trimmed": true, "bytes": v.to_string().len() })
@@ -121,17 +136,16 @@ pub fn encode_run(run: &RunRecord) -> Result<Vec<u8>> {
             }
         },
     ];
-    let mut trimmed = run.clone();
-    let mut bytes = bytes;
+    let mut bytes = 0;
     for step in steps {
-        step(&mut trimmed);
-        bytes = codec::encode(&trimmed)?;
-        if bytes.len() <= MAX_RUN_RECORD_BYTES {
+        step(run);
+        bytes = codec::encode(run)?.len();
+        if bytes <= MAX_RUN_RECORD_BYTES {
             break;
         }
     }
-    tracing::warn!(run_id = %run.run_id, bytes = bytes.len(), "run record trimmed to fit the store");
-    Ok(bytes)
+    tracing::warn!(run_id = %run.run_id, bytes, "run record trimmed to fit the store");
+    Ok(true)
 }
 
 /// One write the engine asks for. The run records carry their final

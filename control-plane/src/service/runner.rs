@@ -129,16 +129,10 @@ pub fn hello_from_pb(h: pb::Hello) -> crate::error::Result<RunnerHello> {
     })
 }
 
-/// Cuts `s` to at most `max` bytes (at a character boundary), keeping the end.
+/// Cuts `s` to at most `max` bytes (at a character boundary), keeping the
+/// end and saying how much was cut ([`punchclock_proto::output::tail`]).
 fn cap_tail(s: String, max: usize) -> String {
-    if s.len() <= max {
-        return s;
-    }
-    let mut start = s.len() - max;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    s[start..].to_string()
+    if s.len() <= max { s } else { punchclock_proto::output::tail(&s, 0, max) }
 }
 
 /// Cuts `s` to at most `max` bytes (at a character boundary), keeping the start.
@@ -160,7 +154,7 @@ fn json_from(s: String) -> Option<serde_json::Value> {
         return None;
     }
     if s.len() > MAX_JSON_BYTES {
-        return Some(serde_json::json!({ "truncated": true, "bytes": s.len(), "limit": MAX_JSON_BYTES }));
+        return Some(serde_json::json!({ "trimmed": true, "bytes": s.len(), "limit": MAX_JSON_BYTES }));
     }
     Some(serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s)))
 }
@@ -270,7 +264,7 @@ mod tests {
         };
         let Some(FromRunner::Finished(f)) = from_pb(Msg::Finished(f)) else { panic!("finished") };
         assert_eq!(f.outcome, ReportedOutcome::Interrupted);
-        assert_eq!(f.result.as_ref().and_then(|r| r.get("truncated")), Some(&serde_json::Value::Bool(true)));
+        assert_eq!(f.result.as_ref().and_then(|r| r.get("trimmed")), Some(&serde_json::Value::Bool(true)));
         assert!(f.stdout_tail.len() <= MAX_TAIL_BYTES);
         assert!(f.error.len() <= MAX_TEXT_BYTES);
     }

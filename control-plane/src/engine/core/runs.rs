@@ -444,6 +444,11 @@ impl EngineCore {
         if let Some(s) = end.stderr_tail {
             run.stderr_tail = s;
         }
+        // What watchers see is what is stored: trimmed here, not only in
+        // the write.
+        if let Err(e) = crate::repo::trim_run(run) {
+            tracing::error!(run_id, error = %e, "cannot measure a run record");
+        }
         self.dispatch_needed = true;
         tracing::info!(run_id, execution_id, outcome = outcome.as_str(), "attempt ended");
         let interrupted_free = outcome == Outcome::Interrupted
