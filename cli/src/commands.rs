@@ -13,6 +13,7 @@ use pb::run_service_client::RunServiceClient;
 use pb::task_service_client::TaskServiceClient;
 use punchclock_control_plane::bootstrap::{self, ServerConfig, StoreSpec};
 use punchclock_control_plane::clock::{Clock, SystemClock};
+use punchclock_control_plane::engine::retention::RetentionConfig;
 use punchclock_control_plane::schedule::{CronSchedule, Schedule};
 use punchclock_control_plane::timing::Timing;
 use punchclock_proto::v1 as pb;
@@ -88,6 +89,41 @@ struct TimingArgs {
     lease_ttl_ms: u64,
 }
 
+/// Run retention flags (`dev` and `server`).
+#[derive(Args, Debug)]
+struct RetentionArgs {
+    /// Finished runs kept per task, newest first, when its `history` does
+    /// not say.
+    #[arg(long, default_value_t = 1000)]
+    history_keep_last: u32,
+    /// Age after which a finished run is deleted, when its task's
+    /// `history` does not say ("30d", "12h").
+    #[arg(long, default_value = "30d")]
+    history_max_age: String,
+    /// Time between retention passes of the leader ("5m", "30s").
+    #[arg(long, default_value = "5m")]
+    retention_interval: String,
+}
+
+impl RetentionArgs {
+    fn config(&self) -> Result<RetentionConfig, String> {
+        let secs = |flag: &str, v: &str| punchclock_control_plane::schedule::parse_duration(v).map_err(|e| format!("--{flag}: {e}"));
+        let max_age = secs("history-max-age", &self.history_max_age)?;
+        let interval = secs("retention-interval", &self.retention_interval)?;
+        if self.history_keep_last == 0 {
+            return Err("--history-keep-last: must be at least 1".into());
+        }
+        if max_age < 60 || interval == 0 {
+            return Err("--history-max-age must be at least 1m and --retention-interval above 0".into());
+        }
+        Ok(RetentionConfig {
+            keep_last: self.history_keep_last,
+            max_age: chrono::Duration::seconds(i64::try_from(max_age).unwrap_or(i64::MAX / 1000)),
+            interval: Duration::from_secs(interval),
+        })
+    }
+}
+
 impl TimingArgs {
     fn timing(&self) -> Timing {
         Timing {
@@ -123,6 +159,8 @@ struct DevArgs {
     no_agent_zygote: bool,
     #[command(flatten)]
     timing: TimingArgs,
+    #[command(flatten)]
+    retention: RetentionArgs,
 }
 
 #[derive(Args, Debug)]
@@ -147,6 +185,8 @@ struct ServerArgs {
     key_prefix: String,
     #[command(flatten)]
     timing: TimingArgs,
+    #[command(flatten)]
+    retention: RetentionArgs,
 }
 
 #[derive(Args, Debug)]
@@ -235,6 +275,13 @@ enum RunsCmd {
         run_id: String,
         #[arg(long, default_value = "")]
         reason: String,
+    },
+    /// Delete finished runs beyond their tasks' history now (the leader
+    /// does it every --retention-interval).
+    Prune {
+        /// Only this task's runs.
+        #[arg(long, default_value = "")]
+        task: String,
     },
     /// Print runs as they change.
     Watch {
@@ -425,6 +472,7 @@ async fn dev(a: DevArgs) -> Res {
         key_prefix: "/punchclock/".into(),
         node_id: "dev".into(),
         timing,
+        retention: a.retention.config()?,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut srv_stop = stop_rx.clone();
@@ -477,6 +525,7 @@ async fn server(a: ServerArgs) -> Res {
         key_prefix: a.key_prefix,
         node_id: a.node_id.unwrap_or_else(|| default_id("cp")),
         timing: a.timing.timing(),
+        retention: a.retention.config()?,
     };
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
     eprintln!("punchclock server: API on http://{}", server.addr);
@@ -687,8 +736,11 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
 }
 
 async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
-    let channel =
-        if matches!(c, RunsCmd::Cancel { .. }) { client::connect_leader(endpoint).await? } else { client::connect(endpoint).await? };
+    let channel = if matches!(c, RunsCmd::Cancel { .. } | RunsCmd::Prune { .. }) {
+        client::connect_leader(endpoint).await?
+    } else {
+        client::connect(endpoint).await?
+    };
     let mut rc = RunServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let header = ["RUN", "STATUS", "SCHEDULED_AT", "ATTEMPTS", "FINISHED_AT", "INFO"];
     match c {
@@ -718,6 +770,15 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
                 print_json(&run_json(&r));
             } else {
                 println!("run {} {}", r.run_id, output::status_name(r.status));
+            }
+            Ok(())
+        }
+        RunsCmd::Prune { task } => {
+            let r = rc.prune_runs(pb::PruneRunsRequest { task_id: task }).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::json!({"deleted": r.deleted, "kept": r.kept}));
+            } else {
+                println!("{} finished runs deleted, {} runs kept", r.deleted, r.kept);
             }
             Ok(())
         }

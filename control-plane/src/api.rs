@@ -137,6 +137,8 @@ pub struct Core {
     pub election: Arc<dyn Election>,
     /// The engine while this replica leads.
     pub engine: RwLock<Option<EngineHandle>>,
+    /// Run retention defaults (for `PruneRuns`).
+    pub retention: crate::engine::retention::RetentionConfig,
 }
 
 impl Core {
@@ -377,6 +379,17 @@ impl Core {
             r.stderr_tail.clear();
         }
         Ok(runs)
+    }
+
+    /// Deletes the finished runs beyond their tasks' history now, of one
+    /// task or all (leader).
+    ///
+    /// Errors: `Unavailable` naming the leader on a follower; store errors.
+    pub async fn prune_runs(&self, task_id: &str) -> Result<crate::engine::retention::PruneReport> {
+        let engine = self.engine().await?;
+        let report = crate::engine::retention::prune(&self.repo, engine.leadership(), &self.retention, self.clock.now(), task_id).await?;
+        tracing::info!(task_id, deleted = report.deleted, kept = report.kept, "runs pruned on request");
+        Ok(report)
     }
 
     /// Cancels a run (leader).

@@ -79,6 +79,8 @@ pub struct ServerConfig {
     pub node_id: String,
     /// Timing constants.
     pub timing: Timing,
+    /// Run retention defaults and pace.
+    pub retention: crate::engine::retention::RetentionConfig,
 }
 
 /// A started server.
@@ -132,6 +134,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         clock: clock.clone(),
         election: election.clone(),
         engine: RwLock::new(None),
+        retention: cfg.retention,
     });
 
     let http_addr = match cfg.http_listen {
@@ -140,7 +143,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let leader_loop = tokio::spawn(follow_leadership(core.clone(), cfg.timing, stop_rx.clone()));
+    let leader_loop = tokio::spawn(follow_leadership(core.clone(), cfg.timing, cfg.retention, stop_rx.clone()));
 
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<TaskServiceServer<TaskSvc>>().await;
@@ -217,7 +220,12 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
 /// Starts the engine when this replica becomes leader and stops it when it
 /// is not (or on shutdown). While it does not lead, stored run changes are
 /// relayed onto the lifecycle bus for this replica's run watchers.
-async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Receiver<bool>) {
+async fn follow_leadership(
+    core: Arc<Core>,
+    timing: Timing,
+    retention: crate::engine::retention::RetentionConfig,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut lead = core.election.leadership();
     let mut running: Option<tokio::task::JoinHandle<EngineExit>> = None;
     let mut relay: Option<tokio::task::JoinHandle<()>> = None;
@@ -242,6 +250,7 @@ async fn follow_leadership(core: Arc<Core>, timing: Timing, mut stop: watch::Rec
                     repo: core.repo.clone(),
                     clock: core.clock.clone(),
                     timing,
+                    retention,
                     leadership: l.clone(),
                     leader_id: core.election.id(),
                     bus: core.lifecycle.clone(),

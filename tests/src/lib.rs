@@ -458,6 +458,7 @@ pub async fn in_process_server(
         key_prefix: "/punchclock/".into(),
         node_id: "test".into(),
         timing: punchclock_control_plane::timing::Timing::default(),
+        retention: Default::default(),
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let s = bootstrap::start(cfg, std::sync::Arc::new(clock), async move {

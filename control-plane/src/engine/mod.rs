@@ -19,6 +19,7 @@
 pub mod core;
 pub mod lifecycle;
 pub mod protocol;
+pub mod retention;
 mod shell;
 
 use chrono::{DateTime, Utc};

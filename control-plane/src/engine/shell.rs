@@ -81,6 +81,8 @@ pub struct EngineConfig {
     pub leader_id: String,
     /// Where lifecycle events go.
     pub bus: LifecycleBus,
+    /// Run retention while this engine leads.
+    pub retention: super::retention::RetentionConfig,
 }
 
 struct Link {
@@ -109,6 +111,8 @@ pub struct Engine {
     stop_reply: Option<oneshot::Sender<()>>,
     /// Store transactions committed by this engine.
     transactions: u64,
+    /// Deletes expired runs; stops with the engine.
+    _retention: super::retention::Worker,
 }
 
 impl Engine {
@@ -128,6 +132,7 @@ impl Engine {
         let runs = cfg.repo.load_active_runs().await?;
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
         core.load(cfg.clock.now(), tasks, runs);
+        let retention = super::retention::Worker::spawn(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone());
         let engine = Engine {
             core,
             repo: cfg.repo,
@@ -140,6 +145,7 @@ impl Engine {
             next_reply: 0,
             stop_reply: None,
             transactions: 0,
+            _retention: retention,
         };
         let leadership = engine.leadership.clone();
         let join = tokio::spawn(engine.run(watch));

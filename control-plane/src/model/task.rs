@@ -56,6 +56,39 @@ pub struct TaskSpec {
     /// Notification sinks. Stored; delivery comes with the notifier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<NotifySpec>,
+    /// How long finished runs are kept (default: the server's
+    /// `--history-keep-last` and `--history-max-age`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<HistorySpec>,
+}
+
+/// Most finished runs `history.keep_last` may keep.
+pub const MAX_KEEP_LAST: u32 = 1_000_000;
+/// Shortest `history.max_age`: 1 minute.
+pub const MIN_MAX_AGE_SECONDS: u64 = 60;
+
+/// `history`: the retention of a task's finished runs. A run is deleted
+/// when it is not among the task's newest `keep_last` finished runs, or
+/// when it is older than `max_age` (by its slot, or for a manual run by
+/// when it finished). Runs not finished, or whose agent may still be
+/// alive, are never deleted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistorySpec {
+    /// Finished runs kept, newest first (1..=1,000,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_last: Option<u32>,
+    /// Age after which a finished run is deleted: `"30d"`, `"12h"`,
+    /// `"90m"` (at least 1 minute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
+}
+
+impl HistorySpec {
+    /// `max_age` in seconds, if given and valid.
+    pub fn max_age_seconds(&self) -> Option<u64> {
+        self.max_age.as_deref().and_then(|s| crate::schedule::parse_duration(s).ok())
+    }
 }
 
 /// A time trigger, tagged by `type`. Deserialized by hand (below) so that
@@ -361,6 +394,19 @@ impl TaskSpec {
                             format!("{sink:?} is not an http(s):// URL or webhook://NAME sink"),
                         ));
                     }
+                }
+            }
+        }
+        if let Some(h) = &self.history {
+            if let Some(n) = h.keep_last
+                && !(1..=MAX_KEEP_LAST).contains(&n)
+            {
+                return Err(Error::invalid("history.keep_last", format!("must be in 1..={MAX_KEEP_LAST} (got {n})")));
+            }
+            if let Some(age) = &h.max_age {
+                let secs = crate::schedule::parse_duration(age).map_err(|e| Error::invalid("history.max_age", e))?;
+                if secs < MIN_MAX_AGE_SECONDS {
+                    return Err(Error::invalid("history.max_age", format!("{age:?} is shorter than 1 minute")));
                 }
             }
         }

@@ -163,23 +163,8 @@ impl Repo {
     async fn delete_journal(&self, lead: &Leadership, id: &str, limits: &Limits) -> Result<usize> {
         let ready = self.keys.apply_ready(id);
         let mut keys = vec![ready.clone()];
-        keys.extend(self.journal_keys(&self.keys.apply(id)).await?.into_iter().filter(|k| *k != ready));
+        keys.extend(self.keys_under(&self.keys.apply(id)).await?.into_iter().map(|kv| kv.key).filter(|k| *k != ready));
         self.commit_ops(lead, keys.into_iter().map(TxnOp::delete).collect(), limits).await
-    }
-
-    /// Every key under `prefix`, read in pages of keys only.
-    async fn journal_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        const PAGE: usize = 1000;
-        let mut keys: Vec<String> = Vec::new();
-        loop {
-            let after = keys.last().cloned().unwrap_or_default();
-            let page = self.store.range_page(prefix, &after, PAGE, true).await?;
-            let full = page.len() == PAGE;
-            keys.extend(page.into_iter().map(|kv| kv.key));
-            if !full {
-                return Ok(keys);
-            }
-        }
     }
 
     /// Commits `ops` in order, as few fenced transactions as fit.
@@ -286,8 +271,8 @@ impl Repo {
     /// Errors: [`Error::Fenced`]; store errors (the next start tries again).
     pub async fn recover_applies(&self, lead: &Leadership, now: DateTime<Utc>) -> Result<usize> {
         let mut journals: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        for key in self.journal_keys(&self.keys.applies()).await? {
-            let Some(rest) = self.keys.id_after(&self.keys.applies(), &key) else { continue };
+        for kv in self.keys_under(&self.keys.applies()).await? {
+            let Some(rest) = self.keys.id_after(&self.keys.applies(), &kv.key) else { continue };
             journals.insert(rest.split('/').next().unwrap_or(rest).to_string());
         }
         let limits = self.limits(Some(lead));

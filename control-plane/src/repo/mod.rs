@@ -12,6 +12,7 @@
 pub mod apply;
 pub mod codec;
 mod keys;
+pub mod retention;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use futures::stream::BoxStream;
 
 pub use apply::{ApplyOutcome, ApplyReport};
 pub use keys::Keys;
+pub use retention::RunKey;
 
 use crate::election::Leadership;
 use crate::error::{Error, Result};

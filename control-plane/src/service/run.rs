@@ -53,6 +53,11 @@ impl RunService for RunSvc {
         Ok(Response::new(run_to_pb(&run)))
     }
 
+    async fn prune_runs(&self, req: Request<pb::PruneRunsRequest>) -> Result<Response<pb::PruneRunsResponse>, Status> {
+        let report = self.0.prune_runs(&req.into_inner().task_id).await.map_err(status)?;
+        Ok(Response::new(pb::PruneRunsResponse { deleted: report.deleted as u64, kept: report.kept as u64 }))
+    }
+
     type WatchRunsStream = Pin<Box<dyn Stream<Item = Result<pb::Run, Status>> + Send + 'static>>;
 
     async fn watch_runs(&self, req: Request<pb::WatchRunsRequest>) -> Result<Response<Self::WatchRunsStream>, Status> {

@@ -250,6 +250,15 @@ impl KvStore for EtcdStore {
         Ok(())
     }
 
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        match self.kv().compact(revision, None).await {
+            Ok(_) => Ok(()),
+            // Someone (etcd's own auto-compaction) compacted further already.
+            Err(e) if e.to_string().contains("required revision has been compacted") => Ok(()),
+            Err(e) => Err(err(e)),
+        }
+    }
+
     fn describe(&self) -> String {
         format!("etcd://{}", self.endpoints.iter().map(|e| e.trim_start_matches("http://")).collect::<Vec<_>>().join(","))
     }

@@ -243,6 +243,14 @@ pub trait KvStore: Send + Sync + 'static {
     async fn keep_alive(&self, lease: LeaseId) -> Result<i64>;
     /// Ends a lease now, deleting its keys.
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()>;
+    /// Drops the change history up to `revision` so its space can be
+    /// reused (etcd's compaction, etcd docs "Maintenance: History
+    /// compaction"): watches and reads at older revisions fail after it.
+    /// The embedded store keeps no history: nothing to do.
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let _ = revision;
+        Ok(())
+    }
     /// Human description (`embedded:/path`, `etcd://h1:2379`).
     fn describe(&self) -> String;
     /// Most operations (and compares) one transaction may hold: etcd's

@@ -1,0 +1,195 @@
+//! Run retention: while it leads, a replica deletes finished runs beyond
+//! each task's `history` (its newest `keep_last` finished runs, none older
+//! than `max_age`; the server's defaults where a task says nothing, and
+//! for the runs of deleted tasks), in fenced batches, every
+//! [`RetentionConfig::interval`]. A run that is not finished, or whose
+//! agent may still be alive (the `active/` index), is never deleted, and
+//! neither is one written since it was listed. After each pass the store's
+//! change history is compacted up to the previous pass's revision (etcd:
+//! its database stops growing; watchers keep one interval of history).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::clock::SharedClock;
+use crate::election::Leadership;
+use crate::error::{Error, Result};
+use crate::model::run::{slot_of_run_id, task_of_run};
+use crate::model::task::HistorySpec;
+use crate::repo::{Repo, RunKey};
+use crate::store::Revision;
+
+/// The server's retention defaults and pace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetentionConfig {
+    /// Finished runs kept per task, newest first (`--history-keep-last`).
+    pub keep_last: u32,
+    /// Age after which a finished run is deleted (`--history-max-age`).
+    pub max_age: chrono::Duration,
+    /// Time between passes (`--retention-interval`).
+    pub interval: Duration,
+}
+
+impl Default for RetentionConfig {
+    /// 1,000 runs, 30 days, every 5 minutes.
+    fn default() -> Self {
+        RetentionConfig { keep_last: 1000, max_age: chrono::Duration::days(30), interval: Duration::from_secs(300) }
+    }
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Runs deleted.
+    pub deleted: usize,
+    /// Runs left (finished or not).
+    pub kept: usize,
+    /// The store's revision when the pass started.
+    pub revision: Revision,
+}
+
+/// A task's retention: its `history` over the defaults.
+fn policy(history: Option<&HistorySpec>, defaults: &RetentionConfig) -> (usize, chrono::Duration) {
+    let keep_last = history.and_then(|h| h.keep_last).unwrap_or(defaults.keep_last) as usize;
+    let max_age = history
+        .and_then(HistorySpec::max_age_seconds)
+        .and_then(|s| chrono::Duration::try_seconds(i64::try_from(s).ok()?))
+        .unwrap_or(defaults.max_age);
+    (keep_last, max_age)
+}
+
+/// The finished runs of one task to delete: beyond the newest `keep_last`
+/// (by creation), or older than `max_age` by `age_of` (`None`: unknown,
+/// kept). `runs` excludes active ones.
+fn expired(
+    mut runs: Vec<RunKey>,
+    keep_last: usize,
+    cutoff: DateTime<Utc>,
+    age_of: impl Fn(&RunKey) -> Option<DateTime<Utc>>,
+) -> (Vec<RunKey>, usize) {
+    runs.sort_by_key(|r| std::cmp::Reverse(r.create_revision));
+    let old = runs.split_off(keep_last.min(runs.len()));
+    let (mut delete, keep): (Vec<RunKey>, Vec<RunKey>) = runs.into_iter().partition(|r| age_of(r).is_some_and(|t| t < cutoff));
+    delete.extend(old);
+    (delete, keep.len())
+}
+
+/// One pass over the runs of `task_id` (all tasks when empty) at `now`.
+///
+/// Errors: [`Error::Fenced`]; store errors.
+pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, now: DateTime<Utc>, task_id: &str) -> Result<PruneReport> {
+    let revision = repo.current_revision().await?;
+    let keys = repo.run_keys(task_id).await?;
+    let active = repo.active_run_ids().await?;
+    let mut by_task: HashMap<String, Vec<RunKey>> = HashMap::new();
+    let mut kept = 0;
+    for key in keys {
+        if active.contains(&key.run_id) {
+            kept += 1;
+            continue;
+        }
+        by_task.entry(task_of_run(&key.run_id).to_string()).or_default().push(key);
+    }
+    let ids: Vec<&str> = by_task.keys().map(String::as_str).collect();
+    let histories = repo.task_histories(&ids).await?;
+    let mut doomed = Vec::new();
+    for (task, runs) in by_task {
+        let (keep_last, max_age) = policy(histories.get(&task).and_then(Option::as_ref), defaults);
+        let cutoff = now - max_age;
+        // Manual runs carry no time in their id: read the ones that would
+        // otherwise be kept.
+        let mut newest: Vec<&RunKey> = runs.iter().collect();
+        newest.sort_by_key(|r| std::cmp::Reverse(r.create_revision));
+        let manual: Vec<&str> =
+            newest.iter().take(keep_last).filter(|r| slot_of_run_id(&r.run_id).is_none()).map(|r| r.run_id.as_str()).collect();
+        let manual_times = if manual.is_empty() { HashMap::new() } else { repo.run_times(&manual).await? };
+        let (delete, keep) = expired(runs, keep_last, cutoff, |r| match slot_of_run_id(&r.run_id) {
+            Some((_, slot)) => Some(slot),
+            None => manual_times.get(&r.run_id).copied(),
+        });
+        kept += keep;
+        doomed.extend(delete);
+    }
+    let deleted = repo.delete_runs(lead, &doomed).await?;
+    kept += doomed.len() - deleted;
+    Ok(PruneReport { deleted, kept, revision })
+}
+
+/// A spawned retention worker, stopped when dropped (with its engine).
+pub struct Worker(tokio::task::JoinHandle<()>);
+
+impl Worker {
+    /// Spawns [`run`].
+    pub fn spawn(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) -> Self {
+        Worker(tokio::spawn(run(repo, lead, cfg, clock)))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Passes every `cfg.interval` while `lead` holds, compacting after each;
+/// ends when fenced. Spawned with the engine, stopped with it.
+pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) {
+    let mut previous: Option<Revision> = None;
+    loop {
+        tokio::time::sleep(cfg.interval).await;
+        match prune(&repo, &lead, &cfg, clock.now(), "").await {
+            Ok(report) => {
+                if report.deleted > 0 {
+                    tracing::info!(deleted = report.deleted, kept = report.kept, "retention: finished runs deleted");
+                }
+                if let Some(rev) = previous
+                    && let Err(e) = repo.store().compact(rev).await
+                {
+                    tracing::warn!(error = %e, revision = rev, "retention: cannot compact the store's history");
+                }
+                previous = Some(report.revision);
+            }
+            Err(Error::Fenced(_)) => return,
+            Err(e) => tracing::warn!(error = %e, "retention pass failed; trying again next interval"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str, rev: i64) -> RunKey {
+        RunKey { run_id: id.into(), create_revision: rev, mod_revision: rev }
+    }
+
+    #[test]
+    fn keeps_the_newest_and_drops_the_old() {
+        let now: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().expect("t");
+        let runs: Vec<RunKey> = (0..10).map(|i| key(&format!("t.r{i}"), i)).collect();
+        // Keep 3 by creation; none too old.
+        let (delete, kept) = expired(runs.clone(), 3, now - chrono::Duration::days(1), |_| Some(now));
+        assert_eq!(kept, 3);
+        let mut gone: Vec<i64> = delete.iter().map(|r| r.create_revision).collect();
+        gone.sort();
+        assert_eq!(gone, (0..7).collect::<Vec<_>>());
+        // Among the newest, one older than the cutoff goes too; unknown ages stay.
+        let (delete, kept) = expired(runs, 3, now, |r| match r.create_revision {
+            9 => Some(now - chrono::Duration::hours(1)),
+            8 => None,
+            _ => Some(now),
+        });
+        assert_eq!(kept, 2);
+        assert!(delete.iter().any(|r| r.create_revision == 9) && !delete.iter().any(|r| r.create_revision == 8));
+    }
+
+    #[test]
+    fn a_task_history_overrides_the_defaults() {
+        let d = RetentionConfig::default();
+        assert_eq!(policy(None, &d), (1000, chrono::Duration::days(30)));
+        let h = HistorySpec { keep_last: Some(5), max_age: Some("2h".into()) };
+        assert_eq!(policy(Some(&h), &d), (5, chrono::Duration::hours(2)));
+    }
+}

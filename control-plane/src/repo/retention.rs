@@ -1,0 +1,158 @@
+//! What run retention reads and deletes: run keys with their revisions
+//! (keys only, paged), the `active/` index, tasks' `history`, the time of
+//! manual runs, and fenced batched deletes that never remove a run that is
+//! active or changed since it was listed. The policy is
+//! [`crate::engine::retention`]'s.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+
+use super::{Limits, Part, Repo, codec};
+use crate::election::Leadership;
+use crate::error::Result;
+use crate::model::task::HistorySpec;
+use crate::model::{RunRecord, TaskRecord};
+use crate::store::{Compare, KeyValue, Revision, Txn, TxnOp};
+
+/// A stored run as a key listing sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunKey {
+    /// The run.
+    pub run_id: String,
+    /// When its key was created (orders runs by creation).
+    pub create_revision: Revision,
+    /// Its last write: a delete only happens if it is still this.
+    pub mod_revision: Revision,
+}
+
+/// Keys of one page of a keys-only listing.
+const KEY_PAGE: usize = 1000;
+
+impl Repo {
+    /// Every key under `prefix` with its revisions (values left empty),
+    /// read in pages of keys only.
+    pub(crate) async fn keys_under(&self, prefix: &str) -> Result<Vec<KeyValue>> {
+        let mut keys: Vec<KeyValue> = Vec::new();
+        loop {
+            let after = keys.last().map(|kv| kv.key.clone()).unwrap_or_default();
+            let page = self.store.range_page(prefix, &after, KEY_PAGE, true).await?;
+            let full = page.len() == KEY_PAGE;
+            keys.extend(page);
+            if !full {
+                return Ok(keys);
+            }
+        }
+    }
+
+    /// Every stored run (of one task when `task_id` is not empty), keys
+    /// only, in key order.
+    pub async fn run_keys(&self, task_id: &str) -> Result<Vec<RunKey>> {
+        let prefix = if task_id.is_empty() { self.keys.runs() } else { self.keys.runs_of(task_id) };
+        let runs = self.keys.runs();
+        Ok(self
+            .keys_under(&prefix)
+            .await?
+            .into_iter()
+            .filter_map(|kv| {
+                let run_id = self.keys.id_after(&runs, &kv.key)?.to_string();
+                Some(RunKey { run_id, create_revision: kv.create_revision, mod_revision: kv.mod_revision })
+            })
+            .collect())
+    }
+
+    /// The runs in the `active/` index (not finished, or holding an agent).
+    pub async fn active_run_ids(&self) -> Result<HashSet<String>> {
+        let prefix = self.keys.active_runs();
+        Ok(self.keys_under(&prefix).await?.iter().filter_map(|kv| self.keys.id_after(&prefix, &kv.key).map(str::to_string)).collect())
+    }
+
+    /// The `history` of each task of `ids` that exists (`None`: it has
+    /// none); tasks that do not exist are left out.
+    pub async fn task_histories(&self, ids: &[&str]) -> Result<HashMap<String, Option<HistorySpec>>> {
+        let mut out = HashMap::new();
+        for chunk in ids.chunks(self.store.max_txn_ops().max(1)) {
+            let txn = Txn { success: chunk.iter().map(|id| TxnOp::get(self.keys.task(id))).collect(), ..Txn::default() };
+            for (id, kv) in chunk.iter().zip(self.store.txn(txn).await?.gets) {
+                if let Some(kv) = kv {
+                    match codec::decode::<TaskRecord>("task", &kv.value) {
+                        Ok(rec) => {
+                            out.insert(id.to_string(), rec.spec.history);
+                        }
+                        Err(e) => tracing::error!(task_id = %id, error = %e, "unreadable task"),
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// When each run of `ids` finished (its slot when it has no finish
+    /// time); runs gone or unreadable are left out.
+    pub async fn run_times(&self, ids: &[&str]) -> Result<HashMap<String, DateTime<Utc>>> {
+        let mut out = HashMap::new();
+        // Run records are up to 512 KiB: a few per read.
+        for chunk in ids.chunks(8) {
+            let txn = Txn { success: chunk.iter().map(|id| TxnOp::get(self.keys.run(id))).collect(), ..Txn::default() };
+            for (id, kv) in chunk.iter().zip(self.store.txn(txn).await?.gets) {
+                if let Some(Ok(run)) = kv.map(|kv| codec::decode::<RunRecord>("run", &kv.value)) {
+                    out.insert(id.to_string(), run.finished_at.unwrap_or(run.scheduled_at));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes `runs` under the leader's fence, in as few transactions as
+    /// fit, each run only if it is not in the `active/` index and has not
+    /// been written since it was listed. A transaction whose compares fail
+    /// is retried run by run (skipping the ones that changed). Returns how
+    /// many were deleted.
+    ///
+    /// Errors: [`crate::Error::Fenced`]; store errors.
+    pub async fn delete_runs(&self, lead: &Leadership, runs: &[RunKey]) -> Result<usize> {
+        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
+        let part_of = |r: &RunKey| {
+            let key = self.keys.run(&r.run_id);
+            Part::from((
+                vec![Compare::mod_revision(&key, r.mod_revision), Compare::absent(self.keys.active_run(&r.run_id))],
+                vec![TxnOp::delete(key)],
+                Vec::new(),
+            ))
+        };
+        let mut deleted = 0;
+        let mut batch: Vec<&RunKey> = Vec::new();
+        let mut part = Part::default();
+        for r in runs {
+            let add = part_of(r);
+            if !batch.is_empty() && !limits.fits(&part, &add) {
+                deleted += self.delete_batch(lead, std::mem::take(&mut part), &batch, &part_of).await?;
+                batch.clear();
+            }
+            part.extend(add);
+            batch.push(r);
+        }
+        if !batch.is_empty() {
+            deleted += self.delete_batch(lead, part, &batch, &part_of).await?;
+        }
+        Ok(deleted)
+    }
+
+    async fn delete_batch(&self, lead: &Leadership, part: Part, batch: &[&RunKey], part_of: &impl Fn(&RunKey) -> Part) -> Result<usize> {
+        if self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
+            return Ok(batch.len());
+        }
+        let mut deleted = 0;
+        for r in batch {
+            if self.fenced_txn(lead, part_of(r).into_txn()).await?.is_ok() {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// The store's current revision.
+    pub async fn current_revision(&self) -> Result<Revision> {
+        Ok(self.store.txn(Txn::default()).await?.revision)
+    }
+}
