@@ -98,17 +98,16 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
     for (task, runs) in by_task {
         let (keep_last, max_age) = policy(histories.get(&task).and_then(Option::as_ref), defaults);
         let cutoff = now - max_age;
-        // Manual runs carry no time in their id: read the ones that would
-        // otherwise be kept.
+        // A run's age is from when it finished. A slot after the cutoff
+        // says enough without a read (it cannot have finished earlier);
+        // the others that would be kept (manual runs, old slots — a
+        // backfill that just ran) are read.
         let mut newest: Vec<&RunKey> = runs.iter().collect();
         newest.sort_by_key(|r| std::cmp::Reverse(r.create_revision));
-        let manual: Vec<&str> =
-            newest.iter().take(keep_last).filter(|r| slot_of_run_id(&r.run_id).is_none()).map(|r| r.run_id.as_str()).collect();
-        let manual_times = if manual.is_empty() { HashMap::new() } else { repo.run_times(&manual).await? };
-        let (delete, keep) = expired(runs, keep_last, cutoff, |r| match slot_of_run_id(&r.run_id) {
-            Some((_, slot)) => Some(slot),
-            None => manual_times.get(&r.run_id).copied(),
-        });
+        let young = |r: &RunKey| slot_of_run_id(&r.run_id).is_some_and(|(_, slot)| slot >= cutoff);
+        let unknown: Vec<&str> = newest.iter().take(keep_last).filter(|r| !young(r)).map(|r| r.run_id.as_str()).collect();
+        let times = if unknown.is_empty() { HashMap::new() } else { repo.run_times(&unknown).await? };
+        let (delete, keep) = expired(runs, keep_last, cutoff, |r| if young(r) { Some(now) } else { times.get(&r.run_id).copied() });
         kept += keep;
         doomed.extend(delete);
     }

@@ -69,9 +69,8 @@ pub const MIN_MAX_AGE_SECONDS: u64 = 60;
 
 /// `history`: the retention of a task's finished runs. A run is deleted
 /// when it is not among the task's newest `keep_last` finished runs, or
-/// when it is older than `max_age` (by its slot, or for a manual run by
-/// when it finished). Runs not finished, or whose agent may still be
-/// alive, are never deleted.
+/// when it finished longer than `max_age` ago. Runs not finished, or whose
+/// agent may still be alive, are never deleted.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HistorySpec {
