@@ -609,9 +609,23 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             // One call for the whole file: the server validates every task
             // before it writes any, and writes them all or none.
             const CHUNK_BYTES: usize = 1024 * 1024;
+            let max = punchclock_control_plane::model::task::MAX_SPEC_BYTES;
+            let specs = specs.unwrap_or_default();
+            let too_big: Vec<String> = specs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.len() > max)
+                .map(|(i, s)| format!("task #{}: definition is {} bytes; at most {max}", i + 1, s.len()))
+                .collect();
+            if !too_big.is_empty() {
+                for p in &too_big {
+                    eprintln!("{p}");
+                }
+                return Err(format!("{} definition(s) too large; nothing applied", too_big.len()));
+            }
             let mut messages = Vec::new();
             let (mut chunk, mut bytes) = (Vec::new(), 0);
-            for spec in specs.unwrap_or_default() {
+            for spec in specs {
                 if bytes + spec.len() > CHUNK_BYTES && !chunk.is_empty() {
                     messages.push(pb::ApplyTasksRequest { spec_json: std::mem::take(&mut chunk), dry_run });
                     bytes = 0;
@@ -620,12 +634,25 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                 chunk.push(spec);
             }
             messages.push(pb::ApplyTasksRequest { spec_json: chunk, dry_run });
-            let mut replies = tc.apply_tasks(futures::stream::iter(messages)).await.map_err(grpc)?.into_inner();
+            // A leader change or a broken connection after the apply began:
+            // it may well have been finished (a journaled apply is).
+            let maybe_done = |e: tonic::Status| {
+                let hint = matches!(e.code(), tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled);
+                let text = grpc(e);
+                if hint && !dry_run {
+                    format!(
+                        "{text}\n(the apply may have been finished by the leader, or the next one; applying the file again is safe: unchanged tasks are left alone)"
+                    )
+                } else {
+                    text
+                }
+            };
+            let mut replies = tc.apply_tasks(futures::stream::iter(messages)).await.map_err(maybe_done)?.into_inner();
             let mut applied = Vec::new();
             // The same warning for many tasks (one agent no runner serves)
             // is printed once, with the tasks it concerns.
             let mut warnings: Vec<(String, Vec<String>)> = Vec::new();
-            while let Some(reply) = replies.message().await.map_err(grpc)? {
+            while let Some(reply) = replies.message().await.map_err(maybe_done)? {
                 for t in reply.tasks {
                     for w in &t.warnings {
                         match warnings.iter_mut().find(|(text, _)| text == w) {

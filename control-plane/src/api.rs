@@ -29,6 +29,8 @@ pub const MAX_TASK_PAGE: u32 = 1000;
 pub const DEFAULT_RUN_LIMIT: u32 = 100;
 /// Most runs one `ListRuns` returns (a larger `limit` is capped).
 pub const MAX_RUN_LIMIT: u32 = 1000;
+/// Longest warning text returned with an apply.
+const MAX_WARNING_BYTES: usize = 300;
 /// Attempts of an optimistic read-modify-write before giving up.
 const CAS_ATTEMPTS: usize = 5;
 
@@ -206,7 +208,12 @@ impl Core {
             self.repo.preview_apply(&specs, now).await?
         } else {
             let engine = self.engine().await?;
-            let report = self.repo.apply_tasks(engine.leadership(), &specs, now).await?;
+            // In a task of its own: a client that goes away mid-apply does
+            // not stop it halfway (a journaled apply is finished).
+            let (repo, lead, to_write) = (self.repo.clone(), engine.leadership().clone(), specs.clone());
+            let report = tokio::spawn(async move { repo.apply_tasks(&lead, &to_write, now).await })
+                .await
+                .map_err(|e| Error::Internal(format!("apply task failed: {e}")))??;
             tracing::info!(tasks = specs.len(), transactions = report.transactions, journaled = report.journaled, "tasks applied");
             report.outcomes
         };
@@ -236,10 +243,20 @@ impl Core {
         match engine.serves_agent(spec.agent_id.clone(), selector.clone()).await {
             Ok(false) => {
                 let labels = if selector.is_empty() { String::new() } else { format!(" with labels {selector:?}") };
-                vec![format!(
+                let mut text = format!(
                     "no connected runner serves agent {:?}{labels}: its runs wait (execution.start_timeout_seconds {} s) for one",
                     spec.agent_id, spec.execution.start_timeout_seconds
-                )]
+                );
+                // Labels can be long: a warning stays a line.
+                if text.len() > MAX_WARNING_BYTES {
+                    let mut end = MAX_WARNING_BYTES;
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text.truncate(end);
+                    text.push_str("...");
+                }
+                vec![text]
             }
             _ => Vec::new(),
         }

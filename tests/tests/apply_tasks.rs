@@ -5,7 +5,10 @@
 //! - on a real etcd, where 5,000 tasks need many transactions: the server
 //!   is killed (-9) while the tasks are being written, and again while the
 //!   journal is being written; after a restart the new leader has finished
-//!   or rolled back the apply: all 5,000 tasks or none, and no journal left.
+//!   or rolled back the apply: all 5,000 tasks or none, and no journal left;
+//!   a CLI killed mid-apply does not stop it (all 5,000, no journal, no
+//!   restart); two applies of the same ids at once end as one file or the
+//!   other, never a mix.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -135,4 +138,46 @@ async fn a_server_killed_mid_apply_leaves_all_tasks_or_none() {
     let file = task_file(dir.path(), "b.json", N, "b");
     let (before, after) = kill_during_apply(&etcd, dir.path(), &file, "/punchclock/applies/").await;
     assert!(after == 0 || after == N, "{after} of {N} tasks after the restart ({before} at the kill)");
+
+    // The client goes away mid-apply: the leader finishes it anyway.
+    let server = Proc::server(&etcd.store_url(), "cp2", free_port(), dir.path());
+    wait_leader(std::slice::from_ref(&server.addr), Duration::from_secs(30), |s| s.leader_id == "cp2").await;
+    let mut changes = store.watch("/punchclock/tasks/").await.expect("watch");
+    let file = task_file(dir.path(), "c.json", N, "c");
+    let mut cli = apply_cmd(&server.addr, &file).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("cli");
+    tokio::time::timeout(Duration::from_secs(60), changes.next()).await.expect("the apply writes").expect("a change").expect("watch");
+    cli.kill().expect("kill the CLI");
+    let _ = cli.wait();
+    let tagged = |tag: &'static str| {
+        let store = &store;
+        async move {
+            let all = store.range("/punchclock/tasks/").await.expect("range").0;
+            all.iter().filter(|kv| String::from_utf8_lossy(&kv.value).contains(&format!("\"tag\":\"{tag}\""))).count()
+        }
+    };
+    let mut done = false;
+    for _ in 0..300 {
+        if tagged("c").await == N && stored(&store, "/punchclock/applies/").await == 0 {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(done, "the apply stopped with its client: {} of {N} tasks written", tagged("c").await);
+
+    // Two applies of the same ids at once: one file or the other, whole.
+    let reversed: Vec<serde_json::Value> = {
+        let text = std::fs::read_to_string(task_file(dir.path(), "d.json", N, "d")).expect("read");
+        let mut v: Vec<serde_json::Value> = serde_json::from_str(&text).expect("json");
+        v.reverse();
+        v
+    };
+    let d = dir.path().join("d-reversed.json");
+    std::fs::write(&d, serde_json::to_string(&reversed).expect("json")).expect("write");
+    let e = task_file(dir.path(), "e.json", N, "e");
+    let mut first = apply_cmd(&server.addr, &d).stdout(Stdio::null()).spawn().expect("cli d");
+    let mut second = apply_cmd(&server.addr, &e).stdout(Stdio::null()).spawn().expect("cli e");
+    assert!(first.wait().expect("d").success() && second.wait().expect("e").success());
+    let (d_count, e_count) = (tagged("d").await, tagged("e").await);
+    assert!((d_count, e_count) == (N, 0) || (d_count, e_count) == (0, N), "a mix of two applies: {d_count} d, {e_count} e");
 }

@@ -29,6 +29,38 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 pub const DEFAULT_START_TIMEOUT_SECONDS: i64 = 3600;
 /// Largest task definition, as JSON: 256 KiB (it rides in every run's context).
 pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+/// Deepest nesting of objects and arrays in a definition. Stored records
+/// wrap a definition in more levels (a task record, a run's params, an
+/// apply journal), and serde_json refuses documents deeper than 128: a
+/// definition that validated must always be readable again.
+pub const MAX_SPEC_DEPTH: usize = 64;
+
+/// The nesting depth of the JSON `text` if it is over `max` (strings are
+/// skipped; the text need not be valid: the parser judges that).
+fn nesting_over(text: &str, max: usize) -> Option<usize> {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    (deepest > max).then_some(deepest)
+}
 
 /// One task definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -302,6 +334,9 @@ impl TaskSpec {
         if text.len() > MAX_SPEC_BYTES {
             return Err(Error::invalid("task", format!("definition is {} bytes; at most {MAX_SPEC_BYTES}", text.len())));
         }
+        if let Some(depth) = nesting_over(text, MAX_SPEC_DEPTH) {
+            return Err(Error::invalid("task", format!("nested {depth} levels deep; at most {MAX_SPEC_DEPTH}")));
+        }
         let de = &mut serde_json::Deserializer::from_str(text);
         let spec: TaskSpec = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -497,6 +532,21 @@ pub struct TaskRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by breaking it: a definition nested 127 deep validated, and its
+    /// stored record (one level more) could never be read again.
+    #[test]
+    fn a_definition_nested_too_deep_is_refused() {
+        let nested = |depth: usize| {
+            format!(r#"{{"task_id": "deep", "agent_id": "a", "context": {{"x": {}1{}}}}}"#, "[".repeat(depth), "]".repeat(depth))
+        };
+        assert!(TaskSpec::from_json(&nested(MAX_SPEC_DEPTH - 2)).is_ok());
+        let e = TaskSpec::from_json(&nested(125)).expect_err("too deep").to_string();
+        assert!(e.contains("nested 127 levels deep; at most 64"), "{e}");
+        // Brackets inside strings are text, not nesting.
+        let text = format!(r#"{{"task_id": "t", "agent_id": "a", "description": "{}"}}"#, "[".repeat(200));
+        assert!(TaskSpec::from_json(&text).is_ok());
+    }
 
     const SEED: &str = r#"{ "task_id": "daily_report_001", "agent_id": "report_agent",
   "trigger": { "type": "cron", "expr": "0 30 8 * * *", "timezone": "Asia/Shanghai" },

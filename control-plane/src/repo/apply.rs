@@ -112,29 +112,74 @@ impl Repo {
 
     /// Creates or replaces every task of `specs` (validated, ids unique),
     /// all or nothing — see the module doc for how. Returns one outcome per
-    /// spec, in order.
+    /// spec, in order. One apply at a time per leader (they would
+    /// interleave), and none while a new engine recovers journals.
+    ///
+    /// Once its journal is complete, an apply is finished: store errors
+    /// and tasks changing concurrently are retried (with backoff) until it
+    /// is done or this leader is fenced, when the next leader finishes it.
+    /// Run it in a task of its own so a caller that goes away does not stop
+    /// it halfway.
     ///
     /// Errors: [`Error::Fenced`] when a newer leader exists (a journaled
     /// apply is then finished by that leader); [`Error::Unavailable`] when
-    /// a task kept changing concurrently; store errors. After an error
-    /// the apply is either not visible at all or recorded in its journal
-    /// for the next leader to finish.
+    /// a task kept changing concurrently (one-transaction applies: nothing
+    /// written); store errors before the journal is complete (nothing
+    /// applied; the partial journal is deleted, or rolled back by the next
+    /// leader).
     pub async fn apply_tasks(&self, lead: &Leadership, specs: &[TaskSpec], now: DateTime<Utc>) -> Result<ApplyReport> {
+        let _one_at_a_time = self.apply_lock.lock().await;
         let limits = self.limits(Some(lead));
         let encoded: Vec<usize> = specs.iter().map(|s| codec::encode(s).map(|b| b.len())).collect::<Result<_>>()?;
         // A record is its spec plus ~200 bytes of state.
         let fits_one = specs.len() < limits.ops.saturating_sub(limits.fence)
             && encoded.iter().map(|n| n + 300 + self.keys.task("").len() + 128).sum::<usize>() <= limits.bytes;
+        let mut outcomes = vec![None; specs.len()];
         if fits_one {
-            let (outcomes, transactions) = self.write_tasks(lead, specs, now, &limits).await?;
-            return Ok(ApplyReport { outcomes, transactions, journaled: false });
+            let transactions = self.write_tasks(lead, specs, now, &limits, &mut outcomes).await?;
+            return Ok(ApplyReport { outcomes: outcomes.into_iter().flatten().collect(), transactions, journaled: false });
         }
-        let id = format!("{}-{}", lead.token, now.timestamp_nanos_opt().unwrap_or_default());
-        let mut transactions = self.write_journal(lead, &id, specs, &limits).await?;
-        let (outcomes, written) = self.write_tasks(lead, specs, now, &limits).await?;
-        transactions += written + self.delete_journal(lead, &id, &limits).await?;
+        // Zero-padded: journals sort (and are recovered) in the order made.
+        let id = format!("{:020}-{:020}", lead.token, now.timestamp_nanos_opt().unwrap_or_default());
+        let mut transactions = match self.write_journal(lead, &id, specs, &limits).await {
+            Ok(n) => n,
+            Err(e) => {
+                // Nothing of it is applied; without `ready` the rest is
+                // only clean-up (the next leader's, if this fails too).
+                let _ = self.delete_journal(lead, &id, &limits).await;
+                return Err(e);
+            }
+        };
+        let mut pause = std::time::Duration::from_millis(200);
+        loop {
+            match self.write_tasks(lead, specs, now, &limits, &mut outcomes).await {
+                Ok(n) => {
+                    transactions += n;
+                    break;
+                }
+                Err(e @ Error::Fenced(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(apply = %id, error = %e, pause_ms = pause.as_millis() as u64, "apply not finished yet; going on");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(30));
+                }
+            }
+        }
+        loop {
+            match self.delete_journal(lead, &id, &limits).await {
+                Ok(n) => {
+                    transactions += n;
+                    break;
+                }
+                Err(e @ Error::Fenced(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(apply = %id, error = %e, "cannot delete a finished apply's journal yet; going on");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
         tracing::info!(apply = %id, tasks = specs.len(), transactions, "journaled apply done");
-        Ok(ApplyReport { outcomes, transactions, journaled: true })
+        Ok(ApplyReport { outcomes: outcomes.into_iter().flatten().collect(), transactions, journaled: true })
     }
 
     /// Records `specs` under `applies/{id}/`: chunks, `ready` last.
@@ -195,24 +240,28 @@ impl Repo {
 
     /// Writes the records of `specs` in batches that fit one transaction
     /// each: read the batch, compute, write if nothing changed meanwhile
-    /// (else read again). Returns the outcomes and transactions committed.
+    /// (else read again). `outcomes[i]` is set once spec `i`'s batch has
+    /// committed; a call after a failed one goes on from the first unset.
+    /// Returns the transactions committed.
     async fn write_tasks(
         &self,
         lead: &Leadership,
         specs: &[TaskSpec],
         now: DateTime<Utc>,
         limits: &Limits,
-    ) -> Result<(Vec<ApplyOutcome>, usize)> {
-        let mut outcomes = Vec::with_capacity(specs.len());
+        outcomes: &mut [Option<ApplyOutcome>],
+    ) -> Result<usize> {
         let mut transactions = 0;
-        let mut start = 0;
+        let mut start = outcomes.iter().position(Option::is_none).unwrap_or(specs.len());
         while start < specs.len() {
             let (batch_outcomes, end, committed) = self.write_batch(lead, specs, start, now, limits).await?;
-            outcomes.extend(batch_outcomes);
+            for (slot, outcome) in outcomes[start..end].iter_mut().zip(batch_outcomes) {
+                *slot = Some(outcome);
+            }
             transactions += committed;
             start = end;
         }
-        Ok((outcomes, transactions))
+        Ok(transactions)
     }
 
     /// Writes specs from `start` on, as many as one transaction takes;
@@ -270,6 +319,7 @@ impl Repo {
     ///
     /// Errors: [`Error::Fenced`]; store errors (the next start tries again).
     pub async fn recover_applies(&self, lead: &Leadership, now: DateTime<Utc>) -> Result<usize> {
+        let _one_at_a_time = self.apply_lock.lock().await;
         let mut journals: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for kv in self.keys_under(&self.keys.applies()).await? {
             let Some(rest) = self.keys.id_after(&self.keys.applies(), &kv.key) else { continue };
@@ -277,25 +327,39 @@ impl Repo {
         }
         let limits = self.limits(Some(lead));
         for id in &journals {
-            // Chunk by chunk: each is one get of at most 512 KiB.
-            if let Some(ready) = self.store.get(&self.keys.apply_ready(id)).await? {
-                let chunks: usize = codec::decode("apply journal", &ready.value)?;
-                let mut specs: Vec<TaskSpec> = Vec::new();
-                for i in 0..chunks {
-                    let kv = self
-                        .store
-                        .get(&self.keys.apply_chunk(id, i))
-                        .await?
-                        .ok_or_else(|| Error::Internal(format!("apply journal {id} is ready but chunk {i} of {chunks} is missing")))?;
-                    specs.extend(codec::decode::<Vec<TaskSpec>>("apply journal", &kv.value)?);
+            match self.read_journal(id).await {
+                Ok(Some(specs)) => {
+                    tracing::warn!(apply = %id, tasks = specs.len(), "finishing an apply a previous leader left");
+                    let mut outcomes = vec![None; specs.len()];
+                    self.write_tasks(lead, &specs, now, &limits, &mut outcomes).await?;
                 }
-                tracing::warn!(apply = %id, tasks = specs.len(), "finishing an apply a previous leader left");
-                self.write_tasks(lead, &specs, now, &limits).await?;
-            } else {
-                tracing::warn!(apply = %id, "rolling back an apply a previous leader left unrecorded");
+                Ok(None) => tracing::warn!(apply = %id, "rolling back an apply a previous leader left unrecorded"),
+                // A journal that cannot be read cannot be finished; kept,
+                // it would stop every leader from starting.
+                Err(e) => tracing::error!(apply = %id, error = %e, "deleting an apply journal that cannot be read; that apply is lost"),
             }
             self.delete_journal(lead, id, &limits).await?;
         }
         Ok(journals.len())
+    }
+
+    /// The specs of a complete journal, `None` without `ready`.
+    ///
+    /// Errors: store errors; [`Error::Internal`] for a journal that is
+    /// complete but unreadable (a chunk missing or undecodable).
+    async fn read_journal(&self, id: &str) -> Result<Option<Vec<TaskSpec>>> {
+        let Some(ready) = self.store.get(&self.keys.apply_ready(id)).await? else { return Ok(None) };
+        // Chunk by chunk: each is one get of at most 512 KiB.
+        let chunks: usize = codec::decode("apply journal", &ready.value)?;
+        let mut specs: Vec<TaskSpec> = Vec::new();
+        for i in 0..chunks {
+            let kv = self
+                .store
+                .get(&self.keys.apply_chunk(id, i))
+                .await?
+                .ok_or_else(|| Error::Internal(format!("apply journal {id} is ready but chunk {i} of {chunks} is missing")))?;
+            specs.extend(codec::decode::<Vec<TaskSpec>>("apply journal", &kv.value)?);
+        }
+        Ok(Some(specs))
     }
 }

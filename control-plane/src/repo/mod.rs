@@ -196,12 +196,14 @@ pub struct CommitStats {
 pub struct Repo {
     store: Arc<dyn KvStore>,
     keys: Keys,
+    /// Held by an apply and by journal recovery: one at a time.
+    apply_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Repo {
     /// The repository over `store`, keys under `keys`' prefix.
     pub fn new(store: Arc<dyn KvStore>, keys: Keys) -> Self {
-        Repo { store, keys }
+        Repo { store, keys, apply_lock: Arc::default() }
     }
 
     /// The key layout.

@@ -13,6 +13,7 @@ use super::status;
 use crate::api::{Core, TaskView};
 use crate::engine::TriggerRequest;
 use crate::error::Error;
+use crate::model::task::MAX_SPEC_BYTES;
 
 /// `punchclock.v1.TaskService`.
 pub struct TaskSvc(pub Arc<Core>);
@@ -23,6 +24,8 @@ fn view(record: crate::model::TaskRecord) -> TaskView {
 
 /// Most definitions one `ApplyTasks` call takes.
 pub const MAX_APPLY_TASKS: usize = 200_000;
+/// Most bytes of definitions one `ApplyTasks` call takes (256 MiB).
+pub const MAX_APPLY_BYTES: usize = 256 * 1024 * 1024;
 /// Results per `ApplyTasksResponse` message.
 const APPLIED_PER_MESSAGE: usize = 1000;
 
@@ -32,12 +35,26 @@ impl TaskService for TaskSvc {
 
     async fn apply_tasks(&self, req: Request<tonic::Streaming<pb::ApplyTasksRequest>>) -> Result<Response<Self::ApplyTasksStream>, Status> {
         let mut incoming = req.into_inner();
-        let (mut specs, mut dry_run) = (Vec::new(), false);
+        let (mut specs, mut dry_run, mut bytes) = (Vec::new(), false, 0usize);
         while let Some(msg) = incoming.message().await? {
             dry_run |= msg.dry_run;
-            specs.extend(msg.spec_json);
-            if specs.len() > MAX_APPLY_TASKS {
-                return Err(status(Error::invalid("spec_json", format!("more than {MAX_APPLY_TASKS} definitions in one apply"))));
+            for spec in msg.spec_json {
+                // Refused as they arrive: nothing unbounded is held.
+                if spec.len() > MAX_SPEC_BYTES {
+                    let n = specs.len() + 1;
+                    return Err(status(Error::invalid(
+                        "tasks",
+                        format!("task #{n}: definition is {} bytes; at most {MAX_SPEC_BYTES}; nothing applied", spec.len()),
+                    )));
+                }
+                bytes += spec.len();
+                specs.push(spec);
+            }
+            if specs.len() > MAX_APPLY_TASKS || bytes > MAX_APPLY_BYTES {
+                return Err(status(Error::invalid(
+                    "tasks",
+                    format!("more than {MAX_APPLY_TASKS} definitions or {MAX_APPLY_BYTES} bytes in one apply; nothing applied"),
+                )));
             }
         }
         let applied = self.0.apply_tasks(specs, dry_run).await.map_err(status)?;
