@@ -248,19 +248,32 @@ impl Runner {
     async fn run<S: Future<Output = ()>>(mut self, mut shutdown: Pin<&mut S>) {
         let mut addresses = Addresses::new(&self.config.control_plane);
         let mut backoff = Backoff::default();
+        // Redirects followed in a row without a session.
+        let mut redirects = 0u32;
         loop {
             let address = addresses.next();
-            let delay = match self.session(address, &mut shutdown, &mut backoff).await {
+            let delay = match self.session(address.clone(), &mut shutdown, &mut backoff).await {
                 SessionEnd::Shutdown => return,
-                // Follow a redirect at once: it names the leader.
+                // Follow a redirect at once: it names the leader. But a
+                // leader that names itself (its engine is down), or a chain
+                // of redirects, is backed off like a lost connection: it
+                // answered 80-90 times a second.
                 SessionEnd::Redirect(leader) => {
+                    redirects += 1;
+                    let to_itself = normalize_address(&leader) == address;
                     addresses.redirect(leader);
-                    Duration::ZERO
+                    if to_itself || redirects > 2 { backoff.next_delay() } else { Duration::ZERO }
                 }
                 // Back off once per round over the configured addresses, so a
                 // dead address does not delay trying the live ones.
-                SessionEnd::Lost if !addresses.round_done() => Backoff::INITIAL,
-                SessionEnd::Lost => backoff.next_delay(),
+                SessionEnd::Lost if !addresses.round_done() => {
+                    redirects = 0;
+                    Backoff::INITIAL
+                }
+                SessionEnd::Lost => {
+                    redirects = 0;
+                    backoff.next_delay()
+                }
             };
             debug!(delay_ms = delay.as_millis(), "reconnecting after backoff");
             if self.offline(time::sleep(delay), &mut shutdown).await.is_none() {

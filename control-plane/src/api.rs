@@ -141,6 +141,8 @@ pub struct Core {
     pub engine: RwLock<Option<EngineHandle>>,
     /// Run retention defaults (for `PruneRuns`).
     pub retention: crate::engine::retention::RetentionConfig,
+    /// Why this replica leads without a running engine, if it does.
+    pub engine_problem: std::sync::Mutex<Option<String>>,
 }
 
 impl Core {
@@ -151,6 +153,29 @@ impl Core {
         }
         let leader = self.election.leader().await.map(|l| l.advertise_address).filter(|a| !a.is_empty());
         Err(Error::Unavailable { reason: "this replica is not the leader".into(), leader })
+    }
+
+    /// Records (or clears) why this replica leads without an engine.
+    pub fn set_engine_problem(&self, problem: Option<String>) {
+        if let Ok(mut p) = self.engine_problem.lock() {
+            *p = problem;
+        }
+    }
+
+    /// Why this replica cannot serve now (empty when it can): the store
+    /// does not take writes, or it leads without a running engine.
+    pub async fn readiness(&self) -> Vec<String> {
+        let mut why = Vec::new();
+        if let Err(e) = self.repo.store().ready().await {
+            why.push(format!("store not writable: {e}"));
+        }
+        let leading = self.election.leadership().borrow().is_some();
+        let engine = self.engine.read().map(|g| g.is_some()).unwrap_or(false);
+        if leading && !engine {
+            let problem = self.engine_problem.lock().ok().and_then(|p| p.clone());
+            why.push(problem.unwrap_or_else(|| "leading, but the engine is not running yet".into()));
+        }
+        why
     }
 
     /// Current leader as known here.

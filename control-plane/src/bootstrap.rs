@@ -135,6 +135,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         election: election.clone(),
         engine: RwLock::new(None),
         retention: cfg.retention,
+        engine_problem: std::sync::Mutex::new(None),
     });
 
     let http_addr = match cfg.http_listen {
@@ -239,6 +240,8 @@ async fn follow_leadership(
     // start (a store that rejects every write must not flood the log).
     let mut pause = ENGINE_RESTART_PAUSE;
     let mut started_at = tokio::time::Instant::now();
+    // Engines in a row that failed to start or stopped soon after.
+    let mut failures = 0u32;
     loop {
         let current = lead.borrow_and_update().clone();
         match (&current, running.is_some()) {
@@ -255,9 +258,15 @@ async fn follow_leadership(
                     leader_id: core.election.id(),
                     bus: core.lifecycle.clone(),
                 };
-                match Engine::start(cfg).await {
+                let started = if std::env::var_os(FAIL_ENGINE_ENV).is_some() {
+                    Err(Error::Internal(format!("{FAIL_ENGINE_ENV} is set: this replica's engine never starts")))
+                } else {
+                    Engine::start(cfg).await
+                };
+                match started {
                     Ok((handle, join)) => {
                         tracing::info!(token = l.token, "leading: engine started");
+                        core.set_engine_problem(None);
                         token = l.token;
                         retry_at = None;
                         started_at = tokio::time::Instant::now();
@@ -268,6 +277,9 @@ async fn follow_leadership(
                     }
                     Err(e) => {
                         tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "engine failed to start; retrying");
+                        core.set_engine_problem(Some(format!("leading, but the engine cannot start: {e}")));
+                        failures += 1;
+                        step_down_if_failing(&core, l.token, &mut failures, timing).await;
                         retry_at = Some(tokio::time::Instant::now() + pause);
                         pause = (pause * 2).min(ENGINE_RESTART_MAX_PAUSE);
                         started_at = tokio::time::Instant::now();
@@ -324,7 +336,12 @@ async fn follow_leadership(
                         let healthy = started_at.elapsed() > ENGINE_HEALTHY_RUN;
                         if healthy {
                             pause = ENGINE_RESTART_PAUSE;
+                            failures = 0;
+                        } else {
+                            failures += 1;
                         }
+                        core.set_engine_problem(Some("leading, but the engine stopped (see the log); restarting it".into()));
+                        step_down_if_failing(&core, token, &mut failures, timing).await;
                         match ended {
                             Err(e) if e.is_panic() => tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "engine panicked; restarting it"),
                             _ => tracing::warn!(pause_ms = pause.as_millis() as u64, "engine stopped while leading; restarting it"),
@@ -361,5 +378,27 @@ async fn stop_engine(core: &Core, running: &mut Option<tokio::task::JoinHandle<E
         j.abort();
         let _ = j.await;
         tracing::info!("engine stopped");
+    }
+}
+
+/// Test hook: with this variable set, this replica's engine fails to start
+/// (a leader that cannot lead, for the step-down test).
+pub const FAIL_ENGINE_ENV: &str = "PUNCHCLOCK_TEST_FAIL_ENGINE";
+
+/// Engines in a row that may fail before a leader steps down.
+const MAX_ENGINE_FAILURES: u32 = 5;
+
+/// After [`MAX_ENGINE_FAILURES`] engines in a row failed, a replica that
+/// has others beside it steps down for three lease TTLs so one of them can
+/// lead (its store connection, disk or data may be what fails); alone, it
+/// keeps trying.
+async fn step_down_if_failing(core: &Core, token: u64, failures: &mut u32, timing: Timing) {
+    if *failures < MAX_ENGINE_FAILURES {
+        return;
+    }
+    *failures = 0;
+    if core.election.members().await.len() > 1 {
+        tracing::error!(token, "the engine keeps failing; stepping down so another replica can lead");
+        core.election.step_down(token, timing.lease_ttl * 3);
     }
 }

@@ -1,9 +1,13 @@
-//! The HTTP port: `GET /healthz` (liveness plus leadership, JSON).
+//! The HTTP port: `GET /livez` (the process answers), `GET /readyz` and
+//! `GET /healthz` (ready: the store takes writes, and a leader runs its
+//! engine — 200, else 503 with the reasons; JSON with leadership either
+//! way), as Kubernetes probes expect.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use tokio::net::TcpListener;
@@ -11,10 +15,25 @@ use tokio::net::TcpListener;
 use crate::api::Core;
 use crate::error::{Error, Result};
 
-async fn healthz(State(core): State<Arc<Core>>) -> Json<serde_json::Value> {
+async fn livez() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok", "live": true }))
+}
+
+async fn readyz(State(core): State<Arc<Core>>) -> (StatusCode, Json<serde_json::Value>) {
     let leading = core.engine.read().map(|g| g.is_some()).unwrap_or(false);
     let leader = core.leader().await.map(|l| l.advertise_address).unwrap_or_default();
-    Json(serde_json::json!({ "status": "ok", "leader": leading, "leader_address": leader, "store": core.repo.store().describe() }))
+    let reasons = core.readiness().await;
+    let ready = reasons.is_empty();
+    let body = serde_json::json!({
+        "status": if ready { "ok" } else { "not_ready" },
+        "live": true,
+        "ready": ready,
+        "reasons": reasons,
+        "leader": leading,
+        "leader_address": leader,
+        "store": core.repo.store().describe(),
+    });
+    (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body))
 }
 
 /// Binds `addr` (with `fallback`, a free port of the same address when
@@ -33,7 +52,7 @@ pub async fn serve(addr: SocketAddr, fallback: bool, core: Arc<Core>) -> Result<
         Err(e) => return Err(bind_error(addr, e)),
     };
     let bound = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
-    let app = Router::new().route("/healthz", get(healthz)).with_state(core);
+    let app = Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/healthz", get(readyz)).with_state(core);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "http server failed");

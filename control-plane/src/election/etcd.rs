@@ -68,6 +68,8 @@ pub struct EtcdElection {
     tx: watch::Sender<Option<Leadership>>,
     resign: Notify,
     resigned: watch::Sender<bool>,
+    /// No campaign before this instant (after a step-down).
+    hold_until: std::sync::Mutex<Option<Instant>>,
     /// The last token a fenced write reported as deposed.
     deposed: watch::Sender<u64>,
     /// Test hook (`PUNCHCLOCK_TEST_IGNORE_LEASE_LOSS=1`): never step down for
@@ -94,6 +96,7 @@ impl EtcdElection {
             tx,
             resign: Notify::new(),
             resigned,
+            hold_until: std::sync::Mutex::new(None),
             deposed: watch::channel(0).0,
             ignore_lease_loss: std::env::var(IGNORE_LEASE_LOSS_ENV).is_ok_and(|v| v == "1"),
         });
@@ -148,6 +151,14 @@ impl EtcdElection {
                     tokio::time::sleep(renew).await;
                     continue;
                 }
+            }
+            let hold = self.hold_until.lock().ok().and_then(|h| *h).filter(|t| *t > Instant::now());
+            if let Some(until) = hold {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = wait_set(&mut stopped) => return,
+                }
+                continue;
             }
             match self.try_lead(&key).await {
                 Some((lease, token)) => {
@@ -324,6 +335,14 @@ impl Election for EtcdElection {
 
     fn deposed(&self, token: u64) {
         tracing::warn!(token, "election: told a write was fenced");
+        self.deposed.send_replace(token);
+    }
+
+    fn step_down(&self, token: u64, hold: Duration) {
+        tracing::warn!(token, hold_ms = hold.as_millis() as u64, "election: stepping down so another replica can lead");
+        if let Ok(mut until) = self.hold_until.lock() {
+            *until = Some(Instant::now() + hold);
+        }
         self.deposed.send_replace(token);
     }
 

@@ -52,4 +52,11 @@ pub trait Election: Send + Sync + 'static {
     fn deposed(&self, token: u64);
     /// Live members as `(id, advertised address)`.
     async fn members(&self) -> Vec<(String, String)>;
+    /// Gives up leadership of `token` (when it is still held) and stays
+    /// out of the next elections for `hold`, so another replica can lead:
+    /// for a leader that cannot run its engine. A single node has nobody
+    /// to hand over to: it keeps leading.
+    fn step_down(&self, token: u64, hold: std::time::Duration) {
+        let _ = (token, hold);
+    }
 }

@@ -26,6 +26,8 @@ use crate::error::{Error, Result};
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
+/// `meta` key the readiness probe writes.
+const PROBE: &str = "probe";
 const HEADER: usize = 32;
 
 /// redb's page cache (its default is 1 GiB, which an idle control plane
@@ -74,7 +76,11 @@ struct Lease {
 }
 
 struct Inner {
-    db: Database,
+    /// `None` after an I/O error closed it: the next use reopens it.
+    db: std::sync::RwLock<Option<Arc<Database>>>,
+    /// Why writes fail, since the last I/O error (cleared by a write that
+    /// commits).
+    failure: Mutex<Option<String>>,
     path: PathBuf,
     /// Serializes writers so watch events leave in revision order.
     write_lock: Mutex<()>,
@@ -107,7 +113,8 @@ impl EmbeddedStore {
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         let store = EmbeddedStore {
             inner: Arc::new(Inner {
-                db,
+                db: std::sync::RwLock::new(Some(Arc::new(db))),
+                failure: Mutex::new(None),
                 path,
                 write_lock: Mutex::new(()),
                 events,
@@ -140,8 +147,78 @@ impl EmbeddedStore {
         tokio::task::spawn_blocking(f).await.map_err(store_err)?
     }
 
+    /// The open database, reopening it after an I/O error closed it (redb
+    /// refuses every write after one until it is reopened; an open that
+    /// fails — the disk still full, readers of the old one still running —
+    /// is tried again at the next use).
+    fn db(&self) -> Result<Arc<Database>> {
+        if let Some(db) = self.inner.db.read().map_err(|_| Error::Internal("store lock poisoned".into()))?.as_ref() {
+            return Ok(Arc::clone(db));
+        }
+        let mut slot = self.inner.db.write().map_err(|_| Error::Internal("store lock poisoned".into()))?;
+        if let Some(db) = slot.as_ref() {
+            return Ok(Arc::clone(db));
+        }
+        let why = self.failure().unwrap_or_default();
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(&self.inner.path)
+            .map_err(|e| Error::Store(format!("{why}; reopening {} failed: {e}", self.inner.path.display())))?;
+        tracing::info!(path = %self.inner.path.display(), "embedded store reopened after an I/O error");
+        let db = Arc::new(db);
+        *slot = Some(Arc::clone(&db));
+        Ok(db)
+    }
+
+    /// Why writes fail now, if they do.
+    fn failure(&self) -> Option<String> {
+        self.inner.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// A write failed in the store (not a compare or a lease): remember
+    /// why, and close the database so the next use reopens it.
+    fn failed(&self, e: &Error) {
+        let first = self.inner.failure.lock().map(|mut f| f.replace(e.to_string()).is_none()).unwrap_or(false);
+        if first {
+            tracing::error!(error = %e, path = %self.inner.path.display(), "embedded store write failed; reopening it until writes work again");
+        }
+        if let Ok(mut slot) = self.inner.db.write() {
+            *slot = None;
+        }
+    }
+
+    /// A write committed: the store works again.
+    fn recovered(&self) {
+        if self.inner.failure.lock().map(|mut f| f.take().is_some()).unwrap_or(false) {
+            tracing::info!(path = %self.inner.path.display(), "embedded store writes work again");
+        }
+    }
+
+    /// Commits a small write outside the key space (a probe of whether
+    /// writes work).
+    fn probe_write(&self) -> Result<()> {
+        let run = || -> Result<()> {
+            let w = self.db()?.begin_write().map_err(store_err)?;
+            {
+                let mut meta = w.open_table(META).map_err(store_err)?;
+                meta.insert(PROBE, chrono::Utc::now().timestamp_millis()).map_err(store_err)?;
+            }
+            w.commit().map_err(store_err)
+        };
+        match run() {
+            Ok(()) => {
+                self.recovered();
+                Ok(())
+            }
+            Err(e) => {
+                self.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
     fn init_tables(&self) -> Result<()> {
-        let w = self.inner.db.begin_write().map_err(store_err)?;
+        let w = self.db()?.begin_write().map_err(store_err)?;
         let stale: Vec<String> = {
             let mut meta = w.open_table(META).map_err(store_err)?;
             if meta.get(REVISION).map_err(store_err)?.is_none() {
@@ -173,7 +250,29 @@ impl EmbeddedStore {
 
     fn txn_blocking(&self, txn: Txn) -> Result<TxnResult> {
         let _guard = self.inner.write_lock.lock().map_err(|_| Error::Internal("store write lock poisoned".into()))?;
-        let w = self.inner.db.begin_write().map_err(store_err)?;
+        // Leases first: after this, every error is the store's own.
+        for op in txn.success.iter().chain(&txn.failure) {
+            if let TxnOp::Put { lease, .. } = op
+                && *lease != 0
+                && !self.lease_alive(*lease)
+            {
+                return Err(Error::Store(format!("lease {lease} not found")));
+            }
+        }
+        match self.txn_on(txn) {
+            Ok(r) => {
+                self.recovered();
+                Ok(r)
+            }
+            Err(e) => {
+                self.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn txn_on(&self, txn: Txn) -> Result<TxnResult> {
+        let w = self.db()?.begin_write().map_err(store_err)?;
         let (result, events, lease_changes) = {
             let mut kv = w.open_table(KV).map_err(store_err)?;
             let mut meta = w.open_table(META).map_err(store_err)?;
@@ -276,7 +375,7 @@ impl KvStore for EmbeddedStore {
         let s = self.clone();
         let key = key.to_string();
         self.blocking(move || {
-            let r = s.inner.db.begin_read().map_err(store_err)?;
+            let r = s.db()?.begin_read().map_err(store_err)?;
             let kv = r.open_table(KV).map_err(store_err)?;
             kv.get(key.as_str()).map_err(store_err)?.map(|g| decode(&key, g.value())).transpose()
         })
@@ -287,7 +386,7 @@ impl KvStore for EmbeddedStore {
         let s = self.clone();
         let prefix = prefix.to_string();
         self.blocking(move || {
-            let r = s.inner.db.begin_read().map_err(store_err)?;
+            let r = s.db()?.begin_read().map_err(store_err)?;
             let kv = r.open_table(KV).map_err(store_err)?;
             let meta = r.open_table(META).map_err(store_err)?;
             let rev = meta.get(REVISION).map_err(store_err)?.map(|g| g.value()).unwrap_or(0);
@@ -308,7 +407,7 @@ impl KvStore for EmbeddedStore {
         let s = self.clone();
         let (prefix, after) = (prefix.to_string(), after.to_string());
         self.blocking(move || {
-            let r = s.inner.db.begin_read().map_err(store_err)?;
+            let r = s.db()?.begin_read().map_err(store_err)?;
             let kv = r.open_table(KV).map_err(store_err)?;
             let start = if after.as_str() > prefix.as_str() { after.clone() } else { prefix.clone() };
             let mut out = Vec::new();
@@ -380,6 +479,14 @@ impl KvStore for EmbeddedStore {
             self.txn(Txn { success: keys.into_iter().map(TxnOp::delete).collect(), ..Txn::default() }).await?;
         }
         Ok(())
+    }
+
+    async fn ready(&self) -> Result<()> {
+        if self.failure().is_none() {
+            return Ok(());
+        }
+        let s = self.clone();
+        self.blocking(move || s.probe_write()).await
     }
 
     fn describe(&self) -> String {

@@ -250,6 +250,10 @@ impl KvStore for EtcdStore {
         Ok(())
     }
 
+    async fn ready(&self) -> Result<()> {
+        self.get("/punchclock-probe").await.map(|_| ())
+    }
+
     async fn compact(&self, revision: Revision) -> Result<()> {
         match self.kv().compact(revision, None).await {
             Ok(_) => Ok(()),

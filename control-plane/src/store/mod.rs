@@ -251,6 +251,13 @@ pub trait KvStore: Send + Sync + 'static {
         let _ = revision;
         Ok(())
     }
+    /// Whether the store takes writes now (for readiness): `Err` saying
+    /// why when it does not. The embedded store, after a failed write,
+    /// retries with a probe write; etcd answers a linearizable read (it
+    /// needs a quorum).
+    async fn ready(&self) -> Result<()> {
+        Ok(())
+    }
     /// Human description (`embedded:/path`, `etcd://h1:2379`).
     fn describe(&self) -> String;
     /// Most operations (and compares) one transaction may hold: etcd's
