@@ -306,8 +306,8 @@ struct PreviewArgs {
     /// Fire times strictly after this instant (RFC 3339; default now).
     #[arg(long)]
     after: Option<DateTime<Utc>>,
-    /// How many.
-    #[arg(long, default_value_t = 5)]
+    /// How many (1..=1000).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=i64::from(punchclock_control_plane::api::MAX_PREVIEW)))]
     count: u32,
 }
 
@@ -557,11 +557,7 @@ fn preview(a: PreviewArgs, fmt: Format) -> Res {
     let s = CronSchedule::parse(&a.expr, &a.tz, 0).map_err(|e| e.to_string())?;
     let zone = s.timezone();
     let after = a.after.unwrap_or_else(|| SystemClock.now());
-    let times = punchclock_control_plane::api::preview_times(
-        &[Schedule::Cron(Box::new(s))],
-        after,
-        a.count.min(punchclock_control_plane::api::MAX_PREVIEW),
-    );
+    let times = punchclock_control_plane::api::preview_times(&[Schedule::Cron(Box::new(s))], after, a.count);
     if times.is_empty() {
         return Err(format!("{:?} has no fire time after {}", a.expr, after.to_rfc3339_opts(SecondsFormat::Secs, true)));
     }

@@ -85,7 +85,13 @@ pub fn read(path: &Path) -> Result<Vec<String>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     // Editors on Windows may start a UTF-8 file with a byte-order mark.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-    let fail = |e: &dyn fmt::Display| format!("{}: {e}", path.display());
+    let fail = |e: &dyn fmt::Display| {
+        let msg = e.to_string();
+        // libyaml's words for a tab in indentation do not say "tab".
+        let tab =
+            if msg.contains("cannot start any token") && text.contains('\t') { " (a tab: YAML indents with spaces only)" } else { "" };
+        format!("{}: {msg}{tab}", path.display())
+    };
     let mut values: Vec<Value> = Vec::new();
     if path.extension().is_some_and(|e| e == "json") {
         let mut de = serde_json::Deserializer::from_str(text);

@@ -367,7 +367,10 @@ impl Core {
         count: u32,
     ) -> Result<(Vec<DateTime<Utc>>, Option<chrono_tz::Tz>)> {
         let after = after.unwrap_or_else(|| self.clock.now());
-        let count = if count == 0 { 5 } else { count.min(MAX_PREVIEW) };
+        if count > MAX_PREVIEW {
+            return Err(Error::invalid("count", format!("at most {MAX_PREVIEW} fire times (got {count})")));
+        }
+        let count = if count == 0 { 5 } else { count };
         let (schedules, zone) = match (expr.is_empty(), task_id.is_empty()) {
             (false, true) => {
                 let tz = if tz.is_empty() { "UTC" } else { tz };

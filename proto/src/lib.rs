@@ -31,9 +31,15 @@ pub mod time {
         t.map(to_timestamp)
     }
 
-    /// Protobuf timestamp → UTC instant; `None` when out of chrono's range or
-    /// malformed (negative nanos).
+    /// Protobuf timestamp → UTC instant; `None` when malformed: nanos
+    /// outside 0..=999,999,999, or seconds outside 0001-01-01 ..=
+    /// 9999-12-31 (the range `google.protobuf.Timestamp` defines).
     pub fn from_timestamp(ts: &Timestamp) -> Option<DateTime<Utc>> {
+        const MIN_SECONDS: i64 = -62_135_596_800;
+        const MAX_SECONDS: i64 = 253_402_300_799;
+        if !(0..1_000_000_000).contains(&ts.nanos) || !(MIN_SECONDS..=MAX_SECONDS).contains(&ts.seconds) {
+            return None;
+        }
         DateTime::from_timestamp(ts.seconds, u32::try_from(ts.nanos).ok()?)
     }
 
@@ -52,6 +58,8 @@ pub mod time {
             assert_eq!(from_timestamp(&to_timestamp(t)), Some(t));
             assert_eq!(from_timestamp(&Timestamp { seconds: 0, nanos: -1 }), None);
             assert_eq!(from_timestamp(&Timestamp { seconds: i64::MAX, nanos: 0 }), None);
+            assert_eq!(from_timestamp(&Timestamp { seconds: 1_700_000_000, nanos: 1_000_000_000 }), None, "a leap second's nanos");
+            assert_eq!(from_timestamp(&Timestamp { seconds: -62_135_596_801, nanos: 0 }), None, "year 0");
         }
     }
 }

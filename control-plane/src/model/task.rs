@@ -154,7 +154,12 @@ impl<'de> Deserialize<'de> for TriggerSpec {
         fn inner<T: serde::de::DeserializeOwned>(obj: serde_json::Map<String, serde_json::Value>) -> std::result::Result<T, String> {
             serde_path_to_error::deserialize(serde_json::Value::Object(obj)).map_err(|e| {
                 let path = e.path().to_string();
-                let msg = clean_serde_message(&e.inner().to_string());
+                let mut msg = clean_serde_message(&e.inner().to_string());
+                // chrono's "input contains invalid characters" does not say
+                // what it wanted.
+                if matches!(path.as_str(), "at" | "start_at") {
+                    msg = format!("{msg}; expected an RFC 3339 instant such as \"2026-12-01T08:30:00Z\" or \"2026-12-01T16:30:00+08:00\"");
+                }
                 if path == "." { msg } else { format!("{PATH_MARK}{path}{PATH_MARK}{msg}") }
             })
         }
@@ -449,6 +454,14 @@ impl TaskSpec {
         }
         for (i, t) in self.all_triggers().iter().enumerate() {
             let path = self.trigger_path(i);
+            if let TriggerSpec::Once(o) = t
+                && o.at.timestamp_subsec_nanos() >= 1_000_000_000
+            {
+                return Err(Error::invalid(
+                    format!("{path}.at"),
+                    "is a leap second (:60), which UTC clocks here never show; use :59 or the next minute",
+                ));
+            }
             let jitter = match t {
                 TriggerSpec::Cron(c) => c.jitter_seconds,
                 TriggerSpec::Interval(iv) => iv.jitter_seconds,
@@ -582,6 +595,10 @@ mod tests {
         let interval = |t: &str| SEED.replace(r#"{ "type": "cron", "expr": "0 30 8 * * *", "timezone": "Asia/Shanghai" }"#, t);
         assert_eq!(err_field(&interval(r#"{"type": "interval", "every_seconds": -10}"#)), "trigger.every_seconds");
         assert_eq!(err_field(&interval(r#"{"type": "once", "at": "tomorrow"}"#)), "trigger.at");
+        let e = TaskSpec::from_json(&interval(r#"{"type": "once", "at": "tomorrow"}"#)).expect_err("bad").to_string();
+        assert!(e.contains("expected an RFC 3339 instant such as"), "{e}");
+        let e = TaskSpec::from_json(&interval(r#"{"type": "once", "at": "2026-12-31T23:59:60Z"}"#)).expect_err("leap").to_string();
+        assert!(e.starts_with("trigger.at: is a leap second"), "{e}");
         assert_eq!(err_field(&interval(r#"{"type": "weekly"}"#)), "trigger.type");
     }
 

@@ -87,7 +87,8 @@ const FIELDS_5: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-
 const FIELDS_6: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week"];
 const FIELDS_7: [&str; 7] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week", "year"];
 
-/// Names the field croner refused, by re-parsing with each field replaced by `*`.
+/// Names the first field croner refuses: the first `i` for which the
+/// expression with fields `0..=i` as written and the rest `*` fails.
 fn blame_field(expr: &str, msg: &str) -> String {
     let parts: Vec<&str> = expr.split_whitespace().collect();
     let names: &[&str] = match parts.len() {
@@ -98,13 +99,58 @@ fn blame_field(expr: &str, msg: &str) -> String {
     };
     let p = parser();
     for (i, name) in names.iter().enumerate() {
-        let mut probe = parts.clone();
-        probe[i] = "*";
-        if p.parse(&probe.join(" ")).is_ok() {
-            return format!("{name} field {:?}: {msg}", parts[i]);
+        let probe: Vec<&str> = parts.iter().enumerate().map(|(j, f)| if j <= i { *f } else { "*" }).collect();
+        if let Err(e) = p.parse(&probe.join(" ")) {
+            return format!("{name} field {:?}: {e}", parts[i]);
         }
     }
     format!("{expr:?}: {msg}")
+}
+
+/// The range of each field, by name (cronie: minute 0-59, hour 0-23,
+/// day-of-month 1-31, month 1-12, day-of-week 0-7; seconds 0-59).
+fn field_range(name: &str) -> (u32, u32) {
+    match name {
+        "second" | "minute" => (0, 59),
+        "hour" => (0, 23),
+        "day-of-month" => (1, 31),
+        "month" => (1, 12),
+        "day-of-week" => (0, 7),
+        _ => (1970, 2099),
+    }
+}
+
+/// What croner accepts but a user surely did not mean: a step larger than
+/// its field's range (`*/70` in minutes fires only at 0), and `L` alone in
+/// day-of-week (it matches no day).
+fn precheck(expr: &str) -> Result<(), CronError> {
+    let parts: Vec<&str> = expr.split_whitespace().collect();
+    let names: &[&str] = match parts.len() {
+        5 => &FIELDS_5,
+        6 => &FIELDS_6,
+        7 => &FIELDS_7,
+        _ => return Ok(()),
+    };
+    for (field, name) in parts.iter().zip(names) {
+        if *name == "day-of-week" && field.eq_ignore_ascii_case("L") {
+            return Err(CronError::Expr(format!(
+                "day-of-week field \"L\": L alone matches no day here; write 5L for the last Friday of the month, \
+                 or put L in day-of-month for the last day of the month"
+            )));
+        }
+        let (lo, hi) = field_range(name);
+        for item in field.split(',') {
+            if let Some((_, step)) = item.split_once('/')
+                && let Ok(step) = step.parse::<u32>()
+                && step > hi - lo + 1
+            {
+                return Err(CronError::Expr(format!(
+                    "{name} field {field:?}: step {step} is larger than the field's range {lo}-{hi} (it would fire only at the start)"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl CronSchedule {
@@ -126,6 +172,7 @@ impl CronSchedule {
             }
             _ => trimmed.to_string(),
         };
+        precheck(&normalized)?;
         let cron = parser_for(&normalized).parse(&normalized).map_err(|e| CronError::Expr(blame_field(&normalized, &e.to_string())))?;
         let s = CronSchedule { cron, tz, expr: trimmed.to_string(), jitter_ms };
         // A calendar-impossible schedule (Feb 30, Apr 31) has no slot at all.
@@ -190,6 +237,14 @@ mod tests {
         assert!(e.contains("minute field \"61\""), "{e}");
         let e = CronSchedule::parse("0 0 * * *", "Mars/Olympus", 0).expect_err("bad zone").to_string();
         assert!(e.contains("Mars/Olympus"), "{e}");
+        // Several bad fields: the first is named.
+        let e = CronSchedule::parse("61 25 * * *", "UTC", 0).expect_err("bad").to_string();
+        assert!(e.contains("minute field \"61\""), "{e}");
+        let e = CronSchedule::parse("*/70 * * * *", "UTC", 0).expect_err("step").to_string();
+        assert!(e.contains("step 70 is larger than the field's range 0-59"), "{e}");
+        let e = CronSchedule::parse("0 0 * * L", "UTC", 0).expect_err("L").to_string();
+        assert!(e.contains("L alone matches no day") && e.contains("5L"), "{e}");
+        assert!(CronSchedule::parse("0 0 L * *", "UTC", 0).is_ok() && CronSchedule::parse("0 0 * * 5L", "UTC", 0).is_ok());
         let e = CronSchedule::parse("0 0 30 2 *", "UTC", 0).expect_err("never").to_string();
         assert!(e.contains("never fire"), "{e}");
     }

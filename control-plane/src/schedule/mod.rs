@@ -124,7 +124,8 @@ pub fn compile(t: &TriggerSpec, path: &str) -> Result<Schedule> {
     }
 }
 
-/// Parses `"90s"`, `"10m"`, `"2h"`, `"1d"`, `"1h30m"` into seconds.
+/// Parses `"90s"`, `"10m"`, `"2h"`, `"1d"`, `"1h30m"` into seconds. Units
+/// go from the largest down, each at most once (`"1h1h"` is refused).
 pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
     let s = s.trim();
     if s.is_empty() {
@@ -132,6 +133,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
     }
     let mut total: u64 = 0;
     let mut num = String::new();
+    let mut last_unit = u64::MAX;
     for c in s.chars() {
         if c.is_ascii_digit() {
             num.push(c);
@@ -144,6 +146,10 @@ pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
             'd' => 86_400,
             _ => return Err(format!("{s:?}: unknown unit {c:?} (use s, m, h, d)")),
         };
+        if unit >= last_unit {
+            return Err(format!("{s:?}: units go from the largest down, each once (as in \"1d2h30m\")"));
+        }
+        last_unit = unit;
         let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number before {c:?}"))?;
         total = total.saturating_add(n.saturating_mul(unit));
         num.clear();
@@ -176,6 +182,8 @@ mod tests {
         assert_eq!(parse_duration("1h30m"), Ok(5400));
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("1h1h").unwrap_err().contains("largest down"));
+        assert!(parse_duration("30m1h").is_err());
     }
 
     #[test]

@@ -127,7 +127,15 @@ impl TaskService for TaskSvc {
         let req = TriggerRequest {
             task_id: r.task_id,
             params,
-            not_before: r.not_before.as_ref().and_then(from_timestamp),
+            not_before: match r.not_before.as_ref() {
+                None => None,
+                Some(ts) => Some(from_timestamp(ts).ok_or_else(|| {
+                    status(Error::invalid(
+                        "not_before",
+                        format!("seconds {} nanos {} is not an instant (nanos 0..=999999999, years 1..=9999)", ts.seconds, ts.nanos),
+                    ))
+                })?),
+            },
             delay_seconds: r.delay_seconds,
             idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
         };
