@@ -133,10 +133,11 @@ fn precheck(expr: &str) -> Result<(), CronError> {
     };
     for (field, name) in parts.iter().zip(names) {
         if *name == "day-of-week" && field.eq_ignore_ascii_case("L") {
-            return Err(CronError::Expr(format!(
+            return Err(CronError::Expr(
                 "day-of-week field \"L\": L alone matches no day here; write 5L for the last Friday of the month, \
                  or put L in day-of-month for the last day of the month"
-            )));
+                    .into(),
+            ));
         }
         let (lo, hi) = field_range(name);
         for item in field.split(',') {
