@@ -360,11 +360,19 @@ pub async fn run(cli: Cli) -> Res {
             if fmt == Format::Json {
                 print_json(&j);
             } else {
-                println!("store: {}\nleader: {} at {} (fencing token {})", s.store, s.leader_id, s.leader_address, s.fencing_token);
+                if s.leader_id.is_empty() {
+                    println!("store: {}\nleader: none", s.store);
+                } else {
+                    println!("store: {}\nleader: {} at {} (fencing token {})", s.store, s.leader_id, s.leader_address, s.fencing_token);
+                }
                 table(
                     &["MEMBER", "ADDRESS", "LEADER"],
                     s.members.iter().map(|m| vec![m.id.clone(), m.advertise_address.clone(), m.is_leader.to_string()]).collect(),
                 );
+            }
+            // Scripts and probes can tell a cluster without a leader.
+            if s.leader_id.is_empty() {
+                return Err("no leader: nothing is scheduled until one is elected".into());
             }
             Ok(())
         }
@@ -809,9 +817,27 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             let mut s = rc.watch_runs(pb::WatchRunsRequest { task_id: task, run_id: String::new() }).await.map_err(grpc)?.into_inner();
             // A change invisible in the chosen format prints nothing new.
             let mut last: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+            // `runs list`'s columns, at fixed widths: rows arrive one by one.
+            const WIDTHS: [usize; 5] = [40, 10, 21, 8, 31];
+            let row = |cells: Vec<String>| {
+                cells
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| match WIDTHS.get(i) {
+                        Some(w) => format!("{c:<w$}"),
+                        None => c.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("  ")
+                    .trim_end()
+                    .to_string()
+            };
+            if fmt == Format::Table {
+                println!("{}", row(header.iter().map(|h| h.to_string()).collect()));
+            }
             while let Some(r) = s.next().await {
                 let r = r.map_err(grpc)?;
-                let line = if fmt == Format::Json { run_json(&r).to_string() } else { run_row(&r).join("  ") };
+                let line = if fmt == Format::Json { run_json(&r).to_string() } else { row(run_row(&r)) };
                 if last.get(&r.run_id) != Some(&line) {
                     println!("{line}");
                     last.insert(r.run_id.clone(), line);

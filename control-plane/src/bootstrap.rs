@@ -108,7 +108,7 @@ impl RunningServer {
 pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<RunningServer> {
     let store: Arc<dyn KvStore> = match &cfg.store {
         StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
-        StoreSpec::Etcd(endpoints) => Arc::new(EtcdStore::connect(endpoints).await?),
+        StoreSpec::Etcd(endpoints) => Arc::new(connect_etcd(endpoints).await),
     };
     let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
         Error::FailedPrecondition(format!(
@@ -125,7 +125,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         // the store's, a task file's megabytes of writes queued ahead of
         // the renewals and the leader stepped down mid-apply.
         StoreSpec::Etcd(endpoints) => {
-            EtcdElection::start(Arc::new(EtcdStore::connect(endpoints).await?), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing)
+            EtcdElection::start(Arc::new(connect_etcd(endpoints).await), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing)
         }
     };
     let core = Arc::new(Core {
@@ -400,5 +400,22 @@ async fn step_down_if_failing(core: &Core, token: u64, failures: &mut u32, timin
     if core.election.members().await.len() > 1 {
         tracing::error!(token, "the engine keeps failing; stepping down so another replica can lead");
         core.election.step_down(token, timing.lease_ttl * 3);
+    }
+}
+
+/// Connects to etcd, waiting for it: a replica started before its etcd
+/// (or while etcd has no quorum) says so in one line per attempt and
+/// keeps trying (1 s doubling to 10 s), rather than exiting.
+async fn connect_etcd(endpoints: &[String]) -> EtcdStore {
+    let mut pause = std::time::Duration::from_secs(1);
+    loop {
+        match EtcdStore::connect(endpoints).await {
+            Ok(store) => return store,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_s = pause.as_secs(), "waiting for etcd");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(10));
+            }
+        }
     }
 }

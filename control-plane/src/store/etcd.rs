@@ -66,10 +66,23 @@ impl EtcdStore {
             .with_connect_timeout(REQUEST_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let client = Client::connect(endpoints, Some(opts)).await.map_err(err)?;
+        // One line saying why (the innermost cause: "Connection refused"),
+        // not the transport's whole chain.
+        let unreachable = |e: etcd_client::Error| {
+            let mut cause: &dyn std::error::Error = match &e {
+                etcd_client::Error::GRpcStatus(status) => status,
+                etcd_client::Error::TransportError(t) => t,
+                other => other,
+            };
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            Error::Store(format!("etcd at {} unreachable: {cause}", endpoints.join(",")))
+        };
+        let client = Client::connect(endpoints, Some(opts)).await.map_err(unreachable)?;
         let store = EtcdStore { client, endpoints: endpoints.to_vec() };
         // Fail fast when etcd is not there at all.
-        store.get("/punchclock-probe").await?;
+        store.kv().get("/punchclock-probe", None).await.map_err(unreachable)?;
         Ok(store)
     }
 
