@@ -76,6 +76,55 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 }
 
+/// A file's top value as task documents: a list becomes one JSON text per
+/// element, converted as it is read (a 20 MB file is never one tree of
+/// values in memory); anything else, one document.
+struct Documents(Vec<String>);
+
+impl<'de> Deserialize<'de> for Documents {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Top;
+        impl<'de> Visitor<'de> for Top {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a task (an object) or a list of tasks")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(Strict(v)) = seq.next_element()? {
+                    out.push(v.to_string());
+                }
+                Ok(out)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<String>, A::Error> {
+                StrictVisitor.visit_map(map).map(|v| vec![v.to_string()])
+            }
+            fn visit_unit<E>(self) -> Result<Vec<String>, E> {
+                Ok(Vec::new())
+            }
+            fn visit_none<E>(self) -> Result<Vec<String>, E> {
+                Ok(Vec::new())
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Vec<String>, E> {
+                Ok(vec![Value::String(v.to_string()).to_string()])
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Vec<String>, E> {
+                Ok(vec![v.to_string()])
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Vec<String>, E> {
+                Ok(vec![v.to_string()])
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Vec<String>, E> {
+                Ok(vec![v.to_string()])
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Vec<String>, E> {
+                Ok(vec![v.to_string()])
+            }
+        }
+        d.deserialize_any(Top).map(Documents)
+    }
+}
+
 /// Reads a task file. Returns each task as a JSON document, in file order.
 ///
 /// Errors (prefixed with the path): unreadable file, syntax, a duplicate key
@@ -92,27 +141,18 @@ pub fn read(path: &Path) -> Result<Vec<String>, String> {
             if msg.contains("cannot start any token") && text.contains('\t') { " (a tab: YAML indents with spaces only)" } else { "" };
         format!("{}: {msg}{tab}", path.display())
     };
-    let mut values: Vec<Value> = Vec::new();
+    let mut out: Vec<String> = Vec::new();
     if path.extension().is_some_and(|e| e == "json") {
         let mut de = serde_json::Deserializer::from_str(text);
-        let Strict(v) = serde_path_to_error::deserialize(&mut de).map_err(|e| fail(&located(&e)))?;
+        let Documents(docs) = serde_path_to_error::deserialize(&mut de).map_err(|e| fail(&located(&e)))?;
         // One JSON value per file (an array for several tasks): trailing
         // text is an error, not ignored.
         de.end().map_err(|e| fail(&e))?;
-        values.push(v);
+        out.extend(docs);
     } else {
         for doc in serde_yaml_ng::Deserializer::from_str(text) {
-            let Strict(v) = serde_path_to_error::deserialize(doc).map_err(|e| fail(&located(&e)))?;
-            if !v.is_null() {
-                values.push(v);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for v in values {
-        match v {
-            Value::Array(items) => out.extend(items.iter().map(|i| i.to_string())),
-            other => out.push(other.to_string()),
+            let Documents(docs) = serde_path_to_error::deserialize(doc).map_err(|e| fail(&located(&e)))?;
+            out.extend(docs);
         }
     }
     if out.is_empty() {
