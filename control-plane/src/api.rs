@@ -16,7 +16,7 @@ use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
 use crate::engine::{EngineHandle, RunnerSnapshot, TriggerRequest};
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, RunStatus, TaskRecord, TaskSpec};
-use crate::repo::{ApplyOutcome, Repo};
+use crate::repo::{ApplyOutcome, Repo, record_for};
 use crate::schedule::{CronSchedule, Schedule, next_slot};
 
 /// Most fire times one preview returns.
@@ -192,17 +192,9 @@ impl Core {
         let warnings = self.agent_warnings(&spec).await;
         for _ in 0..CAS_ATTEMPTS {
             let prev = self.repo.get_task(&spec.task_id).await?;
-            let prev_rec = prev.as_ref().map(|(r, _)| r);
-            let rec = TaskRecord {
-                spec: spec.clone(),
-                paused: prev_rec.is_some_and(|p| p.paused),
-                paused_at: prev_rec.and_then(|p| p.paused_at),
-                resumed_at: prev_rec.and_then(|p| p.resumed_at),
-                created_at: prev_rec.map_or(now, |p| p.created_at),
-                updated_at: now,
-            };
+            let (rec, outcome) = record_for(&spec, prev.as_ref().map(|(r, _)| r), now);
             let created = prev.is_none();
-            if dry_run {
+            if dry_run || outcome == ApplyOutcome::Unchanged {
                 return Ok(Applied { record: rec, created, warnings });
             }
             if self.repo.put_task_if(&rec, prev.as_ref().map_or(0, |(_, rev)| *rev)).await? {

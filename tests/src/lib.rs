@@ -639,3 +639,16 @@ pub async fn wait_n_runs(addr: &str, task_id: &str, n: usize, within: Duration, 
     assert!(matches!(r, Ok(true)), "only {} of {n} runs of {task_id:?} matched within {within:?}: {seen:#?}", seen.len());
     seen
 }
+
+/// `GET path` over plain HTTP/1.0 to `addr` (`host:port`): the status code
+/// (0 when nothing answers) and the body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return (0, String::new()) };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+}

@@ -5,22 +5,11 @@
 //! the other replica leads, and a task runs. Meanwhile the runner,
 //! redirected by the engineless leader to itself, backs off.
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply, status, wait_leader, wait_run};
-
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return (0, String::new()) };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
-}
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply, http_get, status, wait_leader, wait_run};
 
 fn server(etcd: &Etcd, id: &str, port: u16, http: &str, dir: &std::path::Path, env: &[(&str, &str)]) -> Proc {
     let listen = format!("127.0.0.1:{port}");

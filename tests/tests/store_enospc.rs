@@ -5,23 +5,12 @@
 //! space returns, writes resume without a restart (`/healthz` 200, new runs
 //! recorded), and nothing accepted before is lost (also after a restart).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::Command;
 use std::time::Duration;
 
 use punchclock_proto::v1 as pb;
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply, at, list_runs, status, tasks, wait_run};
-
-/// `GET path` on the dev's HTTP port: (status code, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return (0, String::new()) };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
-}
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply, at, http_get, list_runs, status, tasks, wait_run};
 
 async fn wait_health(addr: &str, want: u16, within: Duration) -> String {
     let deadline = std::time::Instant::now() + within;

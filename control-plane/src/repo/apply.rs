@@ -63,8 +63,9 @@ pub struct ApplyReport {
 }
 
 /// The record a spec makes, given the current one: state the user did not
-/// write (pause, creation time) is kept.
-fn record_for(spec: &TaskSpec, prev: Option<&TaskRecord>, now: DateTime<Utc>) -> (TaskRecord, ApplyOutcome) {
+/// write (pause, creation time) is kept; the same spec leaves the record
+/// as it is (`Unchanged`).
+pub fn record_for(spec: &TaskSpec, prev: Option<&TaskRecord>, now: DateTime<Utc>) -> (TaskRecord, ApplyOutcome) {
     match prev {
         Some(p) if p.spec == *spec => (p.clone(), ApplyOutcome::Unchanged),
         _ => {

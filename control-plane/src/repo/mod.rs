@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-pub use apply::{ApplyOutcome, ApplyReport};
+pub use apply::{ApplyOutcome, ApplyReport, record_for};
 pub use keys::Keys;
 pub use retention::RunKey;
 
