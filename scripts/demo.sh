@@ -34,6 +34,8 @@ if ! start_dev "$PORT"; then
   if [ -z "${PUNCHCLOCK_DEMO_PORT:-}" ] && grep -q "cannot listen on" "$DATA.log"; then
     echo "== port $PORT is taken; using a free one"
     start_dev 0 || { echo "punchclock dev exited; log:"; cat "$DATA.log"; exit 1; }
+  elif grep -q "cannot listen on" "$DATA.log"; then
+    echo "port $PORT (PUNCHCLOCK_DEMO_PORT) is taken: choose another, or unset PUNCHCLOCK_DEMO_PORT to take a free one"; exit 1
   else
     echo "punchclock dev exited; log:"; cat "$DATA.log"; exit 1
   fi

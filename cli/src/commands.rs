@@ -177,7 +177,7 @@ struct ServerArgs {
     /// HTTP listen address (/healthz); off when not given.
     #[arg(long)]
     http_listen: Option<SocketAddr>,
-    /// Replica id (default: hostname-pid).
+    /// Replica id, unique in the cluster (default: cp-HOST-PID).
     #[arg(long)]
     node_id: Option<String>,
     /// Key prefix in the store.
@@ -203,7 +203,7 @@ struct RunnerArgs {
     /// Labels, `k=v` comma-separated.
     #[arg(long, default_value = "")]
     labels: String,
-    /// Runner id (default: hostname-pid).
+    /// Runner id, unique in the cluster (default: runner-HOST-PID).
     #[arg(long)]
     runner_id: Option<String>,
     /// TERM→KILL grace in milliseconds.
@@ -596,6 +596,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
         },
         _ => client::connect(endpoint).await?,
     };
+    let tc_channel = channel.clone();
     let mut tc = TaskServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let show = |t: &pb::Task| {
         if fmt == Format::Json {
@@ -751,8 +752,23 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                 .await
                 .map_err(grpc)?
                 .into_inner();
+            // The run may have been skipped at once (its task at its
+            // concurrency limit, overlap_policy skip): say so.
+            let run = RunServiceClient::new(tc_channel.clone())
+                .get_run(pb::GetRunRequest { run_id: r.run_id.clone() })
+                .await
+                .ok()
+                .map(|x| x.into_inner());
+            let skipped = run.as_ref().filter(|x| x.status == pb::RunStatus::Skipped as i32);
             if fmt == Format::Json {
-                print_json(&serde_json::json!({"run_id": r.run_id, "scheduled_at": output::t(&r.scheduled_at), "created": r.created}));
+                print_json(&serde_json::json!({
+                    "run_id": r.run_id,
+                    "scheduled_at": output::t(&r.scheduled_at),
+                    "created": r.created,
+                    "status": run.as_ref().map(|x| output::status_name(x.status)),
+                }));
+            } else if let Some(x) = skipped {
+                println!("run {} SKIPPED: {}", r.run_id, if x.error.is_empty() { &x.skip_reason } else { &x.error });
             } else {
                 println!(
                     "run {} scheduled at {}{}",
