@@ -103,6 +103,10 @@ struct RetentionArgs {
     /// Time between retention passes of the leader ("5m", "30s").
     #[arg(long, default_value = "5m")]
     retention_interval: String,
+    /// Do not compact etcd's history after retention passes (etcd's
+    /// compaction is cluster-wide: every key prefix of that etcd).
+    #[arg(long)]
+    no_etcd_compaction: bool,
 }
 
 impl RetentionArgs {
@@ -113,13 +117,14 @@ impl RetentionArgs {
         if self.history_keep_last == 0 {
             return Err("--history-keep-last: must be at least 1".into());
         }
-        if max_age < 60 || interval == 0 {
-            return Err("--history-max-age must be at least 1m and --retention-interval above 0".into());
+        if !(60..=punchclock_control_plane::model::task::MAX_MAX_AGE_SECONDS).contains(&max_age) || interval == 0 {
+            return Err("--history-max-age must be within 1m..=36500d and --retention-interval above 0".into());
         }
         Ok(RetentionConfig {
             keep_last: self.history_keep_last,
-            max_age: chrono::Duration::seconds(i64::try_from(max_age).unwrap_or(i64::MAX / 1000)),
+            max_age: chrono::Duration::seconds(max_age as i64),
             interval: Duration::from_secs(interval),
+            compact: !self.no_etcd_compaction,
         })
     }
 }

@@ -76,15 +76,19 @@ pub mod output {
             return text.to_string();
         }
         // The marker's length depends on N, N on where the kept part
-        // starts: two rounds settle it (N only shrinks the kept part).
+        // starts: move the start on until it stays (it only grows, so this
+        // ends; a digit more in N is the most one round adds).
         let mut start = 0;
-        for _ in 0..2 {
+        loop {
             let marker_len = format!("[trimmed: {} earlier bytes not kept] ", cut + start as u64).len();
-            let room = max.saturating_sub(marker_len);
-            start = text.len().saturating_sub(room).max(start);
-            while !text.is_char_boundary(start) {
-                start += 1;
+            let mut next = text.len().saturating_sub(max.saturating_sub(marker_len)).max(start);
+            while !text.is_char_boundary(next) {
+                next += 1;
             }
+            if next == start {
+                break;
+            }
+            start = next;
         }
         let mut out = format!("[trimmed: {} earlier bytes not kept] ", cut + start as u64);
         out.push_str(&text[start..]);
@@ -114,6 +118,11 @@ pub mod output {
             assert_eq!(t, "[trimmed: 5000 earlier bytes not kept] abc");
             let t = tail(&"é".repeat(100), 0, 51);
             assert!(t.len() <= 51 && !t.contains('\u{FFFD}'), "{t}");
+            // Found by breaking it: where N gains a digit, the marker lost its "[".
+            for n in 65_000..66_000usize {
+                let t = tail(&"x".repeat(n + 100_000), 0, 65_536);
+                assert!(t.starts_with("[trimmed: ") && t.len() <= 65_536, "{n}: {:.40}", t);
+            }
         }
     }
 }

@@ -30,12 +30,16 @@ pub struct RetentionConfig {
     pub max_age: chrono::Duration,
     /// Time between passes (`--retention-interval`).
     pub interval: Duration,
+    /// Compact the store's history after each pass (`--no-etcd-compaction`
+    /// turns it off: etcd's compaction is cluster-wide, for every key
+    /// prefix; who shares an etcd may want to run it themselves).
+    pub compact: bool,
 }
 
 impl Default for RetentionConfig {
     /// 1,000 runs, 30 days, every 5 minutes.
     fn default() -> Self {
-        RetentionConfig { keep_last: 1000, max_age: chrono::Duration::days(30), interval: Duration::from_secs(300) }
+        RetentionConfig { keep_last: 1000, max_age: chrono::Duration::days(30), interval: Duration::from_secs(300), compact: true }
     }
 }
 
@@ -97,7 +101,9 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
     let mut doomed = Vec::new();
     for (task, runs) in by_task {
         let (keep_last, max_age) = policy(histories.get(&task).and_then(Option::as_ref), defaults);
-        let cutoff = now - max_age;
+        // An age beyond the calendar keeps everything (validation bounds
+        // it; a stored task from an older version may not be).
+        let cutoff = now.checked_sub_signed(max_age).unwrap_or(DateTime::<Utc>::MIN_UTC);
         // A run's age is from when it finished. A slot after the cutoff
         // says enough without a read (it cannot have finished earlier);
         // the others that would be kept (manual runs, old slots — a
@@ -136,6 +142,7 @@ impl Drop for Worker {
 /// ends when fenced. Spawned with the engine, stopped with it.
 pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) {
     let mut previous: Option<Revision> = None;
+    let mut compacted: Option<Revision> = None;
     loop {
         tokio::time::sleep(cfg.interval).await;
         match prune(&repo, &lead, &cfg, clock.now(), "").await {
@@ -143,10 +150,16 @@ pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: Shar
                 if report.deleted > 0 {
                     tracing::info!(deleted = report.deleted, kept = report.kept, "retention: finished runs deleted");
                 }
+                // Up to the previous pass's revision, once per revision
+                // (an idle store would be asked the same again and again).
                 if let Some(rev) = previous
-                    && let Err(e) = repo.store().compact(rev).await
+                    && cfg.compact
+                    && compacted != Some(rev)
                 {
-                    tracing::warn!(error = %e, revision = rev, "retention: cannot compact the store's history");
+                    match repo.store().compact(rev).await {
+                        Ok(()) => compacted = Some(rev),
+                        Err(e) => tracing::warn!(error = %e, revision = rev, "retention: cannot compact the store's history"),
+                    }
                 }
                 previous = Some(report.revision);
             }

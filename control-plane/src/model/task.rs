@@ -98,6 +98,8 @@ pub struct TaskSpec {
 pub const MAX_KEEP_LAST: u32 = 1_000_000;
 /// Shortest `history.max_age`: 1 minute.
 pub const MIN_MAX_AGE_SECONDS: u64 = 60;
+/// Longest `history.max_age`: 100 years (36,500 days).
+pub const MAX_MAX_AGE_SECONDS: u64 = 36_500 * 86_400;
 
 /// `history`: the retention of a task's finished runs. A run is deleted
 /// when it is not among the task's newest `keep_last` finished runs, or
@@ -446,6 +448,9 @@ impl TaskSpec {
                 let secs = crate::schedule::parse_duration(age).map_err(|e| Error::invalid("history.max_age", e))?;
                 if secs < MIN_MAX_AGE_SECONDS {
                     return Err(Error::invalid("history.max_age", format!("{age:?} is shorter than 1 minute")));
+                }
+                if secs > MAX_MAX_AGE_SECONDS {
+                    return Err(Error::invalid("history.max_age", format!("{age:?} is longer than 36500d (100 years)")));
                 }
             }
         }

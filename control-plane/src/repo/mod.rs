@@ -280,16 +280,33 @@ impl Repo {
         Ok(out)
     }
 
-    /// One page of tasks by id: at most `limit` with ids after `after_id`
+    /// One page of tasks by id: at most `limit` (fewer when they pass
+    /// 3 MiB) with ids after `after_id`
     /// (`""`: from the first), each with its cursor, and the id to ask
     /// the next page after (`None` at the end). Reads only that page (and
     /// its cursors), whatever the number of tasks. Unreadable records are
     /// logged and left out.
     pub async fn tasks_page(&self, after_id: &str, limit: usize) -> Result<(Vec<(TaskRecord, Option<Cursor>)>, Option<String>)> {
-        let after = if after_id.is_empty() { String::new() } else { self.keys.task(after_id) };
-        let mut kvs = self.store.range_page(&self.keys.tasks(), &after, limit + 1, false).await?;
-        let more = kvs.len() > limit;
-        kvs.truncate(limit);
+        // Read in small steps, and end the page early once it holds 3 MiB:
+        // a definition may be 256 KiB, and a page is one gRPC answer.
+        const STEP: usize = 16;
+        const PAGE_BYTES: usize = 3 * 1024 * 1024;
+        let mut after = if after_id.is_empty() { String::new() } else { self.keys.task(after_id) };
+        let (mut kvs, mut bytes, mut more) = (Vec::new(), 0usize, false);
+        while kvs.len() < limit {
+            let step = self.store.range_page(&self.keys.tasks(), &after, STEP.min(limit - kvs.len()) + 1, false).await?;
+            let ends = step.len() <= STEP.min(limit - kvs.len());
+            for kv in step.into_iter().take(STEP.min(limit - kvs.len())) {
+                bytes += kv.value.len();
+                after = kv.key.clone();
+                kvs.push(kv);
+            }
+            // Another key follows the ones taken, or none does.
+            more = !ends;
+            if ends || bytes >= PAGE_BYTES {
+                break;
+            }
+        }
         let next = if more { kvs.last().and_then(|kv| self.keys.id_after(&self.keys.tasks(), &kv.key)).map(str::to_string) } else { None };
         let mut records = Vec::with_capacity(kvs.len());
         for kv in kvs {
@@ -664,6 +681,30 @@ mod tests {
         fn max_txn_ops(&self) -> usize {
             self.1
         }
+    }
+
+    /// Found by breaking it: a page of 100 tasks with 240 KiB contexts was
+    /// a 22 MB answer, and 300 of them passed every message limit.
+    #[tokio::test]
+    async fn a_task_page_stops_near_three_mebibytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(EmbeddedStore::open(dir.path()).await.expect("open"));
+        let repo = Repo::new(store.clone(), Keys::default());
+        let t: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().expect("t");
+        for i in 0..20 {
+            let json = serde_json::json!({"task_id": format!("big{i:02}"), "agent_id": "a", "description": "d".repeat(250_000)});
+            let spec = crate::model::TaskSpec::from_json(&json.to_string()).expect("spec");
+            let rec = TaskRecord { spec, paused: false, paused_at: None, resumed_at: None, created_at: t, updated_at: t };
+            store.put(&Keys::default().task(&rec.spec.task_id), codec::encode(&rec).expect("encode")).await.expect("put");
+        }
+        let (first, next) = repo.tasks_page("", 1000).await.expect("page");
+        assert!(first.len() < 20 && first.len() >= 12, "{} tasks in the first page", first.len());
+        let next = next.expect("more pages");
+        let (rest, end) = repo.tasks_page(&next, 1000).await.expect("page");
+        assert_eq!(first.len() + rest.len(), 20, "every task once");
+        assert!(end.is_none());
+        let (exact, after) = repo.tasks_page("big09", 10).await.expect("page");
+        assert_eq!((exact.len(), after), (10, None), "a page that ends with the last task says so");
     }
 
     #[tokio::test]

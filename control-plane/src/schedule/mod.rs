@@ -151,7 +151,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
         }
         last_unit = unit;
         let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number before {c:?}"))?;
-        total = total.saturating_add(n.saturating_mul(unit));
+        total = n.checked_mul(unit).and_then(|v| total.checked_add(v)).ok_or_else(|| format!("{s:?}: too long"))?;
         num.clear();
     }
     if !num.is_empty() {

@@ -32,6 +32,10 @@ pub const RANGE_PAGE_BYTES: usize = 2 * 1024 * 1024;
 const FIRST_PAGE_KEYS: usize = 64;
 const MAX_PAGE_KEYS: usize = 1024;
 
+/// HTTP/2 keepalive pings to etcd: above etcd's default
+/// `--grpc-keepalive-min-time` of 5 s (etcd docs, "Configuration flags").
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Deadline of one etcd request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -65,7 +69,11 @@ impl EtcdStore {
         let opts = ConnectOptions::new()
             .with_connect_timeout(REQUEST_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+            // etcd closes connections that ping more often than its
+            // `--grpc-keepalive-min-time` (5 s by default): pinging every
+            // 2 s, a quiet connection was dropped every ~8 s and every
+            // watch broke with it. Requests have their own deadline.
+            .with_keep_alive(KEEPALIVE_INTERVAL, Duration::from_secs(3));
         // One line saying why (the innermost cause: "Connection refused"),
         // not the transport's whole chain.
         let unreachable = |e: etcd_client::Error| {
