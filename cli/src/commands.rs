@@ -729,7 +729,19 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             Ok(())
         }
         TaskCmd::Get { task_id } => {
-            show(&tc.get_task(pb::GetTaskRequest { task_id }).await.map_err(grpc)?.into_inner());
+            let t = tc.get_task(pb::GetTaskRequest { task_id: task_id.clone() }).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                show(&t);
+                return Ok(());
+            }
+            let next = tc
+                .preview_schedule(pb::PreviewScheduleRequest { task_id, count: 3, ..Default::default() })
+                .await
+                .map(|r| r.into_inner())
+                .unwrap_or_default();
+            for (k, v) in output::task_details(&t, &next) {
+                println!("{k:<12}{v}");
+            }
             Ok(())
         }
         TaskCmd::Delete { task_id } => {

@@ -182,3 +182,62 @@ pub fn run_row(r: &pb::Run) -> Vec<String> {
 pub fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
+
+/// `task get` as rows of (label, text): the definition's trigger(s) with
+/// their zone, execution, history, and the next fire times in the
+/// trigger's zone and in UTC (`next`: a preview of the task).
+pub fn task_details(tk: &pb::Task, next: &pb::PreviewScheduleResponse) -> Vec<(&'static str, String)> {
+    let spec: Value = serde_json::from_str(&tk.spec_json).unwrap_or(Value::Null);
+    let trigger = |t: &Value| match t["type"].as_str() {
+        Some("cron") => format!("cron {} in {}", t["expr"], t["timezone"].as_str().unwrap_or("UTC")),
+        Some("interval") => {
+            let every =
+                if t["every"].is_string() { t["every"].as_str().unwrap_or("").to_string() } else { format!("{}s", t["every_seconds"]) };
+            format!("every {every}{}", t["start_at"].as_str().map(|s| format!(" from {s}")).unwrap_or_default())
+        }
+        Some("once") => format!("once at {}", t["at"].as_str().unwrap_or("?")),
+        _ => t.to_string(),
+    };
+    let mut triggers: Vec<String> = Vec::new();
+    if spec["trigger"].is_object() {
+        triggers.push(trigger(&spec["trigger"]));
+    }
+    if let Some(list) = spec["triggers"].as_array() {
+        triggers.extend(list.iter().map(trigger));
+    }
+    let ex = &spec["execution"];
+    let execution = format!(
+        "timeout {} s, retries {}, concurrency {}, overlap {}, misfire {} (grace {} s), priority {}",
+        ex["timeout_seconds"],
+        ex["max_retries"],
+        ex["concurrency_limit"],
+        ex["overlap_policy"].as_str().unwrap_or("skip"),
+        ex["misfire_policy"].as_str().unwrap_or("run_once"),
+        ex["misfire_grace_seconds"],
+        ex["priority"]
+    );
+    let fires: Vec<String> = next
+        .fire_times
+        .iter()
+        .zip(&next.local_times)
+        .map(|(utc, local)| {
+            let utc = t(&Some(*utc)).as_str().unwrap_or("").to_string();
+            if &utc == local { utc } else { format!("{local} ({utc})") }
+        })
+        .collect();
+    let j = task_json(tk);
+    let mut rows = vec![
+        ("task", tk.task_id.clone()),
+        ("agent", tk.agent_id.clone()),
+        ("paused", tk.paused.to_string()),
+        ("trigger", if triggers.is_empty() { "none (manual only)".into() } else { triggers.join("; ") }),
+        ("execution", execution),
+    ];
+    if spec["history"].is_object() {
+        rows.push(("history", spec["history"].to_string()));
+    }
+    rows.push(("next fires", if fires.is_empty() { "-".into() } else { fires.join(", ") }));
+    rows.push(("last slot", j["last_slot_at"].as_str().unwrap_or("-").to_string()));
+    rows.push(("updated", j["updated_at"].as_str().unwrap_or("-").to_string()));
+    rows
+}
