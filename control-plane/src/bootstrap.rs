@@ -121,12 +121,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let keys = Keys::new(&cfg.key_prefix);
     let election: Arc<dyn Election> = match &cfg.store {
         StoreSpec::Embedded(_) => Arc::new(SingleNode::new(cfg.node_id.clone(), advertise)),
-        // The election renews its lease over a connection of its own: on
-        // the store's, a task file's megabytes of writes queued ahead of
-        // the renewals and the leader stepped down mid-apply.
-        StoreSpec::Etcd(endpoints) => {
-            EtcdElection::start(Arc::new(connect_etcd(endpoints).await), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing)
-        }
+        StoreSpec::Etcd(_) => EtcdElection::start(store.clone(), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing),
     };
     let core = Arc::new(Core {
         repo: Repo::new(store.clone(), keys),

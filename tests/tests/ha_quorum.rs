@@ -14,6 +14,7 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_stops_scheduling_and_regaining_it_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = punchclock_tests::KeepLogsOnPanic::new(dir.path(), "ha_quorum");
     let mut etcd = Etcd::start(3).await;
     let ports = [free_port(), free_port()];
     let servers: Vec<Proc> = (0..2).map(|i| Proc::server(&etcd.store_url(), &format!("cp{i}"), ports[i], dir.path())).collect();
