@@ -119,6 +119,12 @@ impl Proc {
 
     /// [`Proc::dev`] whose in-process runner has `slots` slots.
     pub fn dev_with_slots(data_dir: &Path, slots: u32) -> Proc {
+        Proc::dev_logged(data_dir, slots, &data_dir.with_extension("log"))
+    }
+
+    /// [`Proc::dev_with_slots`] with its log at `log` (not beside the data
+    /// dir: a test may fill that disk).
+    pub fn dev_logged(data_dir: &Path, slots: u32, log: &Path) -> Proc {
         let d = data_dir.to_string_lossy().to_string();
         let slots = slots.to_string();
         Proc::start(
@@ -139,7 +145,7 @@ impl Proc {
                 "--slots",
                 &slots,
             ],
-            &data_dir.with_extension("log"),
+            log,
             true,
         )
     }

@@ -45,21 +45,7 @@ async fn a_full_disk_makes_dev_unready_and_writes_resume_when_space_returns() {
     let _mount = Mount(disk.clone());
 
     let data = disk.join("data");
-    let mut dev = Proc::start(
-        &[
-            "dev",
-            "--data-dir",
-            &data.to_string_lossy(),
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--agents",
-            "tests/agents.yaml",
-        ],
-        &dir.path().join("dev.log"),
-        true,
-    );
+    let mut dev = Proc::dev_logged(&data, 8, &dir.path().join("dev.log"));
     let health = {
         let mut found = String::new();
         for _ in 0..100 {
@@ -114,21 +100,7 @@ async fn a_full_disk_makes_dev_unready_and_writes_resume_when_space_returns() {
     dev.signal(libc::SIGTERM);
     let _ = dev.child.wait();
     let _ = std::fs::write(&log_copy, dev.log_text());
-    let dev = Proc::start(
-        &[
-            "dev",
-            "--data-dir",
-            &data.to_string_lossy(),
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--agents",
-            "tests/agents.yaml",
-        ],
-        &dir.path().join("dev2.log"),
-        true,
-    );
+    let dev = Proc::dev_logged(&data, 8, &dir.path().join("dev2.log"));
     let stored = list_runs(&dev.addr, "tick").await;
     for id in &before {
         assert!(stored.iter().any(|r| &r.run_id == id), "run {id} finished before the disk filled is gone");

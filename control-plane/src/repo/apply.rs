@@ -90,18 +90,13 @@ impl Repo {
     /// The current records of `ids` with their keys' mod revisions (0 when
     /// absent), read in transactions of gets within the store's limits.
     async fn read_tasks(&self, ids: &[&str]) -> Result<Vec<(Option<TaskRecord>, Revision)>> {
-        let per_txn = self.store.max_txn_ops().max(1);
-        let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(per_txn) {
-            let txn = Txn { success: chunk.iter().map(|id| TxnOp::get(self.keys.task(id))).collect(), ..Txn::default() };
-            for kv in self.store.txn(txn).await?.gets {
-                out.push(match kv {
-                    Some(kv) => (Some(codec::decode::<TaskRecord>("task", &kv.value)?), kv.mod_revision),
-                    None => (None, 0),
-                });
-            }
-        }
-        Ok(out)
+        let gets = self.get_many(ids.iter().map(|id| self.keys.task(id)), usize::MAX).await?;
+        gets.into_iter()
+            .map(|kv| match kv {
+                Some(kv) => Ok((Some(codec::decode::<TaskRecord>("task", &kv.value)?), kv.mod_revision)),
+                None => Ok((None, 0)),
+            })
+            .collect()
     }
 
     /// What applying `specs` would do, without writing.

@@ -216,6 +216,35 @@ impl Repo {
         &self.store
     }
 
+    /// The keys `keys`, in order (`None` when absent), read in
+    /// transactions of at most `per_txn` gets (and the store's limit): one
+    /// round trip per batch, each answer bounded by `per_txn` records.
+    pub(crate) async fn get_many(&self, keys: impl IntoIterator<Item = String>, per_txn: usize) -> Result<Vec<Option<KeyValue>>> {
+        let keys: Vec<String> = keys.into_iter().collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(per_txn.min(self.store.max_txn_ops()).max(1)) {
+            let txn = Txn { success: chunk.iter().map(TxnOp::get).collect(), ..Txn::default() };
+            out.extend(self.store.txn(txn).await?.gets);
+        }
+        Ok(out)
+    }
+
+    /// Every key under `prefix` with its revisions (values left empty),
+    /// read in pages of keys only.
+    pub(crate) async fn keys_under(&self, prefix: &str) -> Result<Vec<KeyValue>> {
+        const KEY_PAGE: usize = 1000;
+        let mut keys: Vec<KeyValue> = Vec::new();
+        loop {
+            let after = keys.last().map(|kv| kv.key.clone()).unwrap_or_default();
+            let page = self.store.range_page(prefix, &after, KEY_PAGE, true).await?;
+            let full = page.len() == KEY_PAGE;
+            keys.extend(page);
+            if !full {
+                return Ok(keys);
+            }
+        }
+    }
+
     // ------------------------------------------------------------ tasks
 
     /// One task definition, with the store's mod revision of its key.
@@ -315,21 +344,18 @@ impl Repo {
                 Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable task"),
             }
         }
+        let cursors = self.get_many(records.iter().map(|r| self.keys.cursor(&r.spec.task_id)), usize::MAX).await?;
         let mut out = Vec::with_capacity(records.len());
-        for chunk in records.chunks(self.store.max_txn_ops().max(1)) {
-            let txn = Txn { success: chunk.iter().map(|r| TxnOp::get(self.keys.cursor(&r.spec.task_id))).collect(), ..Txn::default() };
-            let gets = self.store.txn(txn).await?.gets;
-            for (rec, kv) in chunk.iter().zip(gets) {
-                let cursor = match kv.map(|kv| codec::decode::<Cursor>("cursor", &kv.value)) {
-                    Some(Ok(c)) => Some(c),
-                    Some(Err(e)) => {
-                        tracing::error!(task_id = %rec.spec.task_id, error = %e, "unreadable cursor");
-                        None
-                    }
-                    None => None,
-                };
-                out.push((rec.clone(), cursor));
-            }
+        for (rec, kv) in records.into_iter().zip(cursors) {
+            let cursor = match kv.map(|kv| codec::decode::<Cursor>("cursor", &kv.value)) {
+                Some(Ok(c)) => Some(c),
+                Some(Err(e)) => {
+                    tracing::error!(task_id = %rec.spec.task_id, error = %e, "unreadable cursor");
+                    None
+                }
+                None => None,
+            };
+            out.push((rec, cursor));
         }
         Ok((out, next))
     }
@@ -404,15 +430,12 @@ impl Repo {
         let ids: Vec<String> =
             index.iter().filter_map(|kv| self.keys.id_after(&self.keys.active_runs(), &kv.key).map(str::to_string)).collect();
         let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(LOAD_BATCH) {
-            let txn = Txn { success: chunk.iter().map(|id| TxnOp::get(self.keys.run(id))).collect(), ..Default::default() };
-            let r = self.store.txn(txn).await?;
-            for (id, kv) in chunk.iter().zip(r.gets) {
-                match kv.map(|kv| codec::decode::<RunRecord>("run", &kv.value)) {
-                    Some(Ok(run)) => out.push(run),
-                    Some(Err(e)) => tracing::error!(run_id = %id, error = %e, "unreadable run"),
-                    None => tracing::warn!(run_id = %id, "active index names a missing run"),
-                }
+        let gets = self.get_many(ids.iter().map(|id| self.keys.run(id)), LOAD_BATCH).await?;
+        for (id, kv) in ids.iter().zip(gets) {
+            match kv.map(|kv| codec::decode::<RunRecord>("run", &kv.value)) {
+                Some(Ok(run)) => out.push(run),
+                Some(Err(e)) => tracing::error!(run_id = %id, error = %e, "unreadable run"),
+                None => tracing::warn!(run_id = %id, "active index names a missing run"),
             }
         }
         Ok(out)

@@ -13,7 +13,7 @@ use crate::election::Leadership;
 use crate::error::Result;
 use crate::model::task::HistorySpec;
 use crate::model::{RunRecord, TaskRecord};
-use crate::store::{Compare, KeyValue, Revision, Txn, TxnOp};
+use crate::store::{Compare, Revision, Txn, TxnOp};
 
 /// A stored run as a key listing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,25 +26,7 @@ pub struct RunKey {
     pub mod_revision: Revision,
 }
 
-/// Keys of one page of a keys-only listing.
-const KEY_PAGE: usize = 1000;
-
 impl Repo {
-    /// Every key under `prefix` with its revisions (values left empty),
-    /// read in pages of keys only.
-    pub(crate) async fn keys_under(&self, prefix: &str) -> Result<Vec<KeyValue>> {
-        let mut keys: Vec<KeyValue> = Vec::new();
-        loop {
-            let after = keys.last().map(|kv| kv.key.clone()).unwrap_or_default();
-            let page = self.store.range_page(prefix, &after, KEY_PAGE, true).await?;
-            let full = page.len() == KEY_PAGE;
-            keys.extend(page);
-            if !full {
-                return Ok(keys);
-            }
-        }
-    }
-
     /// Every stored run (of one task when `task_id` is not empty), keys
     /// only, in key order.
     pub async fn run_keys(&self, task_id: &str) -> Result<Vec<RunKey>> {
@@ -71,16 +53,14 @@ impl Repo {
     /// none); tasks that do not exist are left out.
     pub async fn task_histories(&self, ids: &[&str]) -> Result<HashMap<String, Option<HistorySpec>>> {
         let mut out = HashMap::new();
-        for chunk in ids.chunks(self.store.max_txn_ops().max(1)) {
-            let txn = Txn { success: chunk.iter().map(|id| TxnOp::get(self.keys.task(id))).collect(), ..Txn::default() };
-            for (id, kv) in chunk.iter().zip(self.store.txn(txn).await?.gets) {
-                if let Some(kv) = kv {
-                    match codec::decode::<TaskRecord>("task", &kv.value) {
-                        Ok(rec) => {
-                            out.insert(id.to_string(), rec.spec.history);
-                        }
-                        Err(e) => tracing::error!(task_id = %id, error = %e, "unreadable task"),
+        let gets = self.get_many(ids.iter().map(|id| self.keys.task(id)), usize::MAX).await?;
+        for (id, kv) in ids.iter().zip(gets) {
+            if let Some(kv) = kv {
+                match codec::decode::<TaskRecord>("task", &kv.value) {
+                    Ok(rec) => {
+                        out.insert(id.to_string(), rec.spec.history);
                     }
+                    Err(e) => tracing::error!(task_id = %id, error = %e, "unreadable task"),
                 }
             }
         }
@@ -92,12 +72,10 @@ impl Repo {
     pub async fn run_times(&self, ids: &[&str]) -> Result<HashMap<String, DateTime<Utc>>> {
         let mut out = HashMap::new();
         // Run records are up to 512 KiB: a few per read.
-        for chunk in ids.chunks(8) {
-            let txn = Txn { success: chunk.iter().map(|id| TxnOp::get(self.keys.run(id))).collect(), ..Txn::default() };
-            for (id, kv) in chunk.iter().zip(self.store.txn(txn).await?.gets) {
-                if let Some(Ok(run)) = kv.map(|kv| codec::decode::<RunRecord>("run", &kv.value)) {
-                    out.insert(id.to_string(), run.finished_at.unwrap_or(run.scheduled_at));
-                }
+        let gets = self.get_many(ids.iter().map(|id| self.keys.run(id)), 8).await?;
+        for (id, kv) in ids.iter().zip(gets) {
+            if let Some(Ok(run)) = kv.map(|kv| codec::decode::<RunRecord>("run", &kv.value)) {
+                out.insert(id.to_string(), run.finished_at.unwrap_or(run.scheduled_at));
             }
         }
         Ok(out)

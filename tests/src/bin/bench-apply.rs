@@ -93,21 +93,7 @@ async fn main() {
     for n in sizes("--dev", &[10_000, 100_000]) {
         let file = task_file(dir.path(), n);
         let data = dir.path().join(format!("dev-{n}"));
-        let dev = Proc::start(
-            &[
-                "dev",
-                "--data-dir",
-                &data.to_string_lossy(),
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--agents",
-                "tests/agents.yaml",
-            ],
-            &dir.path().join(format!("dev-{n}.log")),
-            true,
-        );
+        let dev = Proc::dev_logged(&data, 8, &dir.path().join(format!("dev-{n}.log")));
         row("dev", n, &file, &dev.addr);
     }
     for n in sizes("--etcd", &[10_000]) {
