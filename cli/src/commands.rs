@@ -246,6 +246,8 @@ enum TaskCmd {
     Pause { task_id: String },
     /// Resume a paused task.
     Resume { task_id: String },
+    /// Close a task's circuit breaker by hand (its next run is admitted).
+    ResetBreaker { task_id: String },
     /// Start a manual run.
     Trigger {
         task_id: String,
@@ -710,7 +712,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                 print_json(&serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
             } else {
                 table(
-                    &["TASK", "AGENT", "PAUSED", "NEXT_FIRE_AT", "LAST_SLOT_AT"],
+                    &["TASK", "AGENT", "PAUSED", "BREAKER", "NEXT_FIRE_AT", "LAST_SLOT_AT"],
                     r.tasks
                         .iter()
                         .map(|t| {
@@ -719,6 +721,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                                 t.task_id.clone(),
                                 t.agent_id.clone(),
                                 t.paused.to_string(),
+                                t.breaker.as_ref().map_or("-".into(), |b| b.phase.clone()),
                                 j["next_fire_at"].as_str().unwrap_or("-").into(),
                                 j["last_slot_at"].as_str().unwrap_or("-").into(),
                             ]
@@ -755,6 +758,15 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
         }
         TaskCmd::Resume { task_id } => {
             show(&tc.resume_task(pb::ResumeTaskRequest { task_id }).await.map_err(grpc)?.into_inner());
+            Ok(())
+        }
+        TaskCmd::ResetBreaker { task_id } => {
+            let t = tc.reset_breaker(pb::ResetBreakerRequest { task_id }).await.map_err(grpc)?.into_inner();
+            match (fmt, &t.breaker) {
+                (Format::Json, _) => print_json(&task_json(&t)),
+                (_, Some(b)) => println!("task {}: breaker {}", t.task_id, output::breaker_text(b)),
+                (_, None) => println!("task {}: no breaker", t.task_id),
+            }
             Ok(())
         }
         TaskCmd::Trigger { task_id, params, delay, key } => {

@@ -114,6 +114,14 @@ pub fn task_json(tk: &pb::Task) -> Value {
         "paused": tk.paused,
         "next_fire_at": t(&tk.next_fire_at),
         "last_slot_at": t(&tk.last_slot_at),
+        "breaker": tk.breaker.as_ref().map(|b| json!({
+            "phase": b.phase,
+            "consecutive_failures": b.consecutive_failures,
+            "opened_at": t(&b.opened_at),
+            "open_until": t(&b.open_until),
+            "trial_run_id": opt_str(&b.trial_run_id),
+            "openings": b.openings,
+        })),
         "created_at": t(&tk.created_at),
         "updated_at": t(&tk.updated_at),
         "spec": json_field(&tk.spec_json),
@@ -236,8 +244,28 @@ pub fn task_details(tk: &pb::Task, next: &pb::PreviewScheduleResponse) -> Vec<(&
     if spec["history"].is_object() {
         rows.push(("history", spec["history"].to_string()));
     }
+    if let Some(b) = &tk.breaker {
+        rows.push(("breaker", breaker_text(b)));
+    }
     rows.push(("next fires", if fires.is_empty() { "-".into() } else { fires.join(", ") }));
     rows.push(("last slot", j["last_slot_at"].as_str().unwrap_or("-").to_string()));
     rows.push(("updated", j["updated_at"].as_str().unwrap_or("-").to_string()));
     rows
+}
+
+/// A circuit breaker in words: `closed (1 failed run in a row)`, `open
+/// until 2026-12-01T08:00:10Z after 3 failed runs in a row (opening 2)`,
+/// `half_open: trial run RUN`.
+pub fn breaker_text(b: &pb::Breaker) -> String {
+    let at = |ts: &Option<prost_types::Timestamp>| t(ts).as_str().unwrap_or("-").to_string();
+    match b.phase.as_str() {
+        "open" => format!(
+            "open until {} after {} failed run(s) in a row (opening {}; the next run after it is a trial)",
+            at(&b.open_until),
+            b.consecutive_failures,
+            b.openings
+        ),
+        "half_open" => format!("half_open: trial run {} (opening {})", b.trial_run_id, b.openings),
+        phase => format!("{phase} ({} failed run(s) in a row, {} opening(s) so far)", b.consecutive_failures, b.openings),
+    }
 }

@@ -392,6 +392,16 @@ impl Core {
         self.engine().await?.trigger(req).await
     }
 
+    /// `ResetBreaker`: closes the task's circuit breaker (served by the
+    /// leader). Errors: `NotFound`, `FailedPrecondition` (no breaker),
+    /// `Unavailable` on a follower (naming the leader).
+    pub async fn reset_breaker(&self, task_id: &str) -> Result<crate::model::breaker::Breaker> {
+        if self.repo.get_task(task_id).await?.is_none() {
+            return Err(Error::NotFound { kind: "task", id: task_id.to_string() });
+        }
+        self.engine().await?.reset_breaker(task_id.to_string()).await
+    }
+
     /// One run: as the leader knows it now when it is active here (start
     /// and progress are written lazily), else as stored.
     pub async fn get_run(&self, run_id: &str) -> Result<RunRecord> {

@@ -99,6 +99,17 @@ pub enum Lifecycle {
         /// Runner.
         runner_id: String,
     },
+    /// A task's circuit breaker changed (counted a failure, opened, went
+    /// half-open, closed, was reset).
+    BreakerChanged {
+        /// Task.
+        task_id: String,
+        /// The breaker as stored.
+        breaker: crate::model::breaker::Breaker,
+        /// This change is a new opening (`notify.on_breaker_open` fires
+        /// once per opening).
+        opened: bool,
+    },
 }
 
 impl Lifecycle {

@@ -80,6 +80,7 @@ pub(crate) enum Command {
     RunnerGone { runner_id: String, session: u64 },
     Trigger { req: TriggerRequest, reply: oneshot::Sender<Result<self::core::Triggered>> },
     CancelRun { run_id: String, reason: String, reply: oneshot::Sender<Result<RunRecord>> },
+    ResetBreaker { task_id: String, reply: oneshot::Sender<Result<crate::model::breaker::Breaker>> },
     ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
@@ -143,6 +144,14 @@ impl EngineHandle {
     /// Cancels a run; returns it as stored.
     pub async fn cancel_run(&self, run_id: String, reason: String) -> Result<RunRecord> {
         self.ask(|reply| Command::CancelRun { run_id, reason, reply }).await?
+    }
+
+    /// Closes a task's circuit breaker by hand; returns it as stored.
+    ///
+    /// Errors: `NotFound` (no such task), `FailedPrecondition` (the task
+    /// has no `execution.circuit_breaker`).
+    pub async fn reset_breaker(&self, task_id: String) -> Result<crate::model::breaker::Breaker> {
+        self.ask(|reply| Command::ResetBreaker { task_id, reply }).await?
     }
 
     /// Runner registry snapshot.

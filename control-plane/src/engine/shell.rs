@@ -95,6 +95,7 @@ struct Link {
 enum Pending {
     Trigger(oneshot::Sender<Result<Triggered>>),
     Cancel(oneshot::Sender<Result<RunRecord>>),
+    ResetBreaker(oneshot::Sender<Result<crate::model::breaker::Breaker>>),
 }
 
 /// The engine task's state.
@@ -302,6 +303,10 @@ impl Engine {
                 let id = self.reply_id(Pending::Cancel(reply));
                 self.core.handle(now, Input::Cancel { reply: id, run_id, reason });
             }
+            Command::ResetBreaker { task_id, reply } => {
+                let id = self.reply_id(Pending::ResetBreaker(reply));
+                self.core.handle(now, Input::ResetBreaker { reply: id, task_id });
+            }
             Command::ListRunners { reply } => {
                 let _ = reply.send(self.core.runner_snapshots());
             }
@@ -407,6 +412,9 @@ impl Engine {
                 }
                 (Some(Pending::Cancel(tx)), Reply::Cancel(r)) => {
                     let _ = tx.send(r.map(|b| *b));
+                }
+                (Some(Pending::ResetBreaker(tx)), Reply::ResetBreaker(r)) => {
+                    let _ = tx.send(r);
                 }
                 _ => tracing::error!(reply = id, "reply of the wrong kind or to nobody"),
             }

@@ -1,6 +1,7 @@
 //! The domain model: tasks (what users write), runs (what happened), and
 //! schedule cursors. No transport types here.
 
+pub mod breaker;
 pub mod run;
 pub mod task;
 
@@ -19,4 +20,8 @@ pub struct Cursor {
     pub last_slot: Option<DateTime<Utc>>,
     /// When the cursor was written (UTC).
     pub updated_at: Option<DateTime<Utc>>,
+    /// The task's circuit breaker, once a run of a task with
+    /// `execution.circuit_breaker` finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<breaker::Breaker>,
 }

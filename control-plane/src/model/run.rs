@@ -95,6 +95,8 @@ pub enum SkipReason {
     Misfired,
     /// Slots due while the task was paused (coalesced).
     Paused,
+    /// The task's circuit breaker was open (or half-open, its trial active).
+    CircuitOpen,
 }
 
 impl SkipReason {
@@ -104,6 +106,7 @@ impl SkipReason {
             SkipReason::ConcurrencyLimit => "concurrency_limit",
             SkipReason::Misfired => "misfired",
             SkipReason::Paused => "paused",
+            SkipReason::CircuitOpen => "circuit_open",
         }
     }
 }

@@ -301,6 +301,27 @@ pub struct ExecutionSpec {
     /// Runner label selector.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selector: Option<Selector>,
+    /// Stop running the task for a while after failures in a row; off
+    /// when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerSpec>,
+}
+
+/// Most `circuit_breaker.failure_threshold`.
+pub const MAX_FAILURE_THRESHOLD: u32 = 1000;
+/// Longest `circuit_breaker.cooldown_seconds`: one year.
+pub const MAX_COOLDOWN_SECONDS: u64 = 365 * 86_400;
+
+/// `circuit_breaker`: after `failure_threshold` FAILED or TIMEOUT runs in a
+/// row, new runs are SKIPPED (`circuit_open`) for `cooldown_seconds`; then
+/// one trial run decides (see [`crate::model::breaker`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitBreakerSpec {
+    /// Failed runs in a row that open the breaker; `1..=1000`.
+    pub failure_threshold: u32,
+    /// Seconds the breaker stays open before the trial; `1..=31536000`.
+    pub cooldown_seconds: u64,
 }
 
 impl Default for ExecutionSpec {
@@ -316,6 +337,7 @@ impl Default for ExecutionSpec {
             priority: 0,
             start_timeout_seconds: DEFAULT_START_TIMEOUT_SECONDS,
             selector: None,
+            circuit_breaker: None,
         }
     }
 }
@@ -418,6 +440,20 @@ impl TaskSpec {
         }
         if b.cap_seconds < b.base_seconds {
             return Err(Error::invalid("execution.retry_backoff.cap_seconds", "must be >= base_seconds"));
+        }
+        if let Some(cb) = &ex.circuit_breaker {
+            if !(1..=MAX_FAILURE_THRESHOLD).contains(&cb.failure_threshold) {
+                return Err(Error::invalid(
+                    "execution.circuit_breaker.failure_threshold",
+                    format!("must be in 1..={MAX_FAILURE_THRESHOLD} (got {})", cb.failure_threshold),
+                ));
+            }
+            if !(1..=MAX_COOLDOWN_SECONDS).contains(&cb.cooldown_seconds) {
+                return Err(Error::invalid(
+                    "execution.circuit_breaker.cooldown_seconds",
+                    format!("must be in 1..={MAX_COOLDOWN_SECONDS} (1 year; got {})", cb.cooldown_seconds),
+                ));
+            }
         }
         if let Some(params) = self.context.get("params")
             && !params.is_object()
@@ -630,6 +666,13 @@ mod tests {
         assert_eq!(err_field(&with(r#""start_timeout_seconds": 0"#)), "execution.start_timeout_seconds");
         let spec = TaskSpec::from_json(SEED).expect("seed");
         assert_eq!(spec.execution.start_timeout_seconds, 3600);
+        assert_eq!(spec.execution.circuit_breaker, None);
+        let cb = |v: &str| with(&format!(r#""circuit_breaker": {v}"#));
+        assert_eq!(err_field(&cb(r#"{"failure_threshold": 0, "cooldown_seconds": 10}"#)), "execution.circuit_breaker.failure_threshold");
+        assert_eq!(err_field(&cb(r#"{"failure_threshold": 3, "cooldown_seconds": 0}"#)), "execution.circuit_breaker.cooldown_seconds");
+        assert_eq!(err_field(&cb(r#"{"failure_threshold": 3}"#)), "execution.circuit_breaker");
+        let ok = TaskSpec::from_json(&cb(r#"{"failure_threshold": 3, "cooldown_seconds": 10}"#)).unwrap();
+        assert_eq!(ok.execution.circuit_breaker, Some(CircuitBreakerSpec { failure_threshold: 3, cooldown_seconds: 10 }));
     }
 
     /// Values that validated but overflowed the engine's time arithmetic

@@ -555,7 +555,8 @@ impl Repo {
         if current.as_ref().and_then(|c| c.last_slot).is_some_and(|l| l >= slot) {
             return Ok(());
         }
-        let cursor = Cursor { last_slot: Some(slot), updated_at: Some(now) };
+        // The breaker (and anything else in the cursor) is kept.
+        let cursor = Cursor { last_slot: Some(slot), updated_at: Some(now), ..current.unwrap_or_default() };
         self.commit(lead, vec![vec![StoreOp::PutCursor { task_id: task_id.to_string(), cursor }]]).await.map(|_| ())
     }
 

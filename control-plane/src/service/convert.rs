@@ -25,6 +25,7 @@ pub fn skip_to_pb(s: Option<SkipReason>) -> pb::SkipReason {
         Some(SkipReason::ConcurrencyLimit) => pb::SkipReason::ConcurrencyLimit,
         Some(SkipReason::Misfired) => pb::SkipReason::Misfired,
         Some(SkipReason::Paused) => pb::SkipReason::Paused,
+        Some(SkipReason::CircuitOpen) => pb::SkipReason::CircuitOpen,
     }
 }
 
@@ -158,6 +159,17 @@ pub fn task_to_pb(v: &TaskView) -> pb::Task {
         updated_at: Some(ts(v.record.updated_at)),
         next_fire_at: ots(v.next_fire_at),
         last_slot_at: ots(v.cursor.as_ref().and_then(|c| c.last_slot)),
+        breaker: v.record.spec.execution.circuit_breaker.map(|_| {
+            let b = v.cursor.as_ref().and_then(|c| c.breaker.clone()).unwrap_or_default();
+            pb::Breaker {
+                phase: b.phase.as_str().to_string(),
+                consecutive_failures: b.consecutive_failures,
+                opened_at: ots(b.opened_at),
+                open_until: ots(b.open_until),
+                trial_run_id: b.trial_run_id.unwrap_or_default(),
+                openings: b.openings,
+            }
+        }),
     }
 }
 

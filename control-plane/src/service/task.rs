@@ -113,6 +113,12 @@ impl TaskService for TaskSvc {
         Ok(Response::new(task_to_pb(&self.0.get_task(&id).await.map_err(status)?)))
     }
 
+    async fn reset_breaker(&self, req: Request<pb::ResetBreakerRequest>) -> Result<Response<pb::Task>, Status> {
+        let id = req.into_inner().task_id;
+        self.0.reset_breaker(&id).await.map_err(status)?;
+        Ok(Response::new(task_to_pb(&self.0.get_task(&id).await.map_err(status)?)))
+    }
+
     async fn trigger_task(&self, req: Request<pb::TriggerTaskRequest>) -> Result<Response<pb::TriggerTaskResponse>, Status> {
         let r = req.into_inner();
         let params = if r.params_json.trim().is_empty() {

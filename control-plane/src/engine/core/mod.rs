@@ -17,6 +17,7 @@
 //! cancellation, the one `finish`), `runners.rs` (sessions, reports and
 //! their ownership, re-declaration, silence, loss).
 
+mod breaker;
 mod deadlines;
 mod runners;
 mod runs;
@@ -79,6 +80,8 @@ pub enum Reply {
     Trigger(Result<Triggered>),
     /// To [`Input::Cancel`]: the run as stored.
     Cancel(Result<Box<RunRecord>>),
+    /// To [`Input::ResetBreaker`]: the breaker as stored.
+    ResetBreaker(Result<crate::model::breaker::Breaker>),
 }
 
 /// Why the core asked the shell to read a run.
@@ -173,6 +176,13 @@ pub enum Input {
         run_id: String,
         /// Why.
         reason: String,
+    },
+    /// `ResetBreaker`: close a task's circuit breaker by hand.
+    ResetBreaker {
+        /// Reply to.
+        reply: ReplyId,
+        /// Task.
+        task_id: String,
     },
     /// A run the core asked for ([`Effects::reads`]).
     RunLoaded {
@@ -310,6 +320,9 @@ pub struct EngineCore {
     cursors: BTreeMap<String, Option<Cursor>>,
     dirty: BTreeSet<String>,
     lazy: BTreeSet<String>,
+    /// Runs changed this turn whose write goes with their task's cursor
+    /// (their end changed the task's circuit breaker).
+    with_cursor: BTreeSet<String>,
     flush_requested: bool,
     fx: Effects,
 }
@@ -347,6 +360,7 @@ impl EngineCore {
             cursors: BTreeMap::new(),
             dirty: BTreeSet::new(),
             lazy: BTreeSet::new(),
+            with_cursor: BTreeSet::new(),
             flush_requested: false,
             fx: Effects::default(),
         }
@@ -362,6 +376,7 @@ impl EngineCore {
         // them), then the tasks' first decisions.
         let ids: Vec<String> = tasks.into_iter().filter_map(|(rec, cursor)| self.insert_task(rec, cursor)).collect();
         self.recover_runs(now, runs);
+        self.recover_breakers(now);
         for id in ids {
             self.task_started(now, &id);
         }
@@ -386,6 +401,7 @@ impl EngineCore {
             Input::RunnerGone { runner_id, session } => self.on_runner_gone(&runner_id, session),
             Input::Trigger { reply, req, explicit_key } => self.trigger(now, reply, req, explicit_key),
             Input::Cancel { reply, run_id, reason } => self.cancel_command(now, reply, &run_id, &reason),
+            Input::ResetBreaker { reply, task_id } => self.reset_breaker(now, reply, &task_id),
             Input::RunLoaded { run_id, run, purpose } => self.on_run_loaded(now, &run_id, run.map(|r| *r), purpose),
         }
         self.after_input(now);
@@ -455,6 +471,14 @@ impl EngineCore {
             self.lazy.remove(&run_id);
         }
         self.created_set.clear();
+        // A run whose end moved its task's breaker commits with the cursor.
+        for run_id in std::mem::take(&mut self.with_cursor) {
+            let Some(run) = self.runs.get(&run_id) else { continue };
+            if self.dirty.remove(&run_id) || self.lazy.remove(&run_id) {
+                by_task.entry(run.task_id.clone()).or_default().push(StoreOp::PutRun(Box::new(run.clone())));
+                written.push(run_id);
+            }
+        }
         for (task_id, cursor) in std::mem::take(&mut self.cursors) {
             let op = match cursor {
                 Some(cursor) => StoreOp::PutCursor { task_id: task_id.clone(), cursor },

@@ -18,6 +18,7 @@ use crate::engine::TriggerRequest;
 use crate::engine::lifecycle::Lifecycle;
 use crate::engine::protocol::{Assignment, ToRunner};
 use crate::error::{Error, Result};
+use crate::model::breaker::Admission;
 use crate::model::run::{MAX_FREE_INTERRUPTIONS, Outcome, SkipReason, TriggerKind, manual_run_id};
 use crate::model::task::{DEFAULT_START_TIMEOUT_SECONDS, ExecutionSpec, OverlapPolicy};
 use crate::model::{Attempt, RunRecord, RunStatus};
@@ -111,6 +112,14 @@ impl EngineCore {
         if self.runs.contains_key(&run.run_id) {
             return false;
         }
+        let trial = match self.breaker_admission(now, &run.task_id) {
+            Admission::Allow => false,
+            Admission::Trial => true,
+            Admission::Skip(why) => {
+                self.skip_one(now, &run, SkipReason::CircuitOpen, why);
+                return true;
+            }
+        };
         let limit = ex.concurrency_limit as usize;
         let mut active: Vec<(DateTime<Utc>, String, bool)> = self
             .by_task
@@ -128,30 +137,8 @@ impl EngineCore {
         if active.len() >= limit {
             match ex.overlap_policy {
                 OverlapPolicy::Skip => {
-                    let slot = run.scheduled_at;
                     let why = format!("{} run(s) of the task still active (concurrency_limit {limit}, overlap_policy skip)", active.len());
-                    let skipped = RunRecord::skipped(
-                        run.run_id.clone(),
-                        &run.task_id,
-                        &run.agent_id,
-                        run.trigger,
-                        SkipReason::ConcurrencyLimit,
-                        (1, slot, slot),
-                        why,
-                        now,
-                    );
-                    let run_id = skipped.run_id.clone();
-                    self.create(now, skipped);
-                    tracing::info!(run_id = %run_id, "slot skipped: concurrency limit");
-                    if let Some(r) = self.event_run(&run_id) {
-                        self.fx.events.push(Lifecycle::SlotSkipped {
-                            run: r,
-                            reason: SkipReason::ConcurrencyLimit,
-                            count: 1,
-                            from: slot,
-                            until: slot,
-                        });
-                    }
+                    self.skip_one(now, &run, SkipReason::ConcurrencyLimit, why);
                     return true;
                 }
                 OverlapPolicy::Queue => {
@@ -175,12 +162,28 @@ impl EngineCore {
         }
         let run_id = run.run_id.clone();
         tracing::info!(run_id = %run_id, "run created");
+        let task_id = run.task_id.clone();
         self.create(now, run);
+        if trial {
+            self.breaker_trial_started(now, &task_id, &run_id);
+        }
         if let Some(r) = self.event_run(&run_id) {
             self.fx.events.push(Lifecycle::RunCreated(r));
         }
         self.make_ready(now, &run_id);
         true
+    }
+
+    /// Records `run` (not yet created) as SKIPPED for `reason`: one slot.
+    fn skip_one(&mut self, now: DateTime<Utc>, run: &RunRecord, reason: SkipReason, why: String) {
+        let slot = run.scheduled_at;
+        let skipped = RunRecord::skipped(run.run_id.clone(), &run.task_id, &run.agent_id, run.trigger, reason, (1, slot, slot), why, now);
+        let run_id = skipped.run_id.clone();
+        self.create(now, skipped);
+        tracing::info!(run_id = %run_id, reason = reason.as_str(), "slot skipped");
+        if let Some(r) = self.event_run(&run_id) {
+            self.fx.events.push(Lifecycle::SlotSkipped { run: r, reason, count: 1, from: slot, until: slot });
+        }
     }
 
     /// Manual `TriggerTask`.
@@ -519,6 +522,7 @@ impl EngineCore {
         if !error.is_empty() {
             run.error = Some(error);
         }
+        let task_id = run.task_id.clone();
         self.ready.remove(run_id);
         self.start_by.remove(&run_id.to_string());
         self.dispatch_needed = true;
@@ -527,6 +531,7 @@ impl EngineCore {
         if let Some(r) = self.event_run(run_id) {
             self.fx.events.push(Lifecycle::RunFinished(r));
         }
+        self.breaker_run_finished(now, &task_id, run_id, status);
     }
 
     /// Undoes the run's open attempt if it never started on its runner (the

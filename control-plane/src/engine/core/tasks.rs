@@ -85,6 +85,7 @@ impl EngineCore {
     /// The first decisions after a definition arrives: a past `once`, the
     /// slots of a pause, the next fire, pending settlements.
     pub(super) fn task_started(&mut self, now: DateTime<Utc>, id: &str) {
+        self.drop_breaker_if_off(now, id);
         self.run_past_once(now, id);
         self.cover_paused_slots(now, id);
         self.arm(now, id);
@@ -153,7 +154,7 @@ impl EngineCore {
     /// right away (an explicit backfill), unless the task has fired before.
     fn run_past_once(&mut self, _now: DateTime<Utc>, task_id: &str) {
         let Some(e) = self.tasks.get(task_id) else { return };
-        if e.cursor.is_some() || e.record.paused {
+        if e.cursor.as_ref().is_some_and(|c| c.last_slot.is_some()) || e.record.paused {
             return;
         }
         let created = e.record.created_at;
@@ -396,8 +397,10 @@ impl EngineCore {
     /// of the task, in the same transaction.
     fn set_cursor(&mut self, now: DateTime<Utc>, task_id: &str, last: DateTime<Utc>) {
         let Some(e) = self.tasks.get_mut(task_id) else { return };
-        let cursor = Cursor { last_slot: Some(last), updated_at: Some(now) };
-        e.cursor = Some(cursor.clone());
+        let cursor = e.cursor.get_or_insert_with(Cursor::default);
+        cursor.last_slot = Some(last);
+        cursor.updated_at = Some(now);
+        let cursor = cursor.clone();
         self.cursors.insert(task_id.to_string(), Some(cursor));
     }
 

@@ -279,7 +279,7 @@ fn run_all_queues_missed_slots_behind_each_other() {
     let created = t0() - Duration::seconds(75);
     let mut rec = H::new().record(every_10s("t", serde_json::json!({"misfire_policy": "run_all", "misfire_grace_seconds": 3600})));
     rec.created_at = created;
-    let cursor = Cursor { last_slot: Some(t0() - Duration::seconds(70)), updated_at: None };
+    let cursor = Cursor { last_slot: Some(t0() - Duration::seconds(70)), updated_at: None, breaker: None };
     let mut h = H::loaded(t0(), vec![(rec, Some(cursor))], Vec::new());
     let fx = h.advance(Duration::zero());
     let created: Vec<&RunRecord> =
@@ -310,7 +310,7 @@ fn run_all_queues_missed_slots_behind_each_other() {
 fn misfires_coalesce_into_one_record_with_the_cursor() {
     let mut rec = H::new().record(every_10s("t", serde_json::json!({})));
     rec.created_at = t0() - Duration::hours(1);
-    let cursor = Cursor { last_slot: Some(t0() - Duration::minutes(30)), updated_at: None };
+    let cursor = Cursor { last_slot: Some(t0() - Duration::minutes(30)), updated_at: None, breaker: None };
     let mut h = H::loaded(t0() + Duration::seconds(5), vec![(rec, Some(cursor))], Vec::new());
     let fx = h.advance(Duration::zero());
     let group = fx.writes.iter().find(|g| g.iter().any(|op| matches!(op, StoreOp::PutCursor { .. }))).expect("a group with the cursor");
@@ -711,7 +711,7 @@ fn slots_due_before_a_pause_are_settled_after_redeclaration() {
         awaiting_runner: false,
         report: None,
     });
-    let cursor = Cursor { last_slot: Some(start - Duration::seconds(10)), updated_at: None };
+    let cursor = Cursor { last_slot: Some(start - Duration::seconds(10)), updated_at: None, breaker: None };
     let mut h = H::loaded(start, vec![(rec.clone(), Some(cursor))], vec![running]);
     // Two slots fire while r1 has not said Hello: deferred.
     let fx = h.advance(Duration::seconds(15));
@@ -877,4 +877,123 @@ fn slots_late_because_the_leader_was_busy_run_late_and_are_not_misfired() {
         fx.writes.iter().flatten().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some(&**r) } else { None }).collect();
     assert_eq!(created.len(), 10, "{created:?}");
     assert!(created.iter().all(|r| r.status == RunStatus::Pending && r.skip_reason.is_none()), "{created:?}");
+}
+
+// ------------------------------------------------------------ circuit breaker
+
+fn breaker_in(fx: &Effects, task: &str) -> Option<crate::model::breaker::Breaker> {
+    fx.writes.iter().flatten().rev().find_map(|op| match op {
+        StoreOp::PutCursor { task_id, cursor } if task_id == task => cursor.breaker.clone(),
+        _ => None,
+    })
+}
+
+/// `failure_threshold: 2`, `cooldown_seconds: 25`, every 10 s: two failed
+/// runs open it (the second run's end and the cursor in one group), slots
+/// are skipped `circuit_open` for the cooldown, the next slot is the trial;
+/// it fails (a second opening), a new leader keeps the state, the next
+/// trial succeeds and closes it.
+#[test]
+fn breaker_opens_skips_tries_and_closes_across_a_reload() {
+    use crate::model::breaker::BreakerPhase;
+    let mut h = H::new();
+    let cb = serde_json::json!({"circuit_breaker": {"failure_threshold": 2, "cooldown_seconds": 25}});
+    h.task(every_10s("t", cb));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let mut opened_events = 0;
+    let fail_next = |h: &mut H, s: u64| -> Effects {
+        let a = one_assign(&h.tick(10, &[("r1", s)]));
+        h.finished("r1", s, &a, ReportedOutcome::Failed)
+    };
+    let fx = fail_next(&mut h, s);
+    assert_eq!(breaker_in(&fx, "t").expect("counted").consecutive_failures, 1);
+    let fx = fail_next(&mut h, s);
+    // 10:00:20's run failed: opened until 10:00:45, in the same group as the run's end.
+    let group = fx.writes.iter().find(|g| g.iter().any(|op| matches!(op, StoreOp::PutCursor { .. }))).expect("cursor written");
+    assert!(group.iter().any(|op| matches!(op, StoreOp::PutRun(r) if r.status == RunStatus::Failed)), "run end and breaker together");
+    let b = breaker_in(&fx, "t").expect("opened");
+    assert_eq!((b.phase, b.openings), (BreakerPhase::Open, 1));
+    assert_eq!(b.open_until, Some("2026-12-01T10:00:45Z".parse().unwrap()));
+    opened_events += fx.events.iter().filter(|e| matches!(e, Lifecycle::BreakerChanged { opened: true, .. })).count();
+    // 10:00:30 and 10:00:40 are skipped circuit_open; 10:00:50 is the trial.
+    let fx = h.tick(20, &[("r1", s)]);
+    assert!(assigns(&fx).is_empty());
+    for slot in ["t.20261201T100030Z", "t.20261201T100040Z"] {
+        let r = h.stored(slot).expect("skip record");
+        assert_eq!((r.status, r.skip_reason), (RunStatus::Skipped, Some(SkipReason::CircuitOpen)), "{slot}");
+    }
+    let trial = one_assign(&h.tick(10, &[("r1", s)]));
+    assert_eq!(trial.run_id, "t.20261201T100050Z");
+    // Half-open: 10:01:00 is skipped while the trial runs.
+    h.tick(10, &[("r1", s)]);
+    assert_eq!(h.stored("t.20261201T100100Z").expect("skip").skip_reason, Some(SkipReason::CircuitOpen));
+    let fx = h.finished("r1", s, &trial, ReportedOutcome::Failed);
+    let b = breaker_in(&fx, "t").expect("reopened");
+    assert_eq!((b.phase, b.openings), (BreakerPhase::Open, 2));
+    opened_events += fx.events.iter().filter(|e| matches!(e, Lifecycle::BreakerChanged { opened: true, .. })).count();
+    assert_eq!(opened_events, 2, "one opening event per opening");
+
+    // A new leader reads the cursor back: still open until 10:01:25, and
+    // the trial after it (10:01:30) closes it.
+    let cursor = h.log.iter().flat_map(|fx| fx.writes.iter().flatten()).rev().find_map(|op| match op {
+        StoreOp::PutCursor { cursor, .. } => Some(cursor.clone()),
+        _ => None,
+    });
+    let rec = h.core.tasks.get("t").expect("task").record.clone();
+    let mut h2 = H::loaded(h.now, vec![(rec, cursor)], Vec::new());
+    let (s2, _) = h2.hello("r1", &["a"], 4);
+    let fx = h2.tick(20, &[("r1", s2)]);
+    assert!(assigns(&fx).is_empty(), "10:01:10 and 10:01:20 are inside the cooldown");
+    let trial = one_assign(&h2.tick(10, &[("r1", s2)]));
+    let fx = h2.finished("r1", s2, &trial, ReportedOutcome::Succeeded);
+    let b = breaker_in(&fx, "t").expect("closed");
+    assert_eq!((b.phase, b.consecutive_failures, b.openings), (BreakerPhase::Closed, 0, 2));
+    assert_eq!(assigns(&h2.tick(10, &[("r1", s2)])).len(), 1, "runs again");
+}
+
+/// A half-open breaker whose trial run is not active at load lets the
+/// next run be the trial, and `ResetBreaker` closes an open one.
+#[test]
+fn breaker_recovers_a_lost_trial_and_resets_by_hand() {
+    use crate::model::breaker::{Breaker, BreakerPhase};
+    let h = H::new();
+    let rec = h.record(
+        manual("m")
+            .as_object()
+            .cloned()
+            .map(|mut o| {
+                o.insert("execution".into(), serde_json::json!({"circuit_breaker": {"failure_threshold": 1, "cooldown_seconds": 60}}));
+                serde_json::Value::Object(o)
+            })
+            .unwrap(),
+    );
+    let b = Breaker {
+        phase: BreakerPhase::HalfOpen,
+        consecutive_failures: 1,
+        trial_run_id: Some("m.gone".into()),
+        openings: 1,
+        ..Default::default()
+    };
+    let cursor = Cursor { breaker: Some(b), ..Default::default() };
+    let mut h = H::loaded(t0(), vec![(rec, Some(cursor))], Vec::new());
+    let b = breaker_in(&h.log[0], "m").expect("recovered at load");
+    assert_eq!((b.phase, b.trial_run_id), (BreakerPhase::Open, None));
+    // The manual run is the trial; it fails: open for 60 s; a second trigger is skipped.
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let a = one_assign(&h.trigger("m", "k1"));
+    h.finished("r1", s, &a, ReportedOutcome::Failed);
+    h.trigger("m", "k2");
+    let skipped = h
+        .log
+        .iter()
+        .flat_map(|fx| fx.events.iter())
+        .filter(|e| matches!(e, Lifecycle::SlotSkipped { reason: SkipReason::CircuitOpen, .. }))
+        .count();
+    assert_eq!(skipped, 1, "the second trigger was skipped circuit_open");
+    h.core.handle(h.now, Input::ResetBreaker { reply: 9, task_id: "m".into() });
+    let fx = h.core.poll_effects();
+    let b = breaker_in(&fx, "m").expect("reset written");
+    assert_eq!(b.phase, BreakerPhase::Closed);
+    assert!(matches!(&fx.replies[..], [(9, Reply::ResetBreaker(Ok(_)))]));
+    assert_eq!(assigns(&h.trigger("m", "k3")).len(), 1, "admitted after the reset");
 }
