@@ -65,9 +65,22 @@ enum Cmd {
     Runners(RunnersCmd),
     /// Fire times of a cron expression (no server needed).
     Preview(PreviewArgs),
+    /// Per task: fired, succeeded, failed, retried, skipped by reason, and
+    /// the lag from slot to dispatch and to start (from the run records).
+    Stats(StatsArgs),
     /// Cluster membership and leadership.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+}
+
+#[derive(Args, Debug)]
+struct StatsArgs {
+    /// One task (default: all).
+    #[arg(long)]
+    task: Option<String>,
+    /// Runs whose slot is within this long ago ("1h", "30m", "7d").
+    #[arg(long, default_value = "1h")]
+    since: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -351,6 +364,18 @@ pub async fn run(cli: Cli) -> Res {
         Cmd::Server(a) => server(a).await,
         Cmd::Runner(a) => runner(a).await,
         Cmd::Preview(a) => preview(a, fmt),
+        Cmd::Stats(a) => {
+            let since = punchclock_control_plane::schedule::parse_duration(&a.since).map_err(|e| format!("--since: {e}"))?;
+            let mut c = RunServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let req = pb::GetSchedulingStatsRequest { task_id: a.task.unwrap_or_default(), since_seconds: since };
+            let s = c.get_scheduling_stats(req).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&output::stats_json(&s));
+            } else {
+                output::stats_table(&s);
+            }
+            Ok(())
+        }
         Cmd::Task(c) => task(&cli.endpoint, c, fmt).await,
         Cmd::Runs(c) => runs(&cli.endpoint, c, fmt).await,
         Cmd::Cluster(ClusterCmd::Status) => {

@@ -245,7 +245,11 @@ pub fn task_details(tk: &pb::Task, next: &pb::PreviewScheduleResponse) -> Vec<(&
         rows.push(("history", spec["history"].to_string()));
     }
     if let Some(b) = &tk.breaker {
-        rows.push(("breaker", breaker_text(b)));
+        let cb = &ex["circuit_breaker"];
+        rows.push((
+            "breaker",
+            format!("{}; opens after {} failed run(s) in a row for {} s", breaker_text(b), cb["failure_threshold"], cb["cooldown_seconds"]),
+        ));
     }
     rows.push(("next fires", if fires.is_empty() { "-".into() } else { fires.join(", ") }));
     rows.push(("last slot", j["last_slot_at"].as_str().unwrap_or("-").to_string()));
@@ -268,4 +272,72 @@ pub fn breaker_text(b: &pb::Breaker) -> String {
         "half_open" => format!("half_open: trial run {} (opening {})", b.trial_run_id, b.openings),
         phase => format!("{phase} ({} failed run(s) in a row, {} opening(s) so far)", b.consecutive_failures, b.openings),
     }
+}
+
+fn lag_json(l: &Option<pb::LagStats>) -> Value {
+    let l = (*l).unwrap_or_default();
+    json!({"count": l.count, "p50_ms": l.p50_ms, "p99_ms": l.p99_ms, "max_ms": l.max_ms})
+}
+
+fn task_stats_json(s: &pb::TaskStats) -> Value {
+    json!({
+        "task_id": s.task_id,
+        "fired": s.fired,
+        "succeeded": s.succeeded,
+        "failed": s.failed,
+        "timed_out": s.timed_out,
+        "cancelled": s.cancelled,
+        "in_progress": s.in_progress,
+        "retried": s.retried,
+        "attempts": s.attempts,
+        "skipped": s.skipped.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "dispatch_lag": lag_json(&s.dispatch_lag),
+        "start_lag": lag_json(&s.start_lag),
+    })
+}
+
+/// `stats -o json`.
+pub fn stats_json(s: &pb::SchedulingStats) -> Value {
+    json!({
+        "window_start": t(&s.window_start),
+        "window_end": t(&s.window_end),
+        "tasks": s.tasks.iter().map(task_stats_json).collect::<Vec<_>>(),
+        "total": s.total.as_ref().map(task_stats_json),
+    })
+}
+
+/// `stats` as a table: one row per task, then the total.
+pub fn stats_table(s: &pb::SchedulingStats) {
+    let lag = |l: &Option<pb::LagStats>| match l {
+        Some(l) if l.count > 0 => format!("{}/{}/{}", l.p50_ms, l.p99_ms, l.max_ms),
+        _ => "-".into(),
+    };
+    let row = |name: &str, x: &pb::TaskStats| {
+        let skipped: Vec<String> =
+            x.skipped.iter().collect::<std::collections::BTreeMap<_, _>>().iter().map(|(k, v)| format!("{k}:{v}")).collect();
+        vec![
+            name.to_string(),
+            x.fired.to_string(),
+            x.succeeded.to_string(),
+            x.failed.to_string(),
+            x.timed_out.to_string(),
+            x.cancelled.to_string(),
+            x.in_progress.to_string(),
+            x.retried.to_string(),
+            if skipped.is_empty() { "-".into() } else { skipped.join(",") },
+            lag(&x.dispatch_lag),
+            lag(&x.start_lag),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = s.tasks.iter().map(|x| row(&x.task_id, x)).collect();
+    if s.tasks.len() > 1
+        && let Some(total) = &s.total
+    {
+        rows.push(row("(all)", total));
+    }
+    let at = |ts: &Option<Timestamp>| {
+        punchclock_proto::time::from_timestamp_opt(ts.as_ref()).map_or("?".into(), |d| d.to_rfc3339_opts(SecondsFormat::Secs, true))
+    };
+    println!("runs with slots from {} to {}; lag in ms as p50/p99/max", at(&s.window_start), at(&s.window_end));
+    table(&["TASK", "FIRED", "OK", "FAILED", "TIMEOUT", "CANCELLED", "ACTIVE", "RETRIED", "SKIPPED", "DISPATCH_LAG", "START_LAG"], rows);
 }

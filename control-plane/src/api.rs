@@ -392,6 +392,27 @@ impl Core {
         self.engine().await?.trigger(req).await
     }
 
+    /// `GetSchedulingStats`: figures of the runs (of `task_id`, or all when
+    /// empty) whose slot is within the last `since` (0: one hour), from
+    /// the stored records (see [`crate::stats`]).
+    ///
+    /// Errors: `InvalidArgument` on a malformed `task_id` or a `since` over
+    /// 100 years; store errors.
+    pub async fn scheduling_stats(&self, task_id: &str, since: std::time::Duration) -> Result<crate::stats::SchedulingStats> {
+        if !task_id.is_empty() {
+            crate::model::task::validate_id("task_id", task_id)?;
+        }
+        let since = if since.is_zero() { std::time::Duration::from_secs(3600) } else { since };
+        let since = chrono::Duration::from_std(since)
+            .ok()
+            .filter(|d| *d <= chrono::Duration::days(36_500))
+            .ok_or_else(|| Error::invalid("since_seconds", "must be at most 100 years"))?;
+        let until = self.clock.now();
+        let mut c = crate::stats::Collector::new(until - since, until);
+        self.repo.scan_runs(task_id, |run| c.add(&run)).await?;
+        Ok(c.finish())
+    }
+
     /// `ResetBreaker`: closes the task's circuit breaker (served by the
     /// leader). Errors: `NotFound`, `FailedPrecondition` (no breaker),
     /// `Unavailable` on a follower (naming the leader).

@@ -16,4 +16,5 @@ pub mod election;
 pub mod engine;
 pub mod http;
 pub mod service;
+pub mod stats;
 pub mod timing;

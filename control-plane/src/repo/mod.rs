@@ -395,6 +395,29 @@ impl Repo {
         }
     }
 
+    /// Calls `f` with every run of one task (`task_id` non-empty) or of
+    /// all tasks, in key order, read in pages of 64 records (a page of the
+    /// largest records stays under the 64 MiB decode limit), so memory does
+    /// not grow with the number of runs. Pages are separate reads: a run
+    /// written meanwhile may or may not be seen.
+    pub async fn scan_runs(&self, task_id: &str, mut f: impl FnMut(RunRecord)) -> Result<u64> {
+        const RUN_PAGE: usize = 64;
+        let prefix = if task_id.is_empty() { self.keys.runs() } else { self.keys.runs_of(task_id) };
+        let (mut after, mut seen) = (String::new(), 0u64);
+        loop {
+            let page = self.store.range_page(&prefix, &after, RUN_PAGE, false).await?;
+            let full = page.len() == RUN_PAGE;
+            for kv in &page {
+                f(codec::decode::<RunRecord>("run", &kv.value)?);
+                seen += 1;
+            }
+            match page.into_iter().last() {
+                Some(kv) if full => after = kv.key,
+                _ => return Ok(seen),
+            }
+        }
+    }
+
     /// Every run of one task (`task_id` non-empty) or of all tasks, in key
     /// order, and the revision read at.
     pub async fn list_runs(&self, task_id: &str) -> Result<(Vec<RunRecord>, Revision)> {

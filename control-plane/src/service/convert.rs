@@ -187,3 +187,34 @@ pub fn runner_to_pb(r: &RunnerSnapshot) -> pb::Runner {
         running: r.running.clone(),
     }
 }
+
+fn lag_to_pb(l: &crate::stats::Lag) -> pb::LagStats {
+    pb::LagStats { count: l.count, p50_ms: l.p50_ms, p99_ms: l.p99_ms, max_ms: l.max_ms }
+}
+
+fn task_stats_to_pb(s: &crate::stats::TaskStats) -> pb::TaskStats {
+    pb::TaskStats {
+        task_id: s.task_id.clone(),
+        fired: s.fired,
+        succeeded: s.succeeded,
+        failed: s.failed,
+        timed_out: s.timed_out,
+        cancelled: s.cancelled,
+        in_progress: s.in_progress,
+        retried: s.retried,
+        attempts: s.attempts,
+        skipped: s.skipped.clone().into_iter().collect(),
+        dispatch_lag: Some(lag_to_pb(&s.dispatch_lag)),
+        start_lag: Some(lag_to_pb(&s.start_lag)),
+    }
+}
+
+/// Scheduling stats as the API shows them.
+pub fn stats_to_pb(s: &crate::stats::SchedulingStats) -> pb::SchedulingStats {
+    pb::SchedulingStats {
+        window_start: Some(ts(s.from)),
+        window_end: Some(ts(s.until)),
+        tasks: s.tasks.iter().map(task_stats_to_pb).collect(),
+        total: Some(task_stats_to_pb(&s.total)),
+    }
+}

@@ -8,7 +8,7 @@ use punchclock_proto::v1 as pb;
 use punchclock_proto::v1::run_service_server::RunService;
 use tonic::{Request, Response, Status};
 
-use super::convert::{run_to_pb, status_from_pb};
+use super::convert::{run_to_pb, stats_to_pb, status_from_pb};
 use super::status;
 use crate::api::Core;
 use crate::error::Error;
@@ -56,6 +56,12 @@ impl RunService for RunSvc {
     async fn prune_runs(&self, req: Request<pb::PruneRunsRequest>) -> Result<Response<pb::PruneRunsResponse>, Status> {
         let report = self.0.prune_runs(&req.into_inner().task_id).await.map_err(status)?;
         Ok(Response::new(pb::PruneRunsResponse { deleted: report.deleted as u64, kept: report.kept as u64 }))
+    }
+
+    async fn get_scheduling_stats(&self, req: Request<pb::GetSchedulingStatsRequest>) -> Result<Response<pb::SchedulingStats>, Status> {
+        let r = req.into_inner();
+        let s = self.0.scheduling_stats(&r.task_id, std::time::Duration::from_secs(r.since_seconds)).await.map_err(status)?;
+        Ok(Response::new(stats_to_pb(&s)))
     }
 
     type WatchRunsStream = Pin<Box<dyn Stream<Item = Result<pb::Run, Status>> + Send + 'static>>;
