@@ -10,16 +10,18 @@ BIN := target/debug/punchclock
 all: build
 
 # System packages the build and tests need: protoc (tonic codegen), etcd
-# (HA tests), python3 (example agents). Installed through apt when missing.
+# (HA tests), python3 (example agents), prometheus and promtool (the
+# metrics test). Installed through apt when missing.
 deps:
 	@missing=""; \
 	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO="sudo"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 build: deps

@@ -143,6 +143,8 @@ pub struct Core {
     pub retention: crate::engine::retention::RetentionConfig,
     /// Why this replica leads without a running engine, if it does.
     pub engine_problem: std::sync::Mutex<Option<String>>,
+    /// Prometheus metrics of this replica.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Core {

@@ -123,15 +123,18 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         StoreSpec::Embedded(_) => Arc::new(SingleNode::new(cfg.node_id.clone(), advertise)),
         StoreSpec::Etcd(_) => EtcdElection::start(store.clone(), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing),
     };
+    let metrics = crate::metrics::Metrics::new();
     let core = Arc::new(Core {
-        repo: Repo::new(store.clone(), keys),
+        repo: Repo::new(store.clone(), keys).with_txn_timer(metrics.store_txn_histogram()),
         lifecycle: lifecycle::bus(),
         clock: clock.clone(),
         election: election.clone(),
         engine: RwLock::new(None),
         retention: cfg.retention,
         engine_problem: std::sync::Mutex::new(None),
+        metrics: metrics.clone(),
     });
+    tokio::spawn(metrics.follow(core.lifecycle.clone()));
 
     let http_addr = match cfg.http_listen {
         Some(a) => Some(crate::http::serve(a, cfg.http_listen_fallback, core.clone()).await?),

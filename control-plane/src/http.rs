@@ -1,7 +1,8 @@
 //! The HTTP port: `GET /livez` (the process answers), `GET /readyz` and
 //! `GET /healthz` (ready: the store takes writes, and a leader runs its
 //! engine — 200, else 503 with the reasons; JSON with leadership either
-//! way), as Kubernetes probes expect.
+//! way), as Kubernetes probes expect; `GET /metrics` (Prometheus, see
+//! [`crate::metrics`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,13 +53,42 @@ pub async fn serve(addr: SocketAddr, fallback: bool, core: Arc<Core>) -> Result<
         Err(e) => return Err(bind_error(addr, e)),
     };
     let bound = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
-    let app = Router::new().route("/livez", get(livez)).route("/readyz", get(readyz)).route("/healthz", get(readyz)).with_state(core);
+    let app = Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/healthz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(core);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "http server failed");
         }
     });
     Ok(bound)
+}
+
+/// `GET /metrics`: every metric, in the OpenMetrics text format when the
+/// client accepts it (Prometheus does), else in the classic Prometheus
+/// text format; the leader's engine state is read at each scrape (bounded
+/// to 2 s).
+async fn metrics(State(core): State<Arc<Core>>, headers: axum::http::HeaderMap) -> impl axum::response::IntoResponse {
+    let engine = core.engine.read().ok().and_then(|g| g.clone());
+    let leading = match engine {
+        Some(e) => match tokio::time::timeout(std::time::Duration::from_secs(2), e.gauges()).await {
+            Ok(Ok(g)) => Some((e.leadership().token, g)),
+            _ => None,
+        },
+        None => None,
+    };
+    core.metrics.set_engine(leading);
+    let openmetrics =
+        headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("application/openmetrics-text"));
+    let text = core.metrics.encode();
+    if openmetrics {
+        ([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text)
+    } else {
+        ([(axum::http::header::CONTENT_TYPE, crate::metrics::PROMETHEUS_CONTENT_TYPE)], crate::metrics::to_prometheus_text(&text))
+    }
 }
 
 fn bind_error(addr: SocketAddr, e: std::io::Error) -> Error {

@@ -15,6 +15,7 @@ pub mod dispatch;
 pub mod election;
 pub mod engine;
 pub mod http;
+pub mod metrics;
 pub mod service;
 pub mod stats;
 pub mod timing;

@@ -82,6 +82,7 @@ pub(crate) enum Command {
     CancelRun { run_id: String, reason: String, reply: oneshot::Sender<Result<RunRecord>> },
     ResetBreaker { task_id: String, reply: oneshot::Sender<Result<crate::model::breaker::Breaker>> },
     ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
+    Gauges { reply: oneshot::Sender<crate::metrics::EngineGauges> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
     ServesAgent { agent_id: String, selector: std::collections::BTreeMap<String, String>, reply: oneshot::Sender<bool> },
@@ -152,6 +153,11 @@ impl EngineHandle {
     /// has no `execution.circuit_breaker`).
     pub async fn reset_breaker(&self, task_id: String) -> Result<crate::model::breaker::Breaker> {
         self.ask(|reply| Command::ResetBreaker { task_id, reply }).await?
+    }
+
+    /// The engine's state for `/metrics`.
+    pub async fn gauges(&self) -> Result<crate::metrics::EngineGauges> {
+        self.ask(|reply| Command::Gauges { reply }).await
     }
 
     /// Runner registry snapshot.

@@ -307,6 +307,9 @@ impl Engine {
                 let id = self.reply_id(Pending::ResetBreaker(reply));
                 self.core.handle(now, Input::ResetBreaker { reply: id, task_id });
             }
+            Command::Gauges { reply } => {
+                let _ = reply.send(self.core.gauges());
+            }
             Command::ListRunners { reply } => {
                 let _ = reply.send(self.core.runner_snapshots());
             }

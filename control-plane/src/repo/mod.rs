@@ -198,12 +198,20 @@ pub struct Repo {
     keys: Keys,
     /// Held by an apply and by journal recovery: one at a time.
     apply_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Times the leader's fenced transactions (`/metrics`).
+    txn_timer: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 impl Repo {
     /// The repository over `store`, keys under `keys`' prefix.
     pub fn new(store: Arc<dyn KvStore>, keys: Keys) -> Self {
-        Repo { store, keys, apply_lock: Arc::default() }
+        Repo { store, keys, apply_lock: Arc::default(), txn_timer: None }
+    }
+
+    /// The same, observing each fenced transaction's latency (seconds) in `h`.
+    pub fn with_txn_timer(mut self, h: prometheus_client::metrics::histogram::Histogram) -> Self {
+        self.txn_timer = Some(h);
+        self
     }
 
     /// The key layout.
@@ -539,7 +547,12 @@ impl Repo {
         let fence_gets: Vec<TxnOp> = lead.fence.iter().map(|c| TxnOp::get(&c.key)).collect();
         txn.compares.extend(lead.fence.iter().cloned());
         txn.failure.splice(0..0, fence_gets);
-        let r = self.store.txn(txn).await?;
+        let started = std::time::Instant::now();
+        let r = self.store.txn(txn).await;
+        if let Some(h) = &self.txn_timer {
+            h.observe(started.elapsed().as_secs_f64());
+        }
+        let r = r?;
         if r.succeeded {
             return Ok(Ok(r.revision));
         }

@@ -542,6 +542,30 @@ impl EngineCore {
         v
     }
 
+    /// What `/metrics` reports of this leader's state: pending runs per
+    /// agent, connected runners and their slots, breakers.
+    pub fn gauges(&self) -> crate::metrics::EngineGauges {
+        let mut g = crate::metrics::EngineGauges { active_runs: self.runs.len() as u64, ..Default::default() };
+        for run in self.runs.values() {
+            if !run.status.is_terminal() && run.current_attempt().is_none() {
+                *g.pending.entry(run.agent_id.clone()).or_default() += 1;
+            }
+        }
+        for r in self.registry.iter().filter(|r| r.connected) {
+            g.runners_connected += 1;
+            g.slots_total += u64::from(r.slots);
+            g.slots_busy += r.running.len() as u64;
+        }
+        for (id, e) in &self.tasks {
+            if e.record.spec.execution.circuit_breaker.is_some() && !e.deleted {
+                let phase = e.cursor.as_ref().and_then(|c| c.breaker.as_ref()).map_or("closed", |b| b.phase.as_str());
+                g.breakers.push((id.clone(), phase));
+            }
+        }
+        g.breakers.sort();
+        g
+    }
+
     /// A run as this leader knows it right now (its memory may be ahead of
     /// the store for lazily persisted changes), if it is in memory.
     pub fn active_run(&self, run_id: &str) -> Option<RunRecord> {

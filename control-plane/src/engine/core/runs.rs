@@ -424,6 +424,9 @@ impl EngineCore {
             .map(|t| (t.record.spec.execution.max_retries, t.record.spec.execution.retry_backoff))
             .unwrap_or((0, Default::default()));
         let Some(run) = self.runs.get_mut(run_id) else { return };
+        // A start the runner's Started did not tell (lost, or a runner that
+        // reports it only with Finished) is announced here.
+        let start_learned = end.started_at.is_some() && run.current_attempt().is_some_and(|a| a.started_at.is_none());
         if let Some(a) = run.current_attempt_mut() {
             a.finished_at = Some(now);
             a.outcome = Some(outcome);
@@ -456,6 +459,9 @@ impl EngineCore {
         tracing::info!(run_id, execution_id, outcome = outcome.as_str(), "attempt ended");
         let interrupted_free = outcome == Outcome::Interrupted
             && run.attempts.iter().filter(|a| a.outcome == Some(Outcome::Interrupted)).count() as u32 <= MAX_FREE_INTERRUPTIONS;
+        if start_learned {
+            self.fx.events.push(Lifecycle::RunStarted(std::sync::Arc::new(run.clone())));
+        }
         match outcome {
             Outcome::Succeeded => {
                 self.attempt_event(run_id, execution_id, outcome);

@@ -1,0 +1,404 @@
+//! Prometheus metrics (`GET /metrics` on the HTTP port), with the
+//! `prometheus-client` crate, in the OpenMetrics text format.
+//!
+//! Two sources:
+//! - **events**: [`Metrics::observe`] counts the engine's lifecycle events
+//!   (lags, finished runs, ended attempts, skipped slots, leadership) as
+//!   they are published — only the leader's engine publishes these, so a
+//!   replica counts what it decided while it led;
+//! - **state at scrape**: [`EngineGauges`] (pending runs per agent,
+//!   runners and their slots, breakers) is read from the leader's engine
+//!   when `/metrics` is scraped; a follower reports zero for them and
+//!   `punchclock_is_leader 0`.
+//!
+//! Lags are labelled by agent, never by task (a task label would make one
+//! series per task: unbounded). The breaker gauge is per task, but only for
+//! tasks that have `execution.circuit_breaker`.
+//!
+//! Names and meanings are listed in README "Metrics".
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
+use crate::model::RunRecord;
+
+/// `agent_id`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentLabel {
+    /// Agent.
+    pub agent_id: String,
+}
+
+/// `agent_id`, `status`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    /// Agent.
+    pub agent_id: String,
+    /// Final status (`SUCCEEDED`, ...) or attempt outcome (`failed`, ...).
+    pub status: String,
+}
+
+/// `agent_id`, `reason`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabels {
+    /// Agent.
+    pub agent_id: String,
+    /// `skip_reason`.
+    pub reason: String,
+}
+
+/// `task_id`, `state` (`closed`, `open`, `half_open`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BreakerLabels {
+    /// Task.
+    pub task_id: String,
+    /// Phase.
+    pub state: String,
+}
+
+/// `task_id` (only for tasks with a circuit breaker: bounded).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabel {
+    /// Task.
+    pub task_id: String,
+}
+
+/// `op` (`txn`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// Store operation.
+    pub op: String,
+}
+
+/// The leader engine's state that `/metrics` reads at each scrape.
+#[derive(Debug, Clone, Default)]
+pub struct EngineGauges {
+    /// Runs waiting for dispatch (PENDING or RETRYING, no open attempt), per agent.
+    pub pending: BTreeMap<String, u64>,
+    /// Runners with an open stream.
+    pub runners_connected: u64,
+    /// Slots of connected runners.
+    pub slots_total: u64,
+    /// Of those, busy (an attempt holds them).
+    pub slots_busy: u64,
+    /// Tasks with a circuit breaker and its phase.
+    pub breakers: Vec<(String, &'static str)>,
+    /// Runs in the engine's memory (not yet final, or final and not yet written).
+    pub active_runs: u64,
+}
+
+fn lag_histogram() -> Histogram {
+    // 5 ms .. ~82 s.
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+/// Every metric of one replica.
+pub struct Metrics {
+    registry: Registry,
+    dispatch_lag: Family<AgentLabel, Histogram>,
+    start_lag: Family<AgentLabel, Histogram>,
+    runs_finished: Family<StatusLabels, Counter>,
+    attempts_ended: Family<StatusLabels, Counter>,
+    slots_skipped: Family<SkipLabels, Counter>,
+    runs_created: Family<AgentLabel, Counter>,
+    runners_lost: Counter,
+    leadership_changes: Counter,
+    events_missed: Counter,
+    runs_pending: Family<AgentLabel, Gauge>,
+    runners_connected: Gauge,
+    runner_slots: Gauge,
+    runner_slots_busy: Gauge,
+    active_runs: Gauge,
+    is_leader: Gauge,
+    fencing_token: Gauge<u64, AtomicU64>,
+    breaker_state: Family<BreakerLabels, Gauge>,
+    breaker_openings: Family<TaskLabel, Counter>,
+    store_txn: Family<OpLabel, Histogram>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered (all at zero).
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix("punchclock");
+        let dispatch_lag = Family::<AgentLabel, Histogram>::new_with_constructor(lag_histogram as fn() -> Histogram);
+        let start_lag = Family::<AgentLabel, Histogram>::new_with_constructor(lag_histogram as fn() -> Histogram);
+        let store_txn = Family::<OpLabel, Histogram>::new_with_constructor(
+            // 0.5 ms .. ~8 s.
+            (|| Histogram::new(exponential_buckets(0.0005, 2.0, 15))) as fn() -> Histogram,
+        );
+        let m = Metrics {
+            registry: Registry::default(),
+            dispatch_lag,
+            start_lag,
+            runs_finished: Family::default(),
+            attempts_ended: Family::default(),
+            slots_skipped: Family::default(),
+            runs_created: Family::default(),
+            runners_lost: Counter::default(),
+            leadership_changes: Counter::default(),
+            events_missed: Counter::default(),
+            runs_pending: Family::default(),
+            runners_connected: Gauge::default(),
+            runner_slots: Gauge::default(),
+            runner_slots_busy: Gauge::default(),
+            active_runs: Gauge::default(),
+            is_leader: Gauge::default(),
+            fencing_token: Gauge::default(),
+            breaker_state: Family::default(),
+            breaker_openings: Family::default(),
+            store_txn,
+        };
+        let r = &mut registry;
+        r.register_with_unit(
+            "dispatch_lag",
+            "Slot (scheduled_at) to the first attempt's dispatch, per agent",
+            Unit::Seconds,
+            m.dispatch_lag.clone(),
+        );
+        r.register_with_unit(
+            "start_lag",
+            "Slot (scheduled_at) to the agent's start (actual_started_at), per agent; one observation per run that started",
+            Unit::Seconds,
+            m.start_lag.clone(),
+        );
+        r.register("runs_finished", "Runs that reached a final status (SUCCEEDED, FAILED, TIMEOUT, CANCELLED)", m.runs_finished.clone());
+        r.register(
+            "attempts_ended",
+            "Attempts that ended, by outcome (succeeded, failed, timeout, cancelled, lost, interrupted)",
+            m.attempts_ended.clone(),
+        );
+        r.register(
+            "slots_skipped",
+            "Slots recorded as SKIPPED, by skip_reason (a coalesced record counts every slot)",
+            m.slots_skipped.clone(),
+        );
+        r.register("runs_created", "Runs created (slots, triggers), per agent", m.runs_created.clone());
+        r.register("runners_lost", "Runners declared lost (silent past their fence)", m.runners_lost.clone());
+        r.register("leadership_changes", "Times this replica gained or lost leadership", m.leadership_changes.clone());
+        r.register(
+            "metrics_events_missed",
+            "Lifecycle events the metrics subscriber missed because it fell behind",
+            m.events_missed.clone(),
+        );
+        r.register("runs_pending", "Runs waiting for dispatch (PENDING or RETRYING), per agent (leader only)", m.runs_pending.clone());
+        r.register("runners_connected", "Runners with an open stream to this leader", m.runners_connected.clone());
+        r.register("runner_slots", "Slots of the connected runners", m.runner_slots.clone());
+        r.register("runner_slots_busy", "Slots of the connected runners held by an attempt", m.runner_slots_busy.clone());
+        r.register("engine_active_runs", "Runs in the leader engine's memory", m.active_runs.clone());
+        r.register("is_leader", "1 while this replica leads (its engine runs), else 0", m.is_leader.clone());
+        r.register("fencing_token", "Fencing token of this replica's current term (0 when not leading)", m.fencing_token.clone());
+        r.register(
+            "breaker_state",
+            "Circuit breaker of each task that has one: 1 for its current state (closed, open, half_open)",
+            m.breaker_state.clone(),
+        );
+        r.register("breaker_openings", "Circuit breaker openings decided by this replica, per task", m.breaker_openings.clone());
+        r.register_with_unit("store_txn_duration", "Latency of the leader's fenced store transactions", Unit::Seconds, m.store_txn.clone());
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// The histogram a [`crate::repo::Repo`] times its transactions with.
+    pub fn store_txn_histogram(&self) -> Histogram {
+        self.store_txn.get_or_create(&OpLabel { op: "txn".into() }).clone()
+    }
+
+    /// Counts one lifecycle event.
+    pub fn observe(&self, ev: &Lifecycle) {
+        let agent = |r: &RunRecord| AgentLabel { agent_id: r.agent_id.clone() };
+        let secs = |r: &RunRecord, t: chrono::DateTime<chrono::Utc>| {
+            ((t - r.scheduled_at).num_microseconds().unwrap_or(i64::MAX).max(0) as f64) / 1e6
+        };
+        match ev {
+            Lifecycle::LeadershipGained { .. } | Lifecycle::LeadershipLost { .. } => {
+                self.leadership_changes.inc();
+            }
+            Lifecycle::RunCreated(r) => {
+                self.runs_created.get_or_create(&agent(r)).inc();
+            }
+            Lifecycle::SlotSkipped { run, reason, count, .. } => {
+                self.slots_skipped
+                    .get_or_create(&SkipLabels { agent_id: run.agent_id.clone(), reason: reason.as_str().into() })
+                    .inc_by(*count);
+            }
+            Lifecycle::RunDispatched { run, attempt, .. } => {
+                // The first attempt only (a refused attempt that is re-dispatched is attempt 1 again).
+                if *attempt == 1
+                    && let Some(a) = run.attempts.first()
+                {
+                    self.dispatch_lag.get_or_create(&agent(run)).observe(secs(run, a.dispatched_at));
+                }
+            }
+            Lifecycle::RunStarted(r) => {
+                // The run's first start: the attempt that started is the one
+                // whose start became the run's `actual_started_at`.
+                let started = r.attempts.iter().rev().find_map(|a| a.started_at);
+                if let Some(t) = r.actual_started_at
+                    && started == Some(t)
+                {
+                    self.start_lag.get_or_create(&agent(r)).observe(secs(r, t));
+                }
+            }
+            Lifecycle::AttemptEnded { run, outcome, .. } => {
+                let status = serde_json::to_value(outcome).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+                self.attempts_ended.get_or_create(&StatusLabels { agent_id: run.agent_id.clone(), status }).inc();
+            }
+            Lifecycle::RunFinished(r) => {
+                self.runs_finished.get_or_create(&StatusLabels { agent_id: r.agent_id.clone(), status: r.status.as_str().into() }).inc();
+            }
+            Lifecycle::RunnerLost { .. } => {
+                self.runners_lost.inc();
+            }
+            Lifecycle::BreakerChanged { task_id, opened: true, .. } => {
+                self.breaker_openings.get_or_create(&TaskLabel { task_id: task_id.clone() }).inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts the events of `bus` until it closes. A subscriber that falls
+    /// behind counts what it missed in `punchclock_metrics_events_missed_total`.
+    pub async fn follow(self: Arc<Self>, bus: LifecycleBus) {
+        let mut rx = bus.subscribe();
+        loop {
+            match rx.recv().await {
+                Ok(ev) => self.observe(&ev),
+                Err(RecvError::Lagged(n)) => {
+                    self.events_missed.inc_by(n);
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+
+    /// Sets the scrape-time gauges: the leader's state (`Some`, with its
+    /// fencing token), or a follower's zeros.
+    pub fn set_engine(&self, leading: Option<(u64, EngineGauges)>) {
+        self.runs_pending.clear();
+        self.breaker_state.clear();
+        let Some((token, g)) = leading else {
+            self.is_leader.set(0);
+            self.fencing_token.set(0);
+            self.runners_connected.set(0);
+            self.runner_slots.set(0);
+            self.runner_slots_busy.set(0);
+            self.active_runs.set(0);
+            return;
+        };
+        self.is_leader.set(1);
+        self.fencing_token.set(token);
+        for (agent_id, n) in g.pending {
+            self.runs_pending.get_or_create(&AgentLabel { agent_id }).set(n as i64);
+        }
+        self.runners_connected.set(g.runners_connected as i64);
+        self.runner_slots.set(g.slots_total as i64);
+        self.runner_slots_busy.set(g.slots_busy as i64);
+        self.active_runs.set(g.active_runs as i64);
+        for (task_id, phase) in g.breakers {
+            for state in ["closed", "open", "half_open"] {
+                let v = i64::from(state == phase);
+                self.breaker_state.get_or_create(&BreakerLabels { task_id: task_id.clone(), state: state.into() }).set(v);
+            }
+        }
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+/// The `Content-Type` of [`Metrics::encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `Content-Type` of [`to_prometheus_text`]'s text.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// OpenMetrics text as the classic Prometheus text format (0.0.4), for
+/// clients that do not ask for OpenMetrics (`promtool check metrics`,
+/// curl): a counter family's `HELP`/`TYPE` name gets the `_total` of its
+/// samples, and the `UNIT` and `EOF` lines go (the Prometheus
+/// "Exposition formats" document has neither).
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let mut counters = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some(name) = rest.strip_suffix(" counter")
+        {
+            counters.insert(name.to_string());
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = line.strip_prefix("# HELP ").map(|r| ("# HELP ", r)).or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
+        match meta {
+            Some((kind, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let name = if counters.contains(name) { format!("{name}_total") } else { name.to_string() };
+                out.push_str(&format!("{kind}{name} {tail}\n"));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::run::{SkipReason, TriggerKind};
+
+    #[test]
+    fn events_become_series() {
+        let m = Metrics::new();
+        let t0: chrono::DateTime<chrono::Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
+        let mut run = RunRecord::pending("t.1".into(), "t", "ag", TriggerKind::Cron, t0, t0);
+        run.actual_started_at = Some(t0 + chrono::Duration::milliseconds(250));
+        run.attempts = vec![
+            serde_json::from_value(serde_json::json!({"attempt": 1, "execution_id": "e", "runner_id": "r",
+                "dispatched_at": t0 + chrono::Duration::milliseconds(20), "started_at": t0 + chrono::Duration::milliseconds(250)}))
+            .unwrap(),
+        ];
+        let run = Arc::new(run);
+        m.observe(&Lifecycle::RunStarted(run.clone()));
+        m.observe(&Lifecycle::SlotSkipped { run: run.clone(), reason: SkipReason::Misfired, count: 4, from: t0, until: t0 });
+        m.set_engine(Some((9, EngineGauges { runners_connected: 2, breakers: vec![("t".into(), "open")], ..Default::default() })));
+        let text = m.encode();
+        assert!(text.contains("punchclock_start_lag_seconds_count{agent_id=\"ag\"} 1"), "{text}");
+        assert!(text.contains("punchclock_start_lag_seconds_sum{agent_id=\"ag\"} 0.25"), "{text}");
+        assert!(text.contains("punchclock_slots_skipped_total{agent_id=\"ag\",reason=\"misfired\"} 4"), "{text}");
+        assert!(text.contains("punchclock_fencing_token 9"), "{text}");
+        assert!(text.contains("punchclock_breaker_state{task_id=\"t\",state=\"open\"} 1"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+        let classic = to_prometheus_text(&text);
+        assert!(classic.contains("# TYPE punchclock_slots_skipped_total counter\n"), "{classic}");
+        assert!(classic.contains("# HELP punchclock_slots_skipped_total Slots"), "{classic}");
+        assert!(classic.contains("# TYPE punchclock_start_lag_seconds histogram\n"), "{classic}");
+        assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"), "{classic}");
+    }
+}
