@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pb::cluster_service_client::ClusterServiceClient;
+use pb::notification_service_client::NotificationServiceClient;
 use pb::run_service_client::RunServiceClient;
 use pb::task_service_client::TaskServiceClient;
 use punchclock_control_plane::bootstrap::{self, ServerConfig, StoreSpec};
@@ -71,6 +72,26 @@ enum Cmd {
     /// Cluster membership and leadership.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// The notification outbox: what was sent, what waits, dead letters.
+    #[command(subcommand)]
+    Notifications(NotificationsCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum NotificationsCmd {
+    /// Notifications, newest first.
+    List {
+        /// pending, delivered or dead.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this task's.
+        #[arg(long, default_value = "")]
+        task: String,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Send a dead (or pending) notification again now, its attempts reset.
+    Retry { id: String },
 }
 
 #[derive(Args, Debug)]
@@ -120,6 +141,26 @@ struct RetentionArgs {
     /// compaction is cluster-wide: every key prefix of that etcd).
     #[arg(long)]
     no_etcd_compaction: bool,
+}
+
+/// The control plane's config file (`dev` and `server`).
+#[derive(Args, Debug)]
+struct ConfigArgs {
+    /// Config file (YAML or JSON): notification sinks (`webhook://NAME`)
+    /// and delivery settings; see README "Notifications".
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    fn load(&self) -> Result<Arc<punchclock_control_plane::notify::NotifyConfig>, String> {
+        match &self.config {
+            Some(p) => {
+                punchclock_control_plane::notify::NotifyConfig::load(p).map(Arc::new).map_err(|e| format!("--config {}: {e}", p.display()))
+            }
+            None => Ok(Arc::default()),
+        }
+    }
 }
 
 impl RetentionArgs {
@@ -179,6 +220,8 @@ struct DevArgs {
     timing: TimingArgs,
     #[command(flatten)]
     retention: RetentionArgs,
+    #[command(flatten)]
+    config: ConfigArgs,
 }
 
 #[derive(Args, Debug)]
@@ -205,6 +248,8 @@ struct ServerArgs {
     timing: TimingArgs,
     #[command(flatten)]
     retention: RetentionArgs,
+    #[command(flatten)]
+    config: ConfigArgs,
 }
 
 #[derive(Args, Debug)]
@@ -364,6 +409,52 @@ pub async fn run(cli: Cli) -> Res {
         Cmd::Server(a) => server(a).await,
         Cmd::Runner(a) => runner(a).await,
         Cmd::Preview(a) => preview(a, fmt),
+        Cmd::Notifications(c) => {
+            let mut nc = NotificationServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            match c {
+                NotificationsCmd::List { status, task, limit } => {
+                    let req = pb::ListNotificationsRequest { status: status.unwrap_or_default(), task_id: task, limit };
+                    let r = nc.list_notifications(req).await.map_err(grpc)?.into_inner();
+                    if fmt == Format::Json {
+                        print_json(&serde_json::Value::Array(r.notifications.iter().map(output::notification_json).collect()));
+                    } else {
+                        table(
+                            &["ID", "EVENT", "SINK", "STATUS", "ATTEMPTS", "NEXT_ATTEMPT_AT", "LAST_ERROR"],
+                            r.notifications
+                                .iter()
+                                .map(|n| {
+                                    let j = output::notification_json(n);
+                                    let next = if n.status == "pending" {
+                                        j["next_attempt_at"].as_str().unwrap_or("-").to_string()
+                                    } else {
+                                        "-".into()
+                                    };
+                                    let err: String = n.last_error.chars().take(60).collect();
+                                    vec![
+                                        n.id.clone(),
+                                        n.event.clone(),
+                                        n.sink.clone(),
+                                        n.status.clone(),
+                                        n.attempts.to_string(),
+                                        next,
+                                        if err.is_empty() { "-".into() } else { err },
+                                    ]
+                                })
+                                .collect(),
+                        );
+                    }
+                }
+                NotificationsCmd::Retry { id } => {
+                    let n = nc.retry_notification(pb::RetryNotificationRequest { id }).await.map_err(grpc)?.into_inner();
+                    if fmt == Format::Json {
+                        print_json(&output::notification_json(&n));
+                    } else {
+                        println!("notification {} is pending again: it is sent now", n.id);
+                    }
+                }
+            }
+            Ok(())
+        }
         Cmd::Stats(a) => {
             let since = punchclock_control_plane::schedule::parse_duration(&a.since).map_err(|e| format!("--since: {e}"))?;
             let mut c = RunServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
@@ -513,6 +604,7 @@ async fn dev(a: DevArgs) -> Res {
         node_id: "dev".into(),
         timing,
         retention: a.retention.config()?,
+        notify: a.config.load()?,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut srv_stop = stop_rx.clone();
@@ -566,6 +658,7 @@ async fn server(a: ServerArgs) -> Res {
         node_id: a.node_id.unwrap_or_else(|| default_id("cp")),
         timing: a.timing.timing(),
         retention: a.retention.config()?,
+        notify: a.config.load()?,
     };
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
     eprintln!("punchclock server: API on http://{}", server.addr);

@@ -341,3 +341,21 @@ pub fn stats_table(s: &pb::SchedulingStats) {
     println!("runs with slots from {} to {}; lag in ms as p50/p99/max", at(&s.window_start), at(&s.window_end));
     table(&["TASK", "FIRED", "OK", "FAILED", "TIMEOUT", "CANCELLED", "ACTIVE", "RETRIED", "SKIPPED", "DISPATCH_LAG", "START_LAG"], rows);
 }
+
+/// A notification as JSON.
+pub fn notification_json(n: &pb::Notification) -> Value {
+    json!({
+        "id": n.id,
+        "event": n.event,
+        "sink": n.sink,
+        "task_id": n.task_id,
+        "run_id": opt_str(&n.run_id),
+        "status": n.status,
+        "attempts": n.attempts,
+        "next_attempt_at": t(&n.next_attempt_at),
+        "last_error": opt_str(&n.last_error),
+        "created_at": t(&n.created_at),
+        "delivered_at": t(&n.delivered_at),
+        "updated_at": t(&n.updated_at),
+    })
+}

@@ -145,6 +145,9 @@ pub struct Core {
     pub engine_problem: std::sync::Mutex<Option<String>>,
     /// Prometheus metrics of this replica.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Notification sinks (`--config`): the leader delivers; every replica
+    /// warns on applies naming an undefined `webhook://` sink.
+    pub notify: Arc<crate::notify::NotifyConfig>,
 }
 
 impl Core {
@@ -191,7 +194,8 @@ impl Core {
     pub async fn apply_task(&self, spec_json: &str, dry_run: bool) -> Result<Applied> {
         let now = self.clock.now();
         let spec = validate_spec(spec_json, now)?;
-        let warnings = self.agent_warnings(&spec).await;
+        let mut warnings = self.agent_warnings(&spec).await;
+        warnings.extend(self.sink_warnings(&spec));
         for _ in 0..CAS_ATTEMPTS {
             let prev = self.repo.get_task(&spec.task_id).await?;
             let (rec, outcome) = record_for(&spec, prev.as_ref().map(|(r, _)| r), now);
@@ -249,9 +253,29 @@ impl Core {
                     w
                 }
             };
+            let mut warnings = warnings;
+            warnings.extend(self.sink_warnings(&spec));
             out.push(AppliedTask { task_id: spec.task_id, outcome, warnings });
         }
         Ok(out)
+    }
+
+    /// "notify names webhook://X, which this replica's --config does not
+    /// define": its notifications would be dead-lettered.
+    fn sink_warnings(&self, spec: &TaskSpec) -> Vec<String> {
+        let Some(n) = &spec.notify else { return Vec::new() };
+        let mut missing: Vec<&str> = [&n.on_success, &n.on_failure, &n.on_skipped, &n.on_breaker_open]
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.strip_prefix("webhook://"))
+            .filter(|name| !self.notify.has_sink(name))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        missing
+            .into_iter()
+            .map(|name| format!("notify names webhook://{name}, which the control plane's --config does not define: its notifications will be dead-lettered"))
+            .collect()
     }
 
     /// "No connected runner serves agent X", when this replica leads and
@@ -413,6 +437,38 @@ impl Core {
         let mut c = crate::stats::Collector::new(until - since, until);
         self.repo.scan_runs(task_id, |run| c.add(&run)).await?;
         Ok(c.finish())
+    }
+
+    /// `ListNotifications`: newest first, of `status` (`None`: all) and
+    /// `task_id` (empty: all), at most `limit` (0: 100; capped at 1,000).
+    pub async fn list_notifications(
+        &self,
+        status: Option<crate::model::notification::DeliveryStatus>,
+        task_id: &str,
+        limit: u32,
+    ) -> Result<Vec<crate::model::notification::Notification>> {
+        use crate::model::notification::DeliveryStatus;
+        let mut all = Vec::new();
+        if status != Some(DeliveryStatus::Delivered) {
+            all.extend(self.repo.outbox().await?.into_iter().map(|(n, _)| n));
+        }
+        if status.is_none() || status == Some(DeliveryStatus::Delivered) {
+            all.extend(self.repo.delivered().await?.into_iter().map(|(n, _)| n));
+        }
+        all.retain(|n| status.is_none_or(|s| n.status == s) && (task_id.is_empty() || n.task_id == task_id));
+        all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| b.id.cmp(&a.id)));
+        all.truncate(if limit == 0 { DEFAULT_RUN_LIMIT } else { limit.min(MAX_RUN_LIMIT) } as usize);
+        for n in &mut all {
+            n.payload = serde_json::Value::Null;
+        }
+        Ok(all)
+    }
+
+    /// `RetryNotification`: see [`Repo::retry_notification`].
+    pub async fn retry_notification(&self, id: &str) -> Result<crate::model::notification::Notification> {
+        let mut n = self.repo.retry_notification(id, self.clock.now()).await?;
+        n.payload = serde_json::Value::Null;
+        Ok(n)
     }
 
     /// `ResetBreaker`: closes the task's circuit breaker (served by the

@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use punchclock_proto::v1::FILE_DESCRIPTOR_SET;
 use punchclock_proto::v1::cluster_service_server::ClusterServiceServer;
+use punchclock_proto::v1::notification_service_server::NotificationServiceServer;
 use punchclock_proto::v1::run_service_server::RunServiceServer;
 use punchclock_proto::v1::runner_service_server::RunnerServiceServer;
 use punchclock_proto::v1::task_service_server::TaskServiceServer;
@@ -26,7 +27,7 @@ use crate::engine::lifecycle;
 use crate::engine::{Engine, EngineConfig, EngineExit};
 use crate::error::{Error, Result};
 use crate::repo::Repo;
-use crate::service::{ClusterSvc, RunSvc, RunnerSvc, TaskSvc};
+use crate::service::{ClusterSvc, NotificationSvc, RunSvc, RunnerSvc, TaskSvc};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::etcd::EtcdStore;
 use crate::store::{Keys, KvStore};
@@ -81,6 +82,8 @@ pub struct ServerConfig {
     pub timing: Timing,
     /// Run retention defaults and pace.
     pub retention: crate::engine::retention::RetentionConfig,
+    /// Notification sinks and delivery settings (`--config`).
+    pub notify: Arc<crate::notify::NotifyConfig>,
 }
 
 /// A started server.
@@ -133,6 +136,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         retention: cfg.retention,
         engine_problem: std::sync::Mutex::new(None),
         metrics: metrics.clone(),
+        notify: cfg.notify.clone(),
     });
     tokio::spawn(metrics.follow(core.lifecycle.clone()));
 
@@ -149,6 +153,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     health.set_serving::<RunServiceServer<RunSvc>>().await;
     health.set_serving::<RunnerServiceServer<RunnerSvc>>().await;
     health.set_serving::<ClusterServiceServer<ClusterSvc>>().await;
+    health.set_serving::<NotificationServiceServer<NotificationSvc>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -161,7 +166,8 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         .add_service(TaskServiceServer::new(TaskSvc(core.clone())))
         .add_service(RunServiceServer::new(RunSvc(core.clone())))
         .add_service(RunnerServiceServer::new(RunnerSvc(core.clone())))
-        .add_service(ClusterServiceServer::new(ClusterSvc(core.clone())));
+        .add_service(ClusterServiceServer::new(ClusterSvc(core.clone())))
+        .add_service(NotificationServiceServer::new(NotificationSvc(core.clone())));
     let core2 = core.clone();
     let join = tokio::spawn(async move {
         let mut stop_rx2 = stop_rx.clone();
@@ -255,6 +261,12 @@ async fn follow_leadership(
                     leadership: l.clone(),
                     leader_id: core.election.id(),
                     bus: core.lifecycle.clone(),
+                    notifier: crate::notify::deliver::Notifier {
+                        repo: core.repo.clone(),
+                        config: core.notify.clone(),
+                        clock: core.clock.clone(),
+                        metrics: core.metrics.clone(),
+                    },
                 };
                 let started = if std::env::var_os(FAIL_ENGINE_ENV).is_some() {
                     Err(Error::Internal(format!("{FAIL_ENGINE_ENV} is set: this replica's engine never starts")))

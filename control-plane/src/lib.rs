@@ -16,6 +16,7 @@ pub mod election;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod notify;
 pub mod service;
 pub mod stats;
 pub mod timing;

@@ -73,6 +73,13 @@ pub struct TaskLabel {
     pub task_id: String,
 }
 
+/// `sink`: a configured sink's name, or `url` for direct URLs.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    /// Sink.
+    pub sink: String,
+}
+
 /// `op` (`txn`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabel {
@@ -124,6 +131,9 @@ pub struct Metrics {
     breaker_state: Family<BreakerLabels, Gauge>,
     breaker_openings: Family<TaskLabel, Counter>,
     store_txn: Family<OpLabel, Histogram>,
+    notify_delivered: Family<SinkLabel, Counter>,
+    notify_failed: Family<SinkLabel, Counter>,
+    notify_dead: Family<SinkLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -163,6 +173,9 @@ impl Metrics {
             breaker_state: Family::default(),
             breaker_openings: Family::default(),
             store_txn,
+            notify_delivered: Family::default(),
+            notify_failed: Family::default(),
+            notify_dead: Family::default(),
         };
         let r = &mut registry;
         r.register_with_unit(
@@ -210,12 +223,34 @@ impl Metrics {
         );
         r.register("breaker_openings", "Circuit breaker openings decided by this replica, per task", m.breaker_openings.clone());
         r.register_with_unit("store_txn_duration", "Latency of the leader's fenced store transactions", Unit::Seconds, m.store_txn.clone());
+        r.register("notifications_delivered", "Notifications delivered (a 2xx answer), per sink", m.notify_delivered.clone());
+        r.register(
+            "notification_failures",
+            "Notification delivery attempts that failed (error, timeout, non-2xx), per sink",
+            m.notify_failed.clone(),
+        );
+        r.register("notifications_dead", "Notifications dead-lettered after max_attempts, per sink", m.notify_dead.clone());
         Arc::new(Metrics { registry, ..m })
     }
 
     /// The histogram a [`crate::repo::Repo`] times its transactions with.
     pub fn store_txn_histogram(&self) -> Histogram {
         self.store_txn.get_or_create(&OpLabel { op: "txn".into() }).clone()
+    }
+
+    /// A notification was delivered to `sink`.
+    pub fn notification_delivered(&self, sink: &str) {
+        self.notify_delivered.get_or_create(&SinkLabel { sink: sink.into() }).inc();
+    }
+
+    /// A delivery attempt to `sink` failed.
+    pub fn notification_failed(&self, sink: &str) {
+        self.notify_failed.get_or_create(&SinkLabel { sink: sink.into() }).inc();
+    }
+
+    /// A notification to `sink` was dead-lettered.
+    pub fn notification_dead(&self, sink: &str) {
+        self.notify_dead.get_or_create(&SinkLabel { sink: sink.into() }).inc();
     }
 
     /// Counts one lifecycle event.

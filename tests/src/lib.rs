@@ -3,6 +3,7 @@
 //! on events (WatchRuns streams, process exits), not on sleeps.
 
 pub mod etcd;
+pub mod receiver;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -125,29 +126,32 @@ impl Proc {
     /// [`Proc::dev_with_slots`] with its log at `log` (not beside the data
     /// dir: a test may fill that disk).
     pub fn dev_logged(data_dir: &Path, slots: u32, log: &Path) -> Proc {
+        Proc::dev_with(data_dir, slots, log, &[])
+    }
+
+    /// [`Proc::dev_logged`] with extra arguments.
+    pub fn dev_with(data_dir: &Path, slots: u32, log: &Path, extra: &[&str]) -> Proc {
         let d = data_dir.to_string_lossy().to_string();
         let slots = slots.to_string();
-        Proc::start(
-            &[
-                "dev",
-                "--data-dir",
-                &d,
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--agents",
-                "tests/agents.yaml",
-                "--heartbeat-ms",
-                "1000",
-                "--kill-grace-ms",
-                "1000",
-                "--slots",
-                &slots,
-            ],
-            log,
-            true,
-        )
+        let mut args = vec![
+            "dev",
+            "--data-dir",
+            &d,
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--agents",
+            "tests/agents.yaml",
+            "--heartbeat-ms",
+            "1000",
+            "--kill-grace-ms",
+            "1000",
+            "--slots",
+            &slots,
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, log, true)
     }
 
     /// `punchclock server` on etcd: `--listen 127.0.0.1:PORT`, fast
@@ -158,27 +162,29 @@ impl Proc {
 
     /// [`Proc::server`] with extra environment variables (test hooks).
     pub fn server_with_env(store_url: &str, node_id: &str, port: u16, dir: &Path, env: &[(&str, &str)]) -> Proc {
+        Proc::server_with(store_url, node_id, port, dir, env, &[])
+    }
+
+    /// [`Proc::server`] with extra environment variables and arguments.
+    pub fn server_with(store_url: &str, node_id: &str, port: u16, dir: &Path, env: &[(&str, &str)], extra: &[&str]) -> Proc {
         let listen = format!("127.0.0.1:{port}");
-        Proc::start_with_env(
-            &[
-                "server",
-                "--store",
-                store_url,
-                "--listen",
-                &listen,
-                "--node-id",
-                node_id,
-                "--heartbeat-ms",
-                "500",
-                "--lease-ttl-ms",
-                "3000",
-                "--kill-grace-ms",
-                "1000",
-            ],
-            env,
-            &dir.join(format!("{node_id}.log")),
-            true,
-        )
+        let mut args = vec![
+            "server",
+            "--store",
+            store_url,
+            "--listen",
+            &listen,
+            "--node-id",
+            node_id,
+            "--heartbeat-ms",
+            "500",
+            "--lease-ttl-ms",
+            "3000",
+            "--kill-grace-ms",
+            "1000",
+        ];
+        args.extend_from_slice(extra);
+        Proc::start_with_env(&args, env, &dir.join(format!("{node_id}.log")), true)
     }
 
     /// `punchclock runner` with the test agents, following `control_planes` (comma-separated).
@@ -465,6 +471,7 @@ pub async fn in_process_server(
         node_id: "test".into(),
         timing: punchclock_control_plane::timing::Timing::default(),
         retention: Default::default(),
+        notify: Default::default(),
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let s = bootstrap::start(cfg, std::sync::Arc::new(clock), async move {

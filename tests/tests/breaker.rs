@@ -12,6 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
+use punchclock_tests::receiver::Receiver;
 use punchclock_tests::{KeepLogsOnPanic, Proc, apply, at, cli, list_runs, status, tasks, wait_leader, wait_run};
 use serde_json::json;
 
@@ -21,7 +22,32 @@ fn spec(fixed_file: &Path) -> serde_json::Value {
     json!({"task_id": TASK, "agent_id": "until_fixed_agent",
            "trigger": {"type": "interval", "every": "1s"},
            "execution": {"circuit_breaker": {"failure_threshold": 3, "cooldown_seconds": 10}},
-           "context": {"params": {"fixed_file": fixed_file.to_string_lossy()}}})
+           "context": {"params": {"fixed_file": fixed_file.to_string_lossy()}},
+           "notify": {"on_breaker_open": ["webhook://pager"]}})
+}
+
+const SECRET: &str = "breaker-secret";
+
+/// A `--config` file whose `pager` sink is `receiver`.
+fn config(dir: &Path, receiver: &Receiver) -> String {
+    let path = dir.join("punchclock.yaml");
+    let text = format!("notifications:\n  retry_cap_seconds: 1\nsinks:\n  pager:\n    url: {}\n    secret: {SECRET}\n", receiver.url());
+    std::fs::write(&path, text).expect("config");
+    path.to_string_lossy().to_string()
+}
+
+/// The breaker-open notifications received: one per opening, by id.
+async fn openings_notified(receiver: &Receiver) -> Vec<String> {
+    let want = [format!("{TASK}.breaker-open-1.on_breaker_open.0"), format!("{TASK}.breaker-open-2.on_breaker_open.0")];
+    let ok = receiver.wait_for(Duration::from_secs(20), |r| want.iter().all(|id| r.iter().any(|x| &x.id == id))).await;
+    let received = receiver.received();
+    assert!(ok, "breaker-open notifications: {received:?}");
+    assert!(received.iter().all(|r| r.signature_ok && r.event == "on_breaker_open"), "{received:?}");
+    for r in &received {
+        assert_eq!(r.body["breaker"]["phase"], "open", "{}", r.body);
+        assert_eq!(r.body["task_id"], TASK);
+    }
+    received.iter().map(|r| r.id.clone()).collect()
 }
 
 async fn breaker(addr: &str) -> pb::Breaker {
@@ -106,7 +132,9 @@ fn circuit_skips_between(runs: &[pb::Run], from: DateTime<Utc>, until: DateTime<
 async fn breaker_opens_skips_tries_and_closes_on_dev() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _logs = KeepLogsOnPanic::new(dir.path(), "breaker_dev");
-    let dev = Proc::dev(&dir.path().join("data"));
+    let receiver = Receiver::start(SECRET).await;
+    let cfg = config(dir.path(), &receiver);
+    let dev = Proc::dev_with(&dir.path().join("data"), 8, &dir.path().join("dev.log"), &["--config", &cfg]);
     let fixed = dir.path().join("fixed");
     let addr = dev.addr.clone();
     let o = scenario(addr.clone(), &fixed, async || addr.clone()).await;
@@ -116,6 +144,9 @@ async fn breaker_opens_skips_tries_and_closes_on_dev() {
         let n = circuit_skips_between(&runs, *until - chrono::Duration::seconds(10), *until);
         assert!((8..=10).contains(&n), "{n} slots skipped circuit_open in the cooldown ending {until}");
     }
+    // Exactly one on_breaker_open per opening.
+    let ids = openings_notified(&receiver).await;
+    assert_eq!(ids.len(), 2, "{ids:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,8 +155,10 @@ async fn breaker_state_survives_a_leader_kill() {
     let _logs = KeepLogsOnPanic::new(dir.path(), "breaker_failover");
     let etcd = Etcd::start(1).await;
     let ports = [free_port(), free_port()];
-    let mut servers =
-        [Proc::server(&etcd.store_url(), "cp0", ports[0], dir.path()), Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path())];
+    let receiver = Receiver::start(SECRET).await;
+    let cfg = config(dir.path(), &receiver);
+    let start = |i: usize| Proc::server_with(&etcd.store_url(), &format!("cp{i}"), ports[i], dir.path(), &[], &["--config", &cfg]);
+    let mut servers = [start(0), start(1)];
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let _runner = Proc::runner(&addrs.join(","), "r1", dir.path());
     let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
@@ -139,4 +172,10 @@ async fn breaker_state_survives_a_leader_kill() {
     })
     .await;
     assert_eq!(o.until.len(), 2);
+    // One notification per opening, by id (the first opening's may repeat
+    // only if its leader died between the receiver's answer and its write).
+    let mut ids = openings_notified(&receiver).await;
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "{ids:?}");
 }

@@ -79,7 +79,10 @@ fn names_in(path: &Path) -> BTreeSet<String> {
 async fn prometheus_scrapes_dev_and_counts_every_started_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _logs = KeepLogsOnPanic::new(dir.path(), "metrics");
-    let dev = Proc::dev(&dir.path().join("data"));
+    // A sink nobody listens on, tried once: failures become dead letters.
+    let cfg = dir.path().join("punchclock.yaml");
+    std::fs::write(&cfg, "notifications:\n  max_attempts: 1\nsinks:\n  nowhere:\n    url: http://127.0.0.1:1/hook\n").expect("config");
+    let dev = Proc::dev_with(&dir.path().join("data"), 8, &dir.path().join("dev.log"), &["--config", &cfg.to_string_lossy()]);
     let target = http_addr(&dev);
 
     // A real Prometheus scraping it every second.
@@ -111,7 +114,8 @@ async fn prometheus_scrapes_dev_and_counts_every_started_run() {
     apply(
         &dev.addr,
         json!({"task_id": "m_fail", "agent_id": "fail_agent", "trigger": every,
-        "execution": {"circuit_breaker": {"failure_threshold": 1000, "cooldown_seconds": 60}}}),
+        "execution": {"circuit_breaker": {"failure_threshold": 1000, "cooldown_seconds": 60}},
+        "notify": {"on_failure": ["webhook://nowhere"]}}),
     )
     .await;
     // Runs that overlap: SKIPPED concurrency_limit slots.
@@ -166,6 +170,7 @@ async fn prometheus_scrapes_dev_and_counts_every_started_run() {
     assert_eq!(query(&prom, "sum(punchclock_runners_connected)"), Some(1.0));
     assert_eq!(query(&prom, "punchclock_runs_pending{agent_id=\"nobody_agent\"}"), Some(1.0));
     assert_eq!(query(&prom, "punchclock_breaker_state{task_id=\"m_fail\",state=\"closed\"}"), Some(1.0));
+    assert!(query(&prom, "sum(punchclock_notifications_dead_total)").is_some_and(|n| n >= 1.0));
 
     // promtool lints the exposition, the rules and the config.
     let (code, exposition) = http_get(&target, "/metrics");

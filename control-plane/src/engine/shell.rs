@@ -83,6 +83,8 @@ pub struct EngineConfig {
     pub bus: LifecycleBus,
     /// Run retention while this engine leads.
     pub retention: super::retention::RetentionConfig,
+    /// Notification delivery while this engine leads.
+    pub notifier: crate::notify::deliver::Notifier,
 }
 
 struct Link {
@@ -114,6 +116,7 @@ pub struct Engine {
     transactions: u64,
     /// Deletes expired runs; stops with the engine.
     _retention: super::retention::Worker,
+    _notifier: crate::notify::deliver::Worker,
 }
 
 impl Engine {
@@ -134,6 +137,7 @@ impl Engine {
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
         core.load(cfg.clock.now(), tasks, runs);
         let retention = super::retention::Worker::spawn(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone());
+        let notifier = crate::notify::deliver::Worker::spawn(cfg.notifier, cfg.leadership.clone());
         let engine = Engine {
             core,
             repo: cfg.repo,
@@ -147,6 +151,7 @@ impl Engine {
             stop_reply: None,
             transactions: 0,
             _retention: retention,
+            _notifier: notifier,
         };
         let leadership = engine.leadership.clone();
         let join = tokio::spawn(engine.run(watch));

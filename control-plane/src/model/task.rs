@@ -85,7 +85,7 @@ pub struct TaskSpec {
     /// Passed to the agent; `context.params` is merged with manual-trigger params.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub context: serde_json::Map<String, serde_json::Value>,
-    /// Notification sinks. Stored; delivery comes with the notifier.
+    /// Notification sinks per event (see README "Notifications").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<NotifySpec>,
     /// How long finished runs are kept (default: the server's
@@ -352,6 +352,28 @@ pub struct NotifySpec {
     /// Sinks told about a FAILED or TIMEOUT run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub on_failure: Vec<String>,
+    /// Sinks told about a SKIPPED slot (or coalesced range of slots).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_skipped: Vec<String>,
+    /// Sinks told when the task's circuit breaker opens (once per opening).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_breaker_open: Vec<String>,
+}
+
+/// Most sinks one `notify` list may name.
+pub const MAX_SINKS_PER_EVENT: usize = 10;
+
+impl NotifySpec {
+    /// The sinks of one event.
+    pub fn sinks(&self, event: crate::model::notification::NotifyEvent) -> &[String] {
+        use crate::model::notification::NotifyEvent as E;
+        match event {
+            E::OnSuccess => &self.on_success,
+            E::OnFailure => &self.on_failure,
+            E::OnSkipped => &self.on_skipped,
+            E::OnBreakerOpen => &self.on_breaker_open,
+        }
+    }
 }
 
 impl TaskSpec {
@@ -461,7 +483,18 @@ impl TaskSpec {
             return Err(Error::invalid("context.params", "must be an object"));
         }
         if let Some(n) = &self.notify {
-            for (name, list) in [("on_success", &n.on_success), ("on_failure", &n.on_failure)] {
+            for (name, list) in [
+                ("on_success", &n.on_success),
+                ("on_failure", &n.on_failure),
+                ("on_skipped", &n.on_skipped),
+                ("on_breaker_open", &n.on_breaker_open),
+            ] {
+                if list.len() > MAX_SINKS_PER_EVENT {
+                    return Err(Error::invalid(
+                        format!("notify.{name}"),
+                        format!("at most {MAX_SINKS_PER_EVENT} sinks (got {})", list.len()),
+                    ));
+                }
                 for (i, sink) in list.iter().enumerate() {
                     if !(sink.starts_with("http://") || sink.starts_with("https://") || sink.starts_with("webhook://"))
                         || sink.ends_with("://")
@@ -470,6 +503,15 @@ impl TaskSpec {
                             format!("notify.{name}[{i}]"),
                             format!("{sink:?} is not an http(s):// URL or webhook://NAME sink"),
                         ));
+                    }
+                    let field = format!("notify.{name}[{i}]");
+                    match sink.strip_prefix("webhook://") {
+                        Some(sink_name) => validate_id(&field, sink_name)?,
+                        None => {
+                            if let Err(e) = reqwest::Url::parse(sink) {
+                                return Err(Error::invalid(field, format!("{sink:?} is not a valid URL: {e}")));
+                            }
+                        }
                     }
                 }
             }

@@ -58,6 +58,22 @@ impl Keys {
     pub fn active_run(&self, run_id: &str) -> String {
         format!("{}active/{run_id}", self.prefix)
     }
+    /// `{prefix}outbox/`: notifications to deliver (pending) or dead-lettered.
+    pub fn outbox(&self) -> String {
+        format!("{}outbox/", self.prefix)
+    }
+    /// `{prefix}outbox/{id}`: a [`crate::model::notification::Notification`].
+    pub fn outbox_item(&self, id: &str) -> String {
+        format!("{}outbox/{id}", self.prefix)
+    }
+    /// `{prefix}notifications/`: delivery records of delivered notifications.
+    pub fn delivered(&self) -> String {
+        format!("{}notifications/", self.prefix)
+    }
+    /// `{prefix}notifications/{id}`: a delivered notification without its payload.
+    pub fn delivered_item(&self, id: &str) -> String {
+        format!("{}notifications/{id}", self.prefix)
+    }
     /// `{prefix}applies/`: journals of applies too large for one
     /// transaction (see [`crate::repo::apply`]).
     pub fn applies(&self) -> String {

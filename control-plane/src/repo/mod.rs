@@ -12,6 +12,7 @@
 pub mod apply;
 pub mod codec;
 mod keys;
+pub mod outbox;
 pub mod retention;
 
 use std::collections::HashMap;
@@ -171,6 +172,8 @@ pub enum StoreOp {
         /// Task.
         task_id: String,
     },
+    /// Put a notification in the outbox (with the run state it reports).
+    PutNotification(Box<crate::model::notification::Notification>),
 }
 
 /// A change to a task definition, as a watch sees it.
@@ -493,6 +496,7 @@ impl Repo {
                 (Vec::new(), vec![TxnOp::put(self.keys.cursor(task_id), codec::encode(cursor)?)], Vec::new())
             }
             StoreOp::DeleteCursor { task_id } => (Vec::new(), vec![TxnOp::delete(self.keys.cursor(task_id))], Vec::new()),
+            StoreOp::PutNotification(n) => (Vec::new(), vec![TxnOp::put(self.keys.outbox_item(&n.id), codec::encode(n)?)], Vec::new()),
         })
     }
 

@@ -218,3 +218,21 @@ pub fn stats_to_pb(s: &crate::stats::SchedulingStats) -> pb::SchedulingStats {
         total: Some(task_stats_to_pb(&s.total)),
     }
 }
+
+/// A notification as the API shows it (without its payload).
+pub fn notification_to_pb(n: &crate::model::notification::Notification) -> pb::Notification {
+    pb::Notification {
+        id: n.id.clone(),
+        event: n.event.as_str().into(),
+        sink: n.sink.clone(),
+        task_id: n.task_id.clone(),
+        run_id: n.run_id.clone(),
+        status: n.status.as_str().into(),
+        attempts: n.attempts,
+        next_attempt_at: Some(ts(n.next_attempt_at)),
+        last_error: n.last_error.clone().unwrap_or_default(),
+        created_at: Some(ts(n.created_at)),
+        delivered_at: ots(n.delivered_at),
+        updated_at: Some(ts(n.updated_at)),
+    }
+}

@@ -3,11 +3,13 @@
 
 mod cluster;
 pub mod convert;
+mod notification;
 mod run;
 mod runner;
 mod task;
 
 pub use cluster::ClusterSvc;
+pub use notification::NotificationSvc;
 pub use run::RunSvc;
 pub use runner::RunnerSvc;
 pub use task::TaskSvc;

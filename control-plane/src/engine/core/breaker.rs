@@ -13,6 +13,7 @@ use super::{EngineCore, Reply, ReplyId};
 use crate::engine::lifecycle::Lifecycle;
 use crate::error::{Error, Result};
 use crate::model::breaker::{Admission, Breaker, Change};
+use crate::model::notification::NotifyEvent;
 use crate::model::{Cursor, RunStatus};
 
 impl EngineCore {
@@ -55,6 +56,9 @@ impl EngineCore {
             Change::Counted => {}
         }
         self.with_cursor.insert(run_id.to_string());
+        if change == Change::Opened {
+            self.notify(now, run_id, NotifyEvent::OnBreakerOpen, Some(&b));
+        }
         self.store_breaker(now, task_id, b, change == Change::Opened);
     }
 

@@ -19,6 +19,7 @@
 
 mod breaker;
 mod deadlines;
+mod notify;
 mod runners;
 mod runs;
 mod tasks;
@@ -323,6 +324,9 @@ pub struct EngineCore {
     /// Runs changed this turn whose write goes with their task's cursor
     /// (their end changed the task's circuit breaker).
     with_cursor: BTreeSet<String>,
+    /// Store ops (notifications) to commit in the same group as a run's
+    /// write this turn.
+    companions: HashMap<String, Vec<StoreOp>>,
     flush_requested: bool,
     fx: Effects,
 }
@@ -361,6 +365,7 @@ impl EngineCore {
             dirty: BTreeSet::new(),
             lazy: BTreeSet::new(),
             with_cursor: BTreeSet::new(),
+            companions: HashMap::new(),
             flush_requested: false,
             fx: Effects::default(),
         }
@@ -464,7 +469,11 @@ impl EngineCore {
         let mut written: Vec<String> = Vec::new();
         for run_id in std::mem::take(&mut self.created) {
             if let Some(run) = self.runs.get(&run_id) {
-                by_task.entry(run.task_id.clone()).or_default().push(StoreOp::CreateRun(Box::new(run.clone())));
+                let (task_id, op) = (run.task_id.clone(), StoreOp::CreateRun(Box::new(run.clone())));
+                let companions = self.take_companions(&run_id);
+                let group = by_task.entry(task_id).or_default();
+                group.push(op);
+                group.extend(companions);
                 written.push(run_id.clone());
             }
             self.dirty.remove(&run_id);
@@ -475,7 +484,11 @@ impl EngineCore {
         for run_id in std::mem::take(&mut self.with_cursor) {
             let Some(run) = self.runs.get(&run_id) else { continue };
             if self.dirty.remove(&run_id) || self.lazy.remove(&run_id) {
-                by_task.entry(run.task_id.clone()).or_default().push(StoreOp::PutRun(Box::new(run.clone())));
+                let (task_id, op) = (run.task_id.clone(), StoreOp::PutRun(Box::new(run.clone())));
+                let companions = self.take_companions(&run_id);
+                let group = by_task.entry(task_id).or_default();
+                group.push(op);
+                group.extend(companions);
                 written.push(run_id);
             }
         }
@@ -490,18 +503,28 @@ impl EngineCore {
         for run_id in std::mem::take(&mut self.dirty) {
             self.lazy.remove(&run_id);
             if let Some(run) = self.runs.get(&run_id) {
-                groups.push(vec![StoreOp::PutRun(Box::new(run.clone()))]);
+                let mut group = vec![StoreOp::PutRun(Box::new(run.clone()))];
+                group.extend(self.take_companions(&run_id));
+                groups.push(group);
                 written.push(run_id);
             }
         }
         if !groups.is_empty() || self.flush_requested {
             for run_id in std::mem::take(&mut self.lazy) {
                 if let Some(run) = self.runs.get(&run_id) {
-                    groups.push(vec![StoreOp::PutRun(Box::new(run.clone()))]);
+                    let mut group = vec![StoreOp::PutRun(Box::new(run.clone()))];
+                    group.extend(self.take_companions(&run_id));
+                    groups.push(group);
                     written.push(run_id);
                 }
             }
             self.flush_requested = false;
+        }
+        // Companions of runs not written this turn (none are expected: a run
+        // is written in the turn it ends) go on their own rather than be lost.
+        for (run_id, ops) in std::mem::take(&mut self.companions) {
+            tracing::warn!(run_id, "notifications written without their run's change");
+            groups.push(ops);
         }
         // A written run that is terminal and holds no agent leaves memory.
         for run_id in written {

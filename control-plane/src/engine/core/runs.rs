@@ -19,6 +19,7 @@ use crate::engine::lifecycle::Lifecycle;
 use crate::engine::protocol::{Assignment, ToRunner};
 use crate::error::{Error, Result};
 use crate::model::breaker::Admission;
+use crate::model::notification::NotifyEvent;
 use crate::model::run::{MAX_FREE_INTERRUPTIONS, Outcome, SkipReason, TriggerKind, manual_run_id};
 use crate::model::task::{DEFAULT_START_TIMEOUT_SECONDS, ExecutionSpec, OverlapPolicy};
 use crate::model::{Attempt, RunRecord, RunStatus};
@@ -184,6 +185,7 @@ impl EngineCore {
         if let Some(r) = self.event_run(&run_id) {
             self.fx.events.push(Lifecycle::SlotSkipped { run: r, reason, count: 1, from: slot, until: slot });
         }
+        self.notify(now, &run_id, NotifyEvent::OnSkipped, None);
     }
 
     /// Manual `TriggerTask`.
@@ -536,6 +538,9 @@ impl EngineCore {
         tracing::info!(run_id, status = status.as_str(), "run finished");
         if let Some(r) = self.event_run(run_id) {
             self.fx.events.push(Lifecycle::RunFinished(r));
+        }
+        if let Some(event) = NotifyEvent::for_status(status) {
+            self.notify(now, run_id, event, None);
         }
         self.breaker_run_finished(now, &task_id, run_id, status);
     }

@@ -391,6 +391,7 @@ impl EngineCore {
         if let Some(r) = self.event_run(&run_id) {
             self.fx.events.push(Lifecycle::SlotSkipped { run: r, reason, count: range.0, from: range.1, until: range.2 });
         }
+        self.notify(now, &run_id, crate::model::notification::NotifyEvent::OnSkipped, None);
     }
 
     /// Every slot up to `last` is handled: written with this turn's records

@@ -997,3 +997,56 @@ fn breaker_recovers_a_lost_trial_and_resets_by_hand() {
     assert!(matches!(&fx.replies[..], [(9, Reply::ResetBreaker(Ok(_)))]));
     assert_eq!(assigns(&h.trigger("m", "k3")).len(), 1, "admitted after the reset");
 }
+
+// ------------------------------------------------------------ notifications
+
+/// Each event's sinks get one outbox record, in the same group as the run
+/// state it reports: a failure (and the breaker opening it caused), a
+/// skipped slot, a success.
+#[test]
+fn notifications_commit_with_the_run_they_report() {
+    use crate::model::notification::NotifyEvent;
+    let mut h = H::new();
+    let mut spec = every_10s("t", serde_json::json!({"circuit_breaker": {"failure_threshold": 1, "cooldown_seconds": 15}}));
+    spec["notify"] = serde_json::json!({"on_failure": ["webhook://a", "https://b.example/x"], "on_success": ["webhook://a"],
+        "on_skipped": ["webhook://a"], "on_breaker_open": ["webhook://pager"]});
+    h.task(spec);
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let a = one_assign(&h.tick(10, &[("r1", s)]));
+    let fx = h.finished("r1", s, &a, ReportedOutcome::Failed);
+    let group = fx
+        .writes
+        .iter()
+        .find(|g| g.iter().any(|op| matches!(op, StoreOp::PutRun(r) if r.run_id == a.run_id && r.status == RunStatus::Failed)))
+        .expect("the failed run is written");
+    let notes: Vec<(String, NotifyEvent, String)> = group
+        .iter()
+        .filter_map(|op| match op {
+            StoreOp::PutNotification(n) => Some((n.id.clone(), n.event, n.sink.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        vec![
+            (format!("{}.on_failure.0", a.run_id), NotifyEvent::OnFailure, "webhook://a".to_string()),
+            (format!("{}.on_failure.1", a.run_id), NotifyEvent::OnFailure, "https://b.example/x".to_string()),
+            ("t.breaker-open-1.on_breaker_open.0".to_string(), NotifyEvent::OnBreakerOpen, "webhook://pager".to_string()),
+        ]
+    );
+    // The next slot is skipped circuit_open: its record and its notification together.
+    let fx = h.tick(10, &[("r1", s)]);
+    let group =
+        fx.writes.iter().find(|g| g.iter().any(|op| matches!(op, StoreOp::CreateRun(r) if r.status == RunStatus::Skipped))).expect("skip");
+    assert!(group.iter().any(|op| matches!(op, StoreOp::PutNotification(n) if n.event == NotifyEvent::OnSkipped)));
+    // After the cooldown the trial succeeds: on_success.
+    let trial = one_assign(&h.tick(10, &[("r1", s)]));
+    let fx = h.finished("r1", s, &trial, ReportedOutcome::Succeeded);
+    let n = fx.writes.iter().flatten().find_map(|op| match op {
+        StoreOp::PutNotification(n) => Some(n.clone()),
+        _ => None,
+    });
+    let n = n.expect("on_success notification");
+    assert_eq!((n.event, n.payload["run"]["status"].as_str()), (NotifyEvent::OnSuccess, Some("SUCCEEDED")));
+    assert!(n.payload["run"].get("stdout_tail").is_none() && n.payload["run"].get("params").is_none());
+}

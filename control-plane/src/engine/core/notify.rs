@@ -1,0 +1,38 @@
+//! Notifications decided by the core: when a run ends, a slot is skipped
+//! or a breaker opens, the task's `notify` sinks for that event get one
+//! outbox record each, committed in the same group as the run record that
+//! they report (see `poll_effects`). Delivery is the notifier's job
+//! ([`crate::notify`]), outside the core.
+
+use chrono::{DateTime, Utc};
+
+use super::EngineCore;
+use crate::model::breaker::Breaker;
+use crate::model::notification::{NotifyEvent, for_sinks};
+use crate::repo::StoreOp;
+
+impl EngineCore {
+    /// Queues the notifications of `event` for run `run_id` of its task
+    /// (none when the task has no sinks for it). `breaker`: for
+    /// `on_breaker_open`, the breaker as it opened (its `openings` makes
+    /// the ids of each opening distinct).
+    pub(super) fn notify(&mut self, now: DateTime<Utc>, run_id: &str, event: NotifyEvent, breaker: Option<&Breaker>) {
+        let Some(run) = self.runs.get(run_id) else { return };
+        let Some(spec) = self.tasks.get(&run.task_id).and_then(|e| e.record.spec.notify.as_ref()) else { return };
+        let sinks = spec.sinks(event);
+        if sinks.is_empty() {
+            return;
+        }
+        let id_base = match (event, breaker) {
+            (NotifyEvent::OnBreakerOpen, Some(b)) => format!("{}.breaker-open-{}", run.task_id, b.openings),
+            _ => run.run_id.clone(),
+        };
+        let ops = for_sinks(sinks, event, &id_base, now, run, breaker).into_iter().map(|n| StoreOp::PutNotification(Box::new(n)));
+        self.companions.entry(run_id.to_string()).or_default().extend(ops);
+    }
+
+    /// The ops to commit with `run_id`'s write this turn.
+    pub(super) fn take_companions(&mut self, run_id: &str) -> Vec<StoreOp> {
+        self.companions.remove(run_id).unwrap_or_default()
+    }
+}

@@ -1,0 +1,183 @@
+//! Notifications (`notify.on_success`, `on_failure`, `on_skipped`,
+//! `on_breaker_open`): one record per (event, sink), written by the engine
+//! in the same transaction as the run state it reports (the outbox,
+//! `outbox/{id}`), delivered by the leader's notifier
+//! ([`crate::notify`]), then kept as a small delivery record under
+//! `notifications/{id}`.
+//!
+//! The id is deterministic (`{run_id}.{event}.{i}`, or for a breaker
+//! opening `{task_id}.breaker-open-{n}.{i}`): it is the idempotency key a
+//! receiver sees, the same on every retry and after a leader failover.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::RunRecord;
+use super::breaker::Breaker;
+use super::run::RunStatus;
+
+/// What a notification reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotifyEvent {
+    /// A run SUCCEEDED.
+    OnSuccess,
+    /// A run ended FAILED or TIMEOUT.
+    OnFailure,
+    /// A slot (or a coalesced range) was SKIPPED.
+    OnSkipped,
+    /// The task's circuit breaker opened (once per opening).
+    OnBreakerOpen,
+}
+
+impl NotifyEvent {
+    /// As in the task's `notify` and the `Punchclock-Event` header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotifyEvent::OnSuccess => "on_success",
+            NotifyEvent::OnFailure => "on_failure",
+            NotifyEvent::OnSkipped => "on_skipped",
+            NotifyEvent::OnBreakerOpen => "on_breaker_open",
+        }
+    }
+
+    /// The event a run's final status reports, if any.
+    pub fn for_status(status: RunStatus) -> Option<NotifyEvent> {
+        match status {
+            RunStatus::Succeeded => Some(NotifyEvent::OnSuccess),
+            RunStatus::Failed | RunStatus::Timeout => Some(NotifyEvent::OnFailure),
+            RunStatus::Skipped => Some(NotifyEvent::OnSkipped),
+            _ => None,
+        }
+    }
+}
+
+/// Where a notification stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Waiting for its (next) delivery attempt.
+    #[default]
+    Pending,
+    /// A 2xx answer was received.
+    Delivered,
+    /// Every attempt failed (`max_attempts`); kept until retried by hand.
+    Dead,
+}
+
+impl DeliveryStatus {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Dead => "dead",
+        }
+    }
+}
+
+/// One notification: what to send, where, and how delivery went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Notification {
+    /// Deterministic id (see the module docs): the idempotency key.
+    pub id: String,
+    /// What it reports.
+    pub event: NotifyEvent,
+    /// The sink as the task names it (`https://…` or `webhook://NAME`).
+    pub sink: String,
+    /// Task.
+    pub task_id: String,
+    /// The run it reports (the run that opened the breaker, for `on_breaker_open`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
+    /// The JSON body, fixed when the notification was created (see
+    /// [`payload`]); left out of delivery records.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub payload: serde_json::Value,
+    /// Status.
+    #[serde(default)]
+    pub status: DeliveryStatus,
+    /// Delivery attempts made.
+    #[serde(default)]
+    pub attempts: u32,
+    /// Earliest next attempt (UTC).
+    pub next_attempt_at: DateTime<Utc>,
+    /// The last attempt's error (connection error, timeout, or the HTTP status and body start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Created (UTC): the run's final write.
+    pub created_at: DateTime<Utc>,
+    /// Delivered (UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_at: Option<DateTime<Utc>>,
+    /// Last change (UTC).
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Largest `result` (serialized) a notification carries; a larger one is
+/// replaced by `{"trimmed": true, "bytes": N}`, so a notification stays
+/// small next to the run it is written with.
+pub const MAX_PAYLOAD_RESULT_BYTES: usize = 64 * 1024;
+
+/// The body of a notification (schema in README "Notifications"):
+/// `{id, event, created_at, task_id, run: {...}, breaker?: {...}}`. The run
+/// is the stored record without output tails, params and checkpoint
+/// (they may be large or hold secrets), its result trimmed over 64 KiB.
+pub fn payload(id: &str, event: NotifyEvent, now: DateTime<Utc>, run: &RunRecord, breaker: Option<&Breaker>) -> serde_json::Value {
+    let mut r = serde_json::to_value(run).unwrap_or(serde_json::Value::Null);
+    if let Some(o) = r.as_object_mut() {
+        for k in ["stdout_tail", "stderr_tail", "params", "progress", "priority", "fencing_token", "start_by", "pending_reason"] {
+            o.remove(k);
+        }
+        if let Some(res) = o.get("result")
+            && let Ok(bytes) = serde_json::to_vec(res)
+            && bytes.len() > MAX_PAYLOAD_RESULT_BYTES
+        {
+            o.insert("result".into(), serde_json::json!({"trimmed": true, "bytes": bytes.len()}));
+        }
+    }
+    let mut body = serde_json::json!({
+        "id": id,
+        "event": event.as_str(),
+        "created_at": now,
+        "task_id": run.task_id,
+        "run": r,
+    });
+    if let Some(b) = breaker {
+        body["breaker"] = serde_json::to_value(b).unwrap_or_default();
+    }
+    body
+}
+
+/// The notifications of one event of a task, one per sink in order.
+pub fn for_sinks(
+    sinks: &[String],
+    event: NotifyEvent,
+    id_base: &str,
+    now: DateTime<Utc>,
+    run: &RunRecord,
+    breaker: Option<&Breaker>,
+) -> Vec<Notification> {
+    sinks
+        .iter()
+        .enumerate()
+        .map(|(i, sink)| {
+            let id = format!("{id_base}.{}.{i}", event.as_str());
+            Notification {
+                payload: payload(&id, event, now, run, breaker),
+                id,
+                event,
+                sink: sink.clone(),
+                task_id: run.task_id.clone(),
+                run_id: run.run_id.clone(),
+                status: DeliveryStatus::Pending,
+                attempts: 0,
+                next_attempt_at: now,
+                last_error: None,
+                created_at: now,
+                delivered_at: None,
+                updated_at: now,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,281 @@
+//! The leader's delivery worker: spawned with the engine, stopped with it.
+//!
+//! It reads the outbox, then follows it with a store watch (new
+//! notifications from the engine, retries from `notifications retry` on
+//! any replica, its own writes); delivers what is due, at most
+//! `concurrency` requests at a time; and records each outcome with a
+//! fenced write conditional on the record's revision
+//! ([`Repo::record_delivery`]). A broken watch makes it read the outbox
+//! again.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use tokio::task::JoinSet;
+
+use super::{NotifyConfig, Target, signature};
+use crate::clock::SharedClock;
+use crate::election::Leadership;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::model::notification::{DeliveryStatus, Notification};
+use crate::repo::Repo;
+use crate::store::{Revision, WatchEvent};
+
+/// What a notifier needs besides the leadership.
+#[derive(Clone)]
+pub struct Notifier {
+    /// Store access.
+    pub repo: Repo,
+    /// Sinks and delivery settings.
+    pub config: Arc<NotifyConfig>,
+    /// Clock.
+    pub clock: SharedClock,
+    /// Delivery counters.
+    pub metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier").finish_non_exhaustive()
+    }
+}
+
+/// A running worker; aborted when dropped (with the engine).
+pub struct Worker(tokio::task::JoinHandle<()>);
+
+impl Worker {
+    /// Spawns the worker under `lead`.
+    pub fn spawn(n: Notifier, lead: Leadership) -> Worker {
+        Worker(tokio::spawn(run(n, lead)))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Pause before reading the outbox again after a store error.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+async fn run(n: Notifier, lead: Leadership) {
+    // rustls needs a process-wide crypto provider for reqwest's TLS.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match reqwest::Client::builder().user_agent(concat!("punchclock/", env!("CARGO_PKG_VERSION"))).build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the notification HTTP client; notifications are not delivered");
+            return;
+        }
+    };
+    loop {
+        match pass(&n, &lead, &client).await {
+            Err(Error::Fenced(e)) => {
+                tracing::info!(error = %e, "notifier stops: a newer leader exists");
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "notifier: reading the outbox again"),
+            Ok(()) => {}
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+    }
+}
+
+/// The outbox as this worker knows it.
+#[derive(Default)]
+struct Book {
+    items: HashMap<String, (Notification, Revision)>,
+    /// Pending, by when due.
+    due: BTreeSet<(DateTime<Utc>, String)>,
+    inflight: HashSet<String>,
+}
+
+impl Book {
+    fn put(&mut self, n: Notification, rev: Revision) {
+        if let Some((old, old_rev)) = self.items.get(&n.id) {
+            if *old_rev >= rev {
+                return;
+            }
+            self.due.remove(&(old.next_attempt_at, old.id.clone()));
+        }
+        if n.status == DeliveryStatus::Pending {
+            self.due.insert((n.next_attempt_at, n.id.clone()));
+        }
+        self.items.insert(n.id.clone(), (n, rev));
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some((n, _)) = self.items.remove(id) {
+            self.due.remove(&(n.next_attempt_at, n.id));
+        }
+    }
+}
+
+/// One read of the outbox and the watch after it, until the watch breaks
+/// (`Ok`) or a write fails (`Err`).
+async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Result<()> {
+    let mut watch = n.repo.watch_outbox().await?;
+    let mut book = Book::default();
+    for (note, rev) in n.repo.outbox().await? {
+        book.put(note, rev);
+    }
+    tracing::info!(pending = book.due.len(), stored = book.items.len(), "notifier: outbox read");
+    let mut inflight: JoinSet<(Notification, Revision, std::result::Result<(), String>)> = JoinSet::new();
+    loop {
+        let now = n.clock.now();
+        // Start what is due, up to the concurrency.
+        while inflight.len() < n.config.concurrency {
+            let Some((at, id)) = book.due.iter().find(|(_, id)| !book.inflight.contains(id)).cloned() else { break };
+            if at > now {
+                break;
+            }
+            let Some((note, rev)) = book.items.get(&id).cloned() else {
+                book.due.remove(&(at, id));
+                continue;
+            };
+            book.inflight.insert(id);
+            let (client, config) = (client.clone(), n.config.clone());
+            inflight.spawn(async move {
+                let r = send(&client, &config, &note, Utc::now()).await;
+                (note, rev, r)
+            });
+        }
+        let next_due = book.due.iter().find(|(_, id)| !book.inflight.contains(id)).map(|(t, _)| *t);
+        let has_room = inflight.len() < n.config.concurrency;
+        let wait = async {
+            match next_due {
+                Some(t) if has_room => {
+                    let d = (t - n.clock.now()).to_std().unwrap_or(Duration::ZERO);
+                    tokio::time::sleep(d).await
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ev = watch.next() => match ev {
+                Some(Ok(WatchEvent::Put(kv))) => match crate::repo::codec::decode::<Notification>("notification", &kv.value) {
+                    Ok(note) => book.put(note, kv.mod_revision),
+                    Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable notification; skipped"),
+                },
+                Some(Ok(WatchEvent::Delete { key, .. })) => {
+                    if let Some(id) = n.repo.keys().id_after(&n.repo.keys().outbox(), &key) {
+                        let id = id.to_string();
+                        book.remove(&id);
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "outbox watch broke");
+                    return Ok(());
+                }
+                None => return Ok(()),
+            },
+            Some(done) = inflight.join_next(), if !inflight.is_empty() => {
+                let Ok((note, rev, result)) = done else { continue };
+                book.inflight.remove(&note.id);
+                record(n, lead, &mut book, note, rev, result).await?;
+            }
+            _ = wait => {}
+        }
+    }
+}
+
+/// Writes one attempt's outcome and updates the book.
+async fn record(
+    n: &Notifier,
+    lead: &Leadership,
+    book: &mut Book,
+    mut note: Notification,
+    rev: Revision,
+    result: std::result::Result<(), String>,
+) -> Result<()> {
+    let now = n.clock.now();
+    let kind = sink_label(&note.sink);
+    note.attempts += 1;
+    note.updated_at = now;
+    match result {
+        Ok(()) => {
+            note.status = DeliveryStatus::Delivered;
+            note.delivered_at = Some(now);
+            note.last_error = None;
+            n.metrics.notification_delivered(&kind);
+            tracing::info!(id = %note.id, sink = %note.sink, attempts = note.attempts, "notification delivered");
+        }
+        Err(e) => {
+            n.metrics.notification_failed(&kind);
+            note.last_error = Some(e.clone());
+            if note.attempts >= n.config.max_attempts {
+                note.status = DeliveryStatus::Dead;
+                n.metrics.notification_dead(&kind);
+                tracing::warn!(id = %note.id, sink = %note.sink, attempts = note.attempts, error = %e, "notification dead-lettered");
+            } else {
+                let delay = n.config.backoff(note.attempts);
+                note.next_attempt_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+                tracing::info!(id = %note.id, sink = %note.sink, attempts = note.attempts, retry_in_ms = delay.as_millis() as u64, error = %e, "notification not delivered; will retry");
+            }
+        }
+    }
+    match n.repo.record_delivery(lead, &note, rev).await? {
+        Some(_) if note.status == DeliveryStatus::Delivered => book.remove(&note.id),
+        // Known at once (not only when the watch brings it), so it is not sent again before.
+        Some(new_rev) => book.put(note, new_rev),
+        None => {
+            // Changed meanwhile (a retry by hand): wait for the watch's version.
+            tracing::info!(id = %note.id, "notification changed during its delivery; its outcome is not recorded");
+            if book.items.get(&note.id).is_none_or(|(_, r)| *r <= rev) {
+                book.remove(&note.id);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `sink` label of the delivery metrics: the sink's name for
+/// `webhook://NAME`, `url` for direct URLs (unbounded).
+fn sink_label(sink: &str) -> String {
+    sink.strip_prefix("webhook://").map_or_else(|| "url".to_string(), str::to_string)
+}
+
+/// One POST. `Err` with the reason for anything but a 2xx answer.
+async fn send(client: &reqwest::Client, config: &NotifyConfig, note: &Notification, now: DateTime<Utc>) -> std::result::Result<(), String> {
+    let target: Target = config.target(&note.sink).map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(&note.payload).map_err(|e| e.to_string())?;
+    let mut req = client
+        .post(target.url.clone())
+        .timeout(target.timeout)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header("Punchclock-Notification-Id", &note.id)
+        .header("Idempotency-Key", &note.id)
+        .header("Punchclock-Event", note.event.as_str());
+    if let Some(secret) = &target.secret {
+        req = req.header("Punchclock-Signature", signature(secret, now.timestamp(), &body));
+    }
+    for (k, v) in &target.headers {
+        req = req.header(k.clone(), v.clone());
+    }
+    match req.body(body).send().await {
+        Ok(resp) if resp.status().is_success() => Ok(()),
+        Ok(resp) => {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            let text: String = text.chars().take(200).collect();
+            Err(format!("HTTP {status}: {text}"))
+        }
+        Err(e) => Err(error_chain(&e)),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,304 @@
+//! Notification delivery: the control plane's config file (`--config`:
+//! named `webhook://` sinks and delivery settings), request signing, and
+//! the leader's delivery worker ([`deliver`]).
+//!
+//! The engine writes each notification to the outbox in the same
+//! transaction as the run state it reports
+//! ([`crate::model::notification`]); the leader's worker POSTs it, retries
+//! failures with exponential backoff and jitter, dead-letters it after
+//! `max_attempts`, and records each outcome with a fenced write, so a new
+//! leader resumes where the last one stopped. A receiver sees a repeat only
+//! when its acknowledgement was lost (the leader died between the answer
+//! and its write), and then with the same `Punchclock-Notification-Id`.
+//!
+//! The signature follows Stripe's scheme: `Punchclock-Signature:
+//! t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
+
+pub mod deliver;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use sha2::Sha256;
+
+use crate::error::{Error, Result};
+
+/// The control plane's config file (`--config FILE`, YAML or JSON).
+///
+/// ```yaml
+/// notifications:
+///   max_attempts: 10          # then dead-lettered
+///   retry_base_seconds: 1     # delay before retry k: min(base * 2^(k-1), cap) + up to 25% jitter
+///   retry_cap_seconds: 300
+///   timeout_seconds: 10       # per request, unless the sink says
+///   concurrency: 8            # requests in flight
+///   secret_file: /etc/punchclock/notify-secret   # signs direct http(s):// sinks
+/// sinks:
+///   report-sink:
+///     url: https://reports.example.com/hooks/punchclock
+///     secret_file: /etc/punchclock/report-sink-secret
+///     headers: {X-Team: data}
+///     timeout_seconds: 5
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Delivery settings.
+    #[serde(default)]
+    pub notifications: Settings,
+    /// Named sinks (`webhook://NAME`).
+    #[serde(default)]
+    pub sinks: BTreeMap<String, SinkConfig>,
+}
+
+/// `notifications:` of the config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Delivery attempts before a notification is dead-lettered; `1..=100`, default 10.
+    pub max_attempts: u32,
+    /// Seconds; default 1.
+    pub retry_base_seconds: f64,
+    /// Seconds; default 300.
+    pub retry_cap_seconds: f64,
+    /// Seconds per request unless the sink sets its own; `1..=300`, default 10.
+    pub timeout_seconds: u64,
+    /// Requests in flight at once; `1..=256`, default 8.
+    pub concurrency: usize,
+    /// Signs requests to direct `http(s)://` sinks.
+    pub secret: Option<String>,
+    /// The same, read from a file (trailing newline dropped).
+    pub secret_file: Option<PathBuf>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_attempts: 10,
+            retry_base_seconds: 1.0,
+            retry_cap_seconds: 300.0,
+            timeout_seconds: 10,
+            concurrency: 8,
+            secret: None,
+            secret_file: None,
+        }
+    }
+}
+
+/// One named sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    /// `http://` or `https://` URL.
+    pub url: String,
+    /// HMAC secret for `Punchclock-Signature`.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// The same, read from a file (trailing newline dropped).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Seconds per request (default: `notifications.timeout_seconds`).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// Where and how one notification is sent, resolved from its sink.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// URL.
+    pub url: reqwest::Url,
+    /// Signing secret.
+    pub secret: Option<String>,
+    /// Extra headers.
+    pub headers: Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>,
+    /// Request timeout.
+    pub timeout: Duration,
+}
+
+/// The validated configuration the notifier works with.
+#[derive(Debug, Clone)]
+pub struct NotifyConfig {
+    /// Attempts before dead-lettering.
+    pub max_attempts: u32,
+    /// Backoff base.
+    pub retry_base: Duration,
+    /// Backoff cap.
+    pub retry_cap: Duration,
+    /// Requests in flight.
+    pub concurrency: usize,
+    default_timeout: Duration,
+    default_secret: Option<String>,
+    sinks: BTreeMap<String, Target>,
+}
+
+impl Default for NotifyConfig {
+    fn default() -> Self {
+        NotifyConfig::from_file(ConfigFile::default(), Path::new(".")).expect("defaults are valid")
+    }
+}
+
+fn read_secret(field: &str, inline: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(Error::invalid(field, "give secret or secret_file, not both")),
+        (Some(s), None) => Ok(Some(s.clone())),
+        (None, Some(p)) => std::fs::read_to_string(p)
+            .map(|s| Some(s.trim_end_matches(['\n', '\r']).to_string()))
+            .map_err(|e| Error::invalid(format!("{field}_file"), format!("cannot read {}: {e}", p.display()))),
+        (None, None) => Ok(None),
+    }
+}
+
+impl NotifyConfig {
+    /// Reads and validates the config file at `path`.
+    ///
+    /// Errors: `InvalidArgument` naming the field (`sinks.alert.url`,
+    /// `notifications.max_attempts`, an unknown field's path) or the file.
+    pub fn load(path: &Path) -> Result<NotifyConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::invalid("--config", format!("cannot read {}: {e}", path.display())))?;
+        let de = serde_yaml_ng::Deserializer::from_str(&text);
+        let file: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            Error::invalid(if field == "." { "config".to_string() } else { field }, e.inner().to_string())
+        })?;
+        NotifyConfig::from_file(file, path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Validates a parsed config file.
+    ///
+    /// Errors: `InvalidArgument` naming the field.
+    pub fn from_file(file: ConfigFile, _base: &Path) -> Result<NotifyConfig> {
+        let n = &file.notifications;
+        if !(1..=100).contains(&n.max_attempts) {
+            return Err(Error::invalid("notifications.max_attempts", format!("must be in 1..=100 (got {})", n.max_attempts)));
+        }
+        for (name, v) in [("retry_base_seconds", n.retry_base_seconds), ("retry_cap_seconds", n.retry_cap_seconds)] {
+            if !v.is_finite() || !(0.0..=86_400.0).contains(&v) {
+                return Err(Error::invalid(format!("notifications.{name}"), "must be a number of seconds in 0..=86400"));
+            }
+        }
+        if n.retry_cap_seconds < n.retry_base_seconds {
+            return Err(Error::invalid("notifications.retry_cap_seconds", "must be >= retry_base_seconds"));
+        }
+        if !(1..=300).contains(&n.timeout_seconds) {
+            return Err(Error::invalid("notifications.timeout_seconds", "must be in 1..=300"));
+        }
+        if !(1..=256).contains(&n.concurrency) {
+            return Err(Error::invalid("notifications.concurrency", "must be in 1..=256"));
+        }
+        let default_secret = read_secret("notifications.secret", &n.secret, &n.secret_file)?;
+        let default_timeout = Duration::from_secs(n.timeout_seconds);
+        let mut sinks = BTreeMap::new();
+        for (name, s) in &file.sinks {
+            crate::model::task::validate_id(&format!("sinks.{name}"), name)?;
+            let field = |f: &str| format!("sinks.{name}.{f}");
+            let url = reqwest::Url::parse(&s.url).map_err(|e| Error::invalid(field("url"), format!("{:?} is not a URL: {e}", s.url)))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(Error::invalid(field("url"), "must be http:// or https://"));
+            }
+            let secret = read_secret(&field("secret"), &s.secret, &s.secret_file)?;
+            let mut headers = Vec::new();
+            for (k, v) in &s.headers {
+                let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| Error::invalid(format!("sinks.{name}.headers.{k}"), "is not a valid header name"))?;
+                let value = reqwest::header::HeaderValue::from_str(v)
+                    .map_err(|_| Error::invalid(format!("sinks.{name}.headers.{k}"), "is not a valid header value"))?;
+                headers.push((name, value));
+            }
+            let timeout = match s.timeout_seconds {
+                Some(t) if (1..=300).contains(&t) => Duration::from_secs(t),
+                Some(_) => return Err(Error::invalid(field("timeout_seconds"), "must be in 1..=300")),
+                None => default_timeout,
+            };
+            sinks.insert(name.clone(), Target { url, secret, headers, timeout });
+        }
+        Ok(NotifyConfig {
+            max_attempts: n.max_attempts,
+            retry_base: Duration::from_secs_f64(n.retry_base_seconds),
+            retry_cap: Duration::from_secs_f64(n.retry_cap_seconds),
+            concurrency: n.concurrency,
+            default_timeout,
+            default_secret,
+            sinks,
+        })
+    }
+
+    /// Whether `webhook://NAME` names a configured sink.
+    pub fn has_sink(&self, name: &str) -> bool {
+        self.sinks.contains_key(name)
+    }
+
+    /// Where a task's sink string sends.
+    ///
+    /// Errors: `FailedPrecondition` for a `webhook://NAME` not in the
+    /// config file, `InvalidArgument` for a malformed URL.
+    pub fn target(&self, sink: &str) -> Result<Target> {
+        if let Some(name) = sink.strip_prefix("webhook://") {
+            return self.sinks.get(name).cloned().ok_or_else(|| {
+                Error::FailedPrecondition(format!("sink webhook://{name} is not defined in the control plane's --config file"))
+            });
+        }
+        let url = reqwest::Url::parse(sink).map_err(|e| Error::invalid("sink", format!("{sink:?}: {e}")))?;
+        Ok(Target { url, secret: self.default_secret.clone(), headers: Vec::new(), timeout: self.default_timeout })
+    }
+
+    /// Delay before delivery attempt `attempts + 1` after `attempts`
+    /// failed ones: `min(base * 2^(attempts-1), cap)` plus up to 25% of it
+    /// at random.
+    pub fn backoff(&self, attempts: u32) -> Duration {
+        let exp = 2f64.powi(attempts.saturating_sub(1).min(60) as i32);
+        let d = (self.retry_base.as_secs_f64() * exp).min(self.retry_cap.as_secs_f64());
+        Duration::from_secs_f64(d + d * 0.25 * rand::random::<f64>())
+    }
+}
+
+/// `Punchclock-Signature` for `body` at `unix_seconds`: `t=…,v1=…`
+/// (HMAC-SHA256 over `"{t}.{body}"`, hex).
+pub fn signature(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(format!("{unix_seconds}.").as_bytes());
+    mac.update(body);
+    format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_is_hmac_sha256_of_timestamp_and_body() {
+        // RFC 4231 test case 2 key/data, framed as "t.body".
+        let s = signature("Jefe", 1, b"hello");
+        let mut mac = Hmac::<Sha256>::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"1.hello");
+        assert_eq!(s, format!("t=1,v1={}", hex::encode(mac.finalize().into_bytes())));
+        assert_eq!(s.len(), "t=1,v1=".len() + 64);
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        let load = |text: &str| {
+            std::fs::write(&p, text).unwrap();
+            NotifyConfig::load(&p)
+        };
+        let err = |text: &str| load(text).expect_err("invalid").to_string();
+        assert!(err("sinks:\n  a:\n    url: ftp://x\n").starts_with("sinks.a.url"), "{}", err("sinks:\n  a:\n    url: ftp://x\n"));
+        assert!(err("notifications:\n  max_attempts: 0\n").starts_with("notifications.max_attempts"));
+        assert!(err("sinks:\n  a:\n    url: http://x\n    sekret: y\n").contains("sekret"));
+        assert!(err("sinks:\n  a:\n    url: http://x\n    secret_file: /nonexistent/s\n").starts_with("sinks.a.secret_file"));
+        let c = load("notifications:\n  retry_base_seconds: 2\n  retry_cap_seconds: 5\nsinks:\n  a:\n    url: http://x/h\n    secret: s\n")
+            .unwrap();
+        assert!(c.has_sink("a"));
+        assert_eq!(c.target("webhook://a").unwrap().secret.as_deref(), Some("s"));
+        assert!(c.target("webhook://b").is_err());
+        let d = c.backoff(3);
+        assert!(d >= Duration::from_secs(5) && d <= Duration::from_secs_f64(6.25), "{d:?}");
+    }
+}
