@@ -14,14 +14,39 @@ PORT=${PUNCHCLOCK_DEMO_PORT:-7700}
 rm -rf "$DATA"
 mkdir -p "$DATA"
 DEV=
-cleanup() { [ -n "$DEV" ] && { kill -TERM "$DEV" 2>/dev/null || true; wait "$DEV" 2>/dev/null || true; }; }
+RECEIVER=
+cleanup() {
+  [ -n "$DEV" ] && { kill -TERM "$DEV" 2>/dev/null || true; wait "$DEV" 2>/dev/null || true; }
+  [ -n "$RECEIVER" ] && { kill -TERM "$RECEIVER" 2>/dev/null || true; wait "$RECEIVER" 2>/dev/null || true; }
+  return 0
+}
 trap cleanup EXIT
 trap 'exit 0' INT TERM
+
+# A local webhook receiver for the example tasks' notifications
+# (examples/notify_receiver.py), on a free port, and the control plane's
+# config file naming it as the sinks report-sink and alert.
+export PUNCHCLOCK_NOTIFY_SECRET="demo-secret-$$"
+python3 examples/notify_receiver.py 0 "$DATA/receiver.port" > "$DATA/notifications.log" 2>&1 &
+RECEIVER=$!
+for _ in $(seq 1 50); do [ -s "$DATA/receiver.port" ] && break; sleep 0.1; done
+RPORT=$(cat "$DATA/receiver.port")
+cat > "$DATA/punchclock.yaml" <<YAML
+notifications:
+  retry_cap_seconds: 30
+sinks:
+  report-sink:
+    url: http://127.0.0.1:$RPORT/report
+    secret: $PUNCHCLOCK_NOTIFY_SECRET
+  alert:
+    url: http://127.0.0.1:$RPORT/alert
+    secret: $PUNCHCLOCK_NOTIFY_SECRET
+YAML
 
 # Starts dev on port $1; waits until it prints its addresses (returns 0) or
 # exits (returns 1).
 start_dev() {
-  "$BIN" dev --data-dir "$DATA" --agents examples/agents.yaml --listen "127.0.0.1:$1" 2> "$DATA.log" &
+  "$BIN" dev --data-dir "$DATA" --agents examples/agents.yaml --listen "127.0.0.1:$1" --config "$DATA/punchclock.yaml" 2> "$DATA.log" &
   DEV=$!
   for _ in $(seq 1 300); do
     grep -q "API on http://" "$DATA.log" 2>/dev/null && return 0
@@ -48,6 +73,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 echo "== punchclock dev is up (API $API, health $HEALTH, log in $DATA.log)"
+echo "   notifications go to a local receiver (examples/notify_receiver.py, port $RPORT, log in $DATA/notifications.log)"
 echo "   other shells: export PUNCHCLOCK_ENDPOINT=$API"
 # The example tasks check the local health endpoint at its default address;
 # they get the one this dev listens on.
@@ -65,5 +91,7 @@ while kill -0 "$DEV" 2>/dev/null; do
   kill -0 "$DEV" 2>/dev/null || break
   echo "--- $(date -u +%FT%TZ)"
   "$BIN" runs list --limit 12 || kill -0 "$DEV" 2>/dev/null || break
+  echo "--- notifications received (last 3 of $(wc -l < "$DATA/notifications.log"))"
+  tail -n 3 "$DATA/notifications.log"
 done
 echo "== punchclock dev stopped (log in $DATA.log)"
