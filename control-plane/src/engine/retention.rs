@@ -7,6 +7,8 @@
 //! neither is one written since it was listed. After each pass the store's
 //! change history is compacted up to the previous pass's revision (etcd:
 //! its database stops growing; watchers keep one interval of history).
+//! Each pass also deletes notification delivery records and dead letters
+//! older than the default `max_age`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -149,6 +151,14 @@ pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: Shar
             Ok(report) => {
                 if report.deleted > 0 {
                     tracing::info!(deleted = report.deleted, kept = report.kept, "retention: finished runs deleted");
+                }
+                // Delivery records and dead letters older than the default max age.
+                let cutoff = clock.now().checked_sub_signed(cfg.max_age).unwrap_or(DateTime::<Utc>::MIN_UTC);
+                match repo.prune_notifications(&lead, cutoff).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "retention: old notification records deleted"),
+                    Err(Error::Fenced(_)) => return,
+                    Err(e) => tracing::warn!(error = %e, "retention: cannot prune notification records"),
                 }
                 // Up to the previous pass's revision, once per revision
                 // (an idle store would be asked the same again and again).

@@ -81,6 +81,39 @@ impl Repo {
         Ok(self.fenced_txn(lead, txn).await?.ok())
     }
 
+    /// Deletes delivery records delivered before `cutoff` and dead letters
+    /// last tried before it, each only if unchanged since read, in fenced
+    /// batches (retention: they would otherwise grow without bound).
+    /// Returns how many were deleted.
+    ///
+    /// Errors: [`Error::Fenced`]; store errors.
+    pub async fn prune_notifications(&self, lead: &Leadership, cutoff: chrono::DateTime<chrono::Utc>) -> Result<usize> {
+        const BATCH: usize = 50;
+        let mut doomed: Vec<(String, Revision)> = Vec::new();
+        for (n, rev) in self.delivered().await? {
+            if n.delivered_at.unwrap_or(n.updated_at) < cutoff {
+                doomed.push((self.keys.delivered_item(&n.id), rev));
+            }
+        }
+        for (n, rev) in self.outbox().await? {
+            if n.status == DeliveryStatus::Dead && n.updated_at < cutoff {
+                doomed.push((self.keys.outbox_item(&n.id), rev));
+            }
+        }
+        let mut deleted = 0;
+        for batch in doomed.chunks(BATCH) {
+            let txn = Txn {
+                compares: batch.iter().map(|(k, rev)| Compare::mod_revision(k, *rev)).collect(),
+                success: batch.iter().map(|(k, _)| TxnOp::delete(k)).collect(),
+                failure: Vec::new(),
+            };
+            if self.fenced_txn(lead, txn).await?.is_ok() {
+                deleted += batch.len();
+            }
+        }
+        Ok(deleted)
+    }
+
     /// `notifications retry`: a dead (or pending) outbox record becomes
     /// pending with its attempts reset, due now. Not fenced: any replica
     /// may, and the change is conditional on the record's revision.
@@ -111,5 +144,56 @@ impl Repo {
             }
         }
         Err(Error::Unavailable { reason: format!("notification {id} keeps changing; try again"), leader: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use chrono::{DateTime, Duration, Utc};
+
+    use super::*;
+    use crate::model::RunRecord;
+    use crate::model::notification::{NotifyEvent, for_sinks};
+    use crate::model::run::TriggerKind;
+    use crate::repo::{Keys, StoreOp};
+    use crate::store::embedded::EmbeddedStore;
+
+    /// Delivery outcomes are conditional on the revision read; retention
+    /// deletes only old delivery records and old dead letters.
+    #[tokio::test]
+    async fn outcomes_are_conditional_and_old_records_are_pruned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(EmbeddedStore::open(dir.path()).await.expect("store"));
+        let repo = Repo::new(store, Keys::default());
+        let lead = Leadership { token: 1, fence: Vec::new() };
+        let t0: DateTime<Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
+        let run = RunRecord::pending("t.1".into(), "t", "a", TriggerKind::Cron, t0, t0);
+        let sinks = vec!["webhook://a".to_string(), "webhook://b".to_string(), "webhook://c".to_string()];
+        let notes = for_sinks(&sinks, NotifyEvent::OnSuccess, "t.1", t0, &run, None);
+        let ops = notes.iter().map(|n| StoreOp::PutNotification(Box::new(n.clone()))).collect();
+        repo.commit(&lead, vec![ops]).await.expect("outbox written");
+        let outbox = repo.outbox().await.expect("read");
+        assert_eq!(outbox.len(), 3);
+        // a: delivered long ago; b: dead long ago; c: stale revision → not recorded.
+        let (mut a, rev_a) = outbox[0].clone();
+        a.status = DeliveryStatus::Delivered;
+        a.delivered_at = Some(t0);
+        assert!(repo.record_delivery(&lead, &a, rev_a).await.unwrap().is_some());
+        assert!(repo.record_delivery(&lead, &a, rev_a).await.unwrap().is_none(), "a second outcome for the same revision is refused");
+        let (mut b, rev_b) = outbox[1].clone();
+        b.status = DeliveryStatus::Dead;
+        b.updated_at = t0;
+        assert!(repo.record_delivery(&lead, &b, rev_b).await.unwrap().is_some());
+        assert_eq!(repo.delivered().await.unwrap().len(), 1);
+        assert!(repo.delivered().await.unwrap()[0].0.payload.is_null(), "delivery records carry no body");
+        // Nothing is older than a cutoff before t0; everything old is after.
+        assert_eq!(repo.prune_notifications(&lead, t0 - Duration::days(1)).await.unwrap(), 0);
+        assert_eq!(repo.prune_notifications(&lead, t0 + Duration::days(1)).await.unwrap(), 2);
+        let left: Vec<String> = repo.outbox().await.unwrap().into_iter().map(|(n, _)| n.id).collect();
+        assert_eq!(left, vec!["t.1.on_success.2".to_string()], "the pending one stays");
+        // A retry makes a dead one pending again; a delivered one cannot be retried.
+        assert!(matches!(repo.retry_notification("t.1.on_success.0", t0).await, Err(Error::NotFound { .. })));
     }
 }
