@@ -409,6 +409,20 @@ pub async fn wait_leader(addrs: &[String], within: Duration, pred: impl Fn(&pb::
     }
 }
 
+/// Waits (bounded, 20 s) until the replica at `addr` runs its engine: it
+/// answers a leader-only call (`ListRunners`).
+pub async fn wait_engine(addr: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(addr.to_string()).expect("addr").connect().await
+            && pb::cluster_service_client::ClusterServiceClient::new(ch).list_runners(pb::ListRunnersRequest {}).await.is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits (bounded, polling a file) until `proc`'s log contains `needle`.
 pub async fn wait_log(proc: &Proc, needle: &str, within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;

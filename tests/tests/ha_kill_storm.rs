@@ -11,23 +11,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
-use punchclock_tests::{Proc, apply, at, list_runs, status, tasks, wait_leader};
+use punchclock_tests::{Proc, apply, at, list_runs, status, tasks, wait_engine, wait_leader};
 use serde_json::json;
 
 const TASKS: usize = 20;
 const KILLS: usize = 20;
-
-async fn wait_engine(addr: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while tokio::time::Instant::now() < deadline {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(addr.to_string()).expect("addr").connect().await
-            && pb::cluster_service_client::ClusterServiceClient::new(ch).list_runners(pb::ListRunnersRequest {}).await.is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     let i = line.find(&format!("{name}="))? + name.len() + 1;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
 use punchclock_tests::receiver::{Received, Receiver};
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply, cli, list_runs, status, tasks, wait_leader, wait_n_runs};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply, cli, list_runs, status, tasks, wait_engine, wait_leader, wait_n_runs};
 use serde_json::{Value, json};
 
 const SECRET: &str = "whsec_test_0123456789";
@@ -58,18 +58,6 @@ async fn drained(addr: &str, task: &str) -> Vec<pb::Run> {
         }
         assert!(tokio::time::Instant::now() < deadline, "runs of {task} did not finish");
         tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-async fn wait_engine(addr: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while tokio::time::Instant::now() < deadline {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(addr.to_string()).expect("addr").connect().await
-            && pb::cluster_service_client::ClusterServiceClient::new(ch).list_runners(pb::ListRunnersRequest {}).await.is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
