@@ -457,11 +457,21 @@ pub async fn run(cli: Cli) -> Res {
         }
         Cmd::Stats(a) => {
             let since = punchclock_control_plane::schedule::parse_duration(&a.since).map_err(|e| format!("--since: {e}"))?;
+            if since == 0 || since > 36_500 * 86_400 {
+                return Err(format!("--since: must be more than 0 and at most 100 years (got {:?})", a.since));
+            }
             let mut c = RunServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
-            let req = pb::GetSchedulingStatsRequest { task_id: a.task.unwrap_or_default(), since_seconds: since };
+            let req_task = a.task.clone().unwrap_or_default();
+            let req = pb::GetSchedulingStatsRequest { task_id: req_task.clone(), since_seconds: since };
             let s = c.get_scheduling_stats(req).await.map_err(grpc)?.into_inner();
             if fmt == Format::Json {
                 print_json(&output::stats_json(&s));
+            } else if s.tasks.is_empty() {
+                println!(
+                    "no runs with a slot in the last {}{}",
+                    a.since,
+                    if req_task.is_empty() { String::new() } else { format!(" of task {req_task}") }
+                );
             } else {
                 output::stats_table(&s);
             }

@@ -82,7 +82,7 @@ async fn metrics(State(core): State<Arc<Core>>, headers: axum::http::HeaderMap) 
     };
     core.metrics.set_engine(leading);
     let openmetrics =
-        headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("application/openmetrics-text"));
+        headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(crate::metrics::prefers_openmetrics);
     let text = core.metrics.encode();
     if openmetrics {
         ([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text)

@@ -33,7 +33,7 @@ use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
 use crate::model::RunRecord;
 
 /// `agent_id`.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct AgentLabel {
     /// Agent.
     pub agent_id: String,
@@ -134,7 +134,12 @@ pub struct Metrics {
     notify_delivered: Family<SinkLabel, Counter>,
     notify_failed: Family<SinkLabel, Counter>,
     notify_dead: Family<SinkLabel, Counter>,
+    /// Agents that had pending runs (their gauge then reads 0, not nothing).
+    pending_agents: std::sync::Mutex<std::collections::BTreeSet<AgentLabel>>,
 }
+
+/// Most agents whose pending gauge is kept at 0 once seen.
+const MAX_PENDING_AGENTS: usize = 10_000;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -176,6 +181,7 @@ impl Metrics {
             notify_delivered: Family::default(),
             notify_failed: Family::default(),
             notify_dead: Family::default(),
+            pending_agents: std::sync::Mutex::default(),
         };
         let r = &mut registry;
         r.register_with_unit(
@@ -324,8 +330,13 @@ impl Metrics {
     /// Sets the scrape-time gauges: the leader's state (`Some`, with its
     /// fencing token), or a follower's zeros.
     pub fn set_engine(&self, leading: Option<(u64, EngineGauges)>) {
-        self.runs_pending.clear();
+        // Agents seen before read 0 rather than vanish; breakers of deleted
+        // tasks go.
         self.breaker_state.clear();
+        let agents: Vec<AgentLabel> = self.pending_agents.lock().map(|a| a.iter().cloned().collect()).unwrap_or_default();
+        for agent in &agents {
+            self.runs_pending.get_or_create(agent).set(0);
+        }
         let Some((token, g)) = leading else {
             self.is_leader.set(0);
             self.fencing_token.set(0);
@@ -338,7 +349,13 @@ impl Metrics {
         self.is_leader.set(1);
         self.fencing_token.set(token);
         for (agent_id, n) in g.pending {
-            self.runs_pending.get_or_create(&AgentLabel { agent_id }).set(n as i64);
+            let label = AgentLabel { agent_id };
+            self.runs_pending.get_or_create(&label).set(n as i64);
+            if let Ok(mut seen) = self.pending_agents.lock()
+                && seen.len() < MAX_PENDING_AGENTS
+            {
+                seen.insert(label);
+            }
         }
         self.runners_connected.set(g.runners_connected as i64);
         self.runner_slots.set(g.slots_total as i64);
@@ -364,6 +381,27 @@ impl Metrics {
 
 /// The `Content-Type` of [`Metrics::encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Whether an `Accept` header asks for OpenMetrics over the classic text
+/// format: its q-value (RFC 9110 §12.5.1; media types compared without
+/// case) is above 0 and at least that of `text/plain` (or `*/*`).
+pub fn prefers_openmetrics(accept: &str) -> bool {
+    let (mut om, mut text) = (0.0f64, 0.0f64);
+    for item in accept.split(',') {
+        let mut parts = item.split(';');
+        let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.trim().strip_prefix("q=").or_else(|| p.trim().strip_prefix("Q=")))
+            .find_map(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(1.0);
+        match media.as_str() {
+            "application/openmetrics-text" => om = om.max(q),
+            "text/plain" | "*/*" | "text/*" => text = text.max(q),
+            _ => {}
+        }
+    }
+    om > 0.0 && om >= text
+}
 
 /// The `Content-Type` of [`to_prometheus_text`]'s text.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -435,5 +473,11 @@ mod tests {
         assert!(classic.contains("# HELP punchclock_slots_skipped_total Slots"), "{classic}");
         assert!(classic.contains("# TYPE punchclock_start_lag_seconds histogram\n"), "{classic}");
         assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"), "{classic}");
+        // Content negotiation.
+        assert!(prefers_openmetrics("application/openmetrics-text; version=1.0.0; charset=utf-8,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"));
+        assert!(!prefers_openmetrics("text/plain;q=1.0, application/openmetrics-text;q=0.1"));
+        assert!(prefers_openmetrics("Application/OpenMetrics-Text"));
+        assert!(!prefers_openmetrics("application/openmetrics-text;q=0"));
+        assert!(!prefers_openmetrics("*/*"));
     }
 }

@@ -36,9 +36,10 @@ fn config(dir: &Path, receiver: &Receiver) -> String {
     path.to_string_lossy().to_string()
 }
 
-/// The breaker-open notifications received: one per opening, by id.
-async fn openings_notified(receiver: &Receiver) -> Vec<String> {
-    let want = [format!("{TASK}.breaker-open-1.on_breaker_open.0"), format!("{TASK}.breaker-open-2.on_breaker_open.0")];
+/// The breaker-open notifications received: one per opening, by id (the
+/// id of the run whose failure opened it: `opened_by`).
+async fn openings_notified(receiver: &Receiver, opened_by: &[String]) -> Vec<String> {
+    let want: Vec<String> = opened_by.iter().map(|run| format!("{run}.on_breaker_open.0")).collect();
     let ok = receiver.wait_for(Duration::from_secs(20), |r| want.iter().all(|id| r.iter().any(|x| &x.id == id))).await;
     let received = receiver.received();
     assert!(ok, "breaker-open notifications: {received:?}");
@@ -66,6 +67,8 @@ fn slot(r: &pb::Run) -> DateTime<Utc> {
 struct Openings {
     /// End of each opening's cooldown.
     until: Vec<DateTime<Utc>>,
+    /// The run whose failure opened it, per opening.
+    opened_by: Vec<String>,
 }
 
 /// Drives the scenario against `addr()` (which may change: `failover` is
@@ -121,7 +124,7 @@ async fn scenario(first_addr: String, fixed_file: &Path, failover: impl AsyncFnO
             );
         }
     }
-    Openings { until: vec![until1, until2] }
+    Openings { until: vec![until1, until2], opened_by: vec![executed[2].run_id.clone(), trial1.run_id.clone()] }
 }
 
 fn circuit_skips_between(runs: &[pb::Run], from: DateTime<Utc>, until: DateTime<Utc>) -> usize {
@@ -145,7 +148,7 @@ async fn breaker_opens_skips_tries_and_closes_on_dev() {
         assert!((8..=10).contains(&n), "{n} slots skipped circuit_open in the cooldown ending {until}");
     }
     // Exactly one on_breaker_open per opening.
-    let ids = openings_notified(&receiver).await;
+    let ids = openings_notified(&receiver, &o.opened_by).await;
     assert_eq!(ids.len(), 2, "{ids:?}");
 }
 
@@ -174,7 +177,7 @@ async fn breaker_state_survives_a_leader_kill() {
     assert_eq!(o.until.len(), 2);
     // One notification per opening, by id (the first opening's may repeat
     // only if its leader died between the receiver's answer and its write).
-    let mut ids = openings_notified(&receiver).await;
+    let mut ids = openings_notified(&receiver, &o.opened_by).await;
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 2, "{ids:?}");

@@ -193,7 +193,8 @@ async fn a_receiver_that_always_fails_gets_a_dead_letter_after_max_attempts() {
     apply(&dev.addr, json!({"task_id": "dl", "agent_id": "fail_agent", "notify": {"on_failure": ["webhook://hook"]}})).await;
     cli(&dev.addr, &["task", "trigger", "dl"]);
     let run = wait_n_runs(&dev.addr, "dl", 1, Duration::from_secs(20), |r| status(r) == pb::RunStatus::Failed).await.remove(0);
-    let id = format!("{}.on_failure.0", run.run_id);
+    // A manual run's notification ids carry its scheduled_at (ms).
+    let id = format!("{}-{}.on_failure.0", run.run_id, punchclock_tests::at(&run.scheduled_at).expect("slot").timestamp_millis());
     assert!(receiver.wait_for(Duration::from_secs(30), |r| r.iter().filter(|x| x.id == id).count() >= 3).await);
     // Dead after exactly 3 tries.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

@@ -5,9 +5,11 @@
 //! ([`crate::notify`]), then kept as a small delivery record under
 //! `notifications/{id}`.
 //!
-//! The id is deterministic (`{run_id}.{event}.{i}`, or for a breaker
-//! opening `{task_id}.breaker-open-{n}.{i}`): it is the idempotency key a
-//! receiver sees, the same on every retry and after a leader failover.
+//! The id is deterministic, `{base}.{event}.{i}` (see
+//! [`notification_base`]; for a breaker opening, the base of the run whose
+//! end opened it): it is the idempotency key a receiver sees, the same on
+//! every retry and after a leader failover, and never the same for two
+//! different runs or openings.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -147,6 +149,18 @@ pub fn payload(id: &str, event: NotifyEvent, now: DateTime<Utc>, run: &RunRecord
         body["breaker"] = serde_json::to_value(b).unwrap_or_default();
     }
     body
+}
+
+/// The base of a run's notification ids: its run id; for a manual run also
+/// its `scheduled_at` in Unix milliseconds (`{run_id}-{ms}`), because the
+/// same idempotency key may make a new run once the old one was pruned.
+/// Slot runs are unique per slot already.
+pub fn notification_base(run: &RunRecord) -> String {
+    if run.trigger == super::run::TriggerKind::Manual {
+        format!("{}-{}", run.run_id, run.scheduled_at.timestamp_millis())
+    } else {
+        run.run_id.clone()
+    }
 }
 
 /// The notifications of one event of a task, one per sink in order.

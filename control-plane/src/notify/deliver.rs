@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use tokio::task::JoinSet;
 
-use super::{NotifyConfig, Target, signature};
+use super::{NotifyConfig, Target, redact_sink, signature};
 use crate::clock::SharedClock;
 use crate::election::Leadership;
 use crate::error::{Error, Result};
@@ -66,7 +66,13 @@ const RETRY_PAUSE: Duration = Duration::from_secs(1);
 async fn run(n: Notifier, lead: Leadership) {
     // rustls needs a process-wide crypto provider for reqwest's TLS.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = match reqwest::Client::builder().user_agent(concat!("punchclock/", env!("CARGO_PKG_VERSION"))).build() {
+    // Redirects are not followed: a 3xx is a failed delivery (the body
+    // would not be sent again to the new location).
+    let client = match reqwest::Client::builder()
+        .user_agent(concat!("punchclock/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the notification HTTP client; notifications are not delivered");
@@ -93,6 +99,9 @@ struct Book {
     /// Pending, by when due.
     due: BTreeSet<(DateTime<Utc>, String)>,
     inflight: HashSet<String>,
+    /// Requests in flight per sink: a slow sink holds at most
+    /// `per_sink_concurrency` of them, so it cannot delay the others.
+    sink_inflight: HashMap<String, usize>,
 }
 
 impl Book {
@@ -128,24 +137,35 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
     let mut inflight: JoinSet<(Notification, Revision, std::result::Result<(), String>)> = JoinSet::new();
     loop {
         let now = n.clock.now();
-        // Start what is due, up to the concurrency.
+        // Start what is due, oldest first, up to the concurrency, skipping
+        // sinks that have their share in flight.
         while inflight.len() < n.config.concurrency {
-            let Some((at, id)) = book.due.iter().find(|(_, id)| !book.inflight.contains(id)).cloned() else { break };
-            if at > now {
-                break;
-            }
+            let per_sink = n.config.per_sink_concurrency;
+            let next = book
+                .due
+                .iter()
+                .take_while(|(at, _)| *at <= now)
+                .find(|(_, id)| {
+                    !book.inflight.contains(id)
+                        && book.items.get(id).is_none_or(|(note, _)| book.sink_inflight.get(&note.sink).copied().unwrap_or(0) < per_sink)
+                })
+                .cloned();
+            let Some((at, id)) = next else { break };
             let Some((note, rev)) = book.items.get(&id).cloned() else {
                 book.due.remove(&(at, id));
                 continue;
             };
             book.inflight.insert(id);
+            *book.sink_inflight.entry(note.sink.clone()).or_default() += 1;
             let (client, config) = (client.clone(), n.config.clone());
             inflight.spawn(async move {
                 let r = send(&client, &config, &note, Utc::now()).await;
                 (note, rev, r)
             });
         }
-        let next_due = book.due.iter().find(|(_, id)| !book.inflight.contains(id)).map(|(t, _)| *t);
+        // Wake for the next due item (one whose sink is busy is woken by
+        // that sink's answer).
+        let next_due = book.due.iter().find(|(t, id)| *t > now && !book.inflight.contains(id)).map(|(t, _)| *t);
         let has_room = inflight.len() < n.config.concurrency;
         let wait = async {
             match next_due {
@@ -177,6 +197,9 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
             Some(done) = inflight.join_next(), if !inflight.is_empty() => {
                 let Ok((note, rev, result)) = done else { continue };
                 book.inflight.remove(&note.id);
+                if let Some(c) = book.sink_inflight.get_mut(&note.sink) {
+                    *c = c.saturating_sub(1);
+                }
                 record(n, lead, &mut book, note, rev, result).await?;
             }
             _ = wait => {}
@@ -203,7 +226,7 @@ async fn record(
             note.delivered_at = Some(now);
             note.last_error = None;
             n.metrics.notification_delivered(&kind);
-            tracing::info!(id = %note.id, sink = %note.sink, attempts = note.attempts, "notification delivered");
+            tracing::info!(id = %note.id, sink = %redact_sink(&note.sink), attempts = note.attempts, "notification delivered");
         }
         Err(e) => {
             n.metrics.notification_failed(&kind);
@@ -211,11 +234,11 @@ async fn record(
             if note.attempts >= n.config.max_attempts {
                 note.status = DeliveryStatus::Dead;
                 n.metrics.notification_dead(&kind);
-                tracing::warn!(id = %note.id, sink = %note.sink, attempts = note.attempts, error = %e, "notification dead-lettered");
+                tracing::warn!(id = %note.id, sink = %redact_sink(&note.sink), attempts = note.attempts, error = %e, "notification dead-lettered");
             } else {
                 let delay = n.config.backoff(note.attempts);
                 note.next_attempt_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
-                tracing::info!(id = %note.id, sink = %note.sink, attempts = note.attempts, retry_in_ms = delay.as_millis() as u64, error = %e, "notification not delivered; will retry");
+                tracing::info!(id = %note.id, sink = %redact_sink(&note.sink), attempts = note.attempts, retry_in_ms = delay.as_millis() as u64, error = %e, "notification not delivered; will retry");
             }
         }
     }
@@ -265,7 +288,8 @@ async fn send(client: &reqwest::Client, config: &NotifyConfig, note: &Notificati
             let text: String = text.chars().take(200).collect();
             Err(format!("HTTP {status}: {text}"))
         }
-        Err(e) => Err(error_chain(&e)),
+        // Without the URL: it may hold a token.
+        Err(e) => Err(error_chain(&e.without_url())),
     }
 }
 

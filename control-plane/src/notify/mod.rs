@@ -68,6 +68,9 @@ pub struct Settings {
     pub timeout_seconds: u64,
     /// Requests in flight at once; `1..=256`, default 8.
     pub concurrency: usize,
+    /// Of those, to one sink; `1..=concurrency`, default 2 (a slow sink
+    /// does not hold up the others).
+    pub per_sink_concurrency: usize,
     /// Signs requests to direct `http(s)://` sinks.
     pub secret: Option<String>,
     /// The same, read from a file (trailing newline dropped).
@@ -82,6 +85,7 @@ impl Default for Settings {
             retry_cap_seconds: 300.0,
             timeout_seconds: 10,
             concurrency: 8,
+            per_sink_concurrency: 2,
             secret: None,
             secret_file: None,
         }
@@ -132,6 +136,8 @@ pub struct NotifyConfig {
     pub retry_cap: Duration,
     /// Requests in flight.
     pub concurrency: usize,
+    /// Requests in flight to one sink.
+    pub per_sink_concurrency: usize,
     default_timeout: Duration,
     default_secret: Option<String>,
     sinks: BTreeMap<String, Target>,
@@ -144,13 +150,40 @@ impl Default for NotifyConfig {
 }
 
 fn read_secret(field: &str, inline: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
-    match (inline, file) {
-        (Some(_), Some(_)) => Err(Error::invalid(field, "give secret or secret_file, not both")),
-        (Some(s), None) => Ok(Some(s.clone())),
+    let secret = match (inline, file) {
+        (Some(_), Some(_)) => return Err(Error::invalid(field, "give secret or secret_file, not both")),
+        (Some(s), None) => s.clone(),
         (None, Some(p)) => std::fs::read_to_string(p)
-            .map(|s| Some(s.trim_end_matches(['\n', '\r']).to_string()))
-            .map_err(|e| Error::invalid(format!("{field}_file"), format!("cannot read {}: {e}", p.display()))),
-        (None, None) => Ok(None),
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+            .map_err(|e| Error::invalid(format!("{field}_file"), format!("cannot read {}: {e}", p.display())))?,
+        (None, None) => return Ok(None),
+    };
+    if secret.is_empty() {
+        let which = if inline.is_some() { field.to_string() } else { format!("{field}_file") };
+        return Err(Error::invalid(which, "is empty: an empty key signs nothing"));
+    }
+    Ok(Some(secret))
+}
+
+/// Headers a sink's `headers` may not set: punchclock sets them.
+const RESERVED_HEADERS: [&str; 6] =
+    ["content-type", "content-length", "idempotency-key", "punchclock-signature", "punchclock-notification-id", "punchclock-event"];
+
+/// A sink for logs and listings: a `webhook://NAME` as is; a URL without
+/// its user info, path and query (they often hold tokens, as Slack's
+/// webhook URLs do): `https://hooks.example.com/…`.
+pub fn redact_sink(sink: &str) -> String {
+    if sink.starts_with("webhook://") {
+        return sink.to_string();
+    }
+    match reqwest::Url::parse(sink) {
+        Ok(u) => {
+            let host = u.host_str().unwrap_or("?");
+            let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+            let more = if u.path() != "/" || u.query().is_some() { "/…" } else { "/" };
+            format!("{}://{host}{port}{more}", u.scheme())
+        }
+        Err(_) => "(malformed URL)".to_string(),
     }
 }
 
@@ -164,7 +197,11 @@ impl NotifyConfig {
         let de = serde_yaml_ng::Deserializer::from_str(&text);
         let file: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
-            Error::invalid(if field == "." { "config".to_string() } else { field }, e.inner().to_string())
+            let field = if field == "." { "config".to_string() } else { field };
+            // serde_yaml_ng's message may start with the path already.
+            let msg = e.inner().to_string();
+            let msg = msg.strip_prefix(&format!("{field}: ")).map(str::to_string).unwrap_or(msg);
+            Error::invalid(field, msg)
         })?;
         NotifyConfig::from_file(file, path.parent().unwrap_or(Path::new(".")))
     }
@@ -178,8 +215,8 @@ impl NotifyConfig {
             return Err(Error::invalid("notifications.max_attempts", format!("must be in 1..=100 (got {})", n.max_attempts)));
         }
         for (name, v) in [("retry_base_seconds", n.retry_base_seconds), ("retry_cap_seconds", n.retry_cap_seconds)] {
-            if !v.is_finite() || !(0.0..=86_400.0).contains(&v) {
-                return Err(Error::invalid(format!("notifications.{name}"), "must be a number of seconds in 0..=86400"));
+            if !v.is_finite() || !(0.01..=86_400.0).contains(&v) {
+                return Err(Error::invalid(format!("notifications.{name}"), "must be a number of seconds in 0.01..=86400"));
             }
         }
         if n.retry_cap_seconds < n.retry_base_seconds {
@@ -190,6 +227,9 @@ impl NotifyConfig {
         }
         if !(1..=256).contains(&n.concurrency) {
             return Err(Error::invalid("notifications.concurrency", "must be in 1..=256"));
+        }
+        if !(1..=n.concurrency).contains(&n.per_sink_concurrency) {
+            return Err(Error::invalid("notifications.per_sink_concurrency", format!("must be in 1..={} (concurrency)", n.concurrency)));
         }
         let default_secret = read_secret("notifications.secret", &n.secret, &n.secret_file)?;
         let default_timeout = Duration::from_secs(n.timeout_seconds);
@@ -204,11 +244,14 @@ impl NotifyConfig {
             let secret = read_secret(&field("secret"), &s.secret, &s.secret_file)?;
             let mut headers = Vec::new();
             for (k, v) in &s.headers {
-                let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                    .map_err(|_| Error::invalid(format!("sinks.{name}.headers.{k}"), "is not a valid header name"))?;
+                let header = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| Error::invalid(field(&format!("headers.{k}")), "is not a valid header name"))?;
+                if RESERVED_HEADERS.contains(&header.as_str()) {
+                    return Err(Error::invalid(field(&format!("headers.{k}")), "is set by punchclock and cannot be configured"));
+                }
                 let value = reqwest::header::HeaderValue::from_str(v)
-                    .map_err(|_| Error::invalid(format!("sinks.{name}.headers.{k}"), "is not a valid header value"))?;
-                headers.push((name, value));
+                    .map_err(|_| Error::invalid(field(&format!("headers.{k}")), "is not a valid header value"))?;
+                headers.push((header, value));
             }
             let timeout = match s.timeout_seconds {
                 Some(t) if (1..=300).contains(&t) => Duration::from_secs(t),
@@ -222,6 +265,7 @@ impl NotifyConfig {
             retry_base: Duration::from_secs_f64(n.retry_base_seconds),
             retry_cap: Duration::from_secs_f64(n.retry_cap_seconds),
             concurrency: n.concurrency,
+            per_sink_concurrency: n.per_sink_concurrency,
             default_timeout,
             default_secret,
             sinks,
@@ -243,7 +287,7 @@ impl NotifyConfig {
                 Error::FailedPrecondition(format!("sink webhook://{name} is not defined in the control plane's --config file"))
             });
         }
-        let url = reqwest::Url::parse(sink).map_err(|e| Error::invalid("sink", format!("{sink:?}: {e}")))?;
+        let url = reqwest::Url::parse(sink).map_err(|e| Error::invalid("sink", format!("{}: {e}", redact_sink(sink))))?;
         Ok(Target { url, secret: self.default_secret.clone(), headers: Vec::new(), timeout: self.default_timeout })
     }
 
@@ -293,6 +337,14 @@ mod tests {
         assert!(err("notifications:\n  max_attempts: 0\n").starts_with("notifications.max_attempts"));
         assert!(err("sinks:\n  a:\n    url: http://x\n    sekret: y\n").contains("sekret"));
         assert!(err("sinks:\n  a:\n    url: http://x\n    secret_file: /nonexistent/s\n").starts_with("sinks.a.secret_file"));
+        assert!(err("sinks:\n  a:\n    url: http://x\n    headers: {X-Ok: \"bad\\nvalue\"}\n").starts_with("sinks.a.headers.X-Ok"));
+        assert!(err("sinks:\n  a:\n    url: http://x\n    headers: {Punchclock-Signature: x}\n").contains("set by punchclock"));
+        assert!(err("sinks:\n  a:\n    url: http://x\n    secret: \"\"\n").starts_with("sinks.a.secret: is empty"));
+        assert!(err("notifications:\n  retry_base_seconds: 0\n").starts_with("notifications.retry_base_seconds"));
+        let e = err("notifications:\n  timeout_seconds: abc\n");
+        assert!(e.starts_with("notifications.timeout_seconds: ") && !e.contains("timeout_seconds: notifications"), "{e}");
+        assert_eq!(redact_sink("https://u:p@hooks.example.com:8443/services/T0/B0/XX?token=1"), "https://hooks.example.com:8443/…");
+        assert_eq!(redact_sink("webhook://alert"), "webhook://alert");
         let c = load("notifications:\n  retry_base_seconds: 2\n  retry_cap_seconds: 5\nsinks:\n  a:\n    url: http://x/h\n    secret: s\n")
             .unwrap();
         assert!(c.has_sink("a"));

@@ -224,7 +224,7 @@ pub fn notification_to_pb(n: &crate::model::notification::Notification) -> pb::N
     pb::Notification {
         id: n.id.clone(),
         event: n.event.as_str().into(),
-        sink: n.sink.clone(),
+        sink: crate::notify::redact_sink(&n.sink),
         task_id: n.task_id.clone(),
         run_id: n.run_id.clone(),
         status: n.status.as_str().into(),

@@ -8,14 +8,14 @@ use chrono::{DateTime, Utc};
 
 use super::EngineCore;
 use crate::model::breaker::Breaker;
-use crate::model::notification::{NotifyEvent, for_sinks};
+use crate::model::notification::{NotifyEvent, for_sinks, notification_base};
 use crate::repo::StoreOp;
 
 impl EngineCore {
     /// Queues the notifications of `event` for run `run_id` of its task
     /// (none when the task has no sinks for it). `breaker`: for
-    /// `on_breaker_open`, the breaker as it opened (its `openings` makes
-    /// the ids of each opening distinct).
+    /// `on_breaker_open`, the breaker as it opened (the run that opened it
+    /// makes each opening's id distinct).
     pub(super) fn notify(&mut self, now: DateTime<Utc>, run_id: &str, event: NotifyEvent, breaker: Option<&Breaker>) {
         let Some(run) = self.runs.get(run_id) else { return };
         let Some(spec) = self.tasks.get(&run.task_id).and_then(|e| e.record.spec.notify.as_ref()) else { return };
@@ -23,11 +23,8 @@ impl EngineCore {
         if sinks.is_empty() {
             return;
         }
-        let id_base = match (event, breaker) {
-            (NotifyEvent::OnBreakerOpen, Some(b)) => format!("{}.breaker-open-{}", run.task_id, b.openings),
-            _ => run.run_id.clone(),
-        };
-        let ops = for_sinks(sinks, event, &id_base, now, run, breaker).into_iter().map(|n| StoreOp::PutNotification(Box::new(n)));
+        let ops =
+            for_sinks(sinks, event, &notification_base(run), now, run, breaker).into_iter().map(|n| StoreOp::PutNotification(Box::new(n)));
         self.companions.entry(run_id.to_string()).or_default().extend(ops);
     }
 

@@ -1031,7 +1031,7 @@ fn notifications_commit_with_the_run_they_report() {
         vec![
             (format!("{}.on_failure.0", a.run_id), NotifyEvent::OnFailure, "webhook://a".to_string()),
             (format!("{}.on_failure.1", a.run_id), NotifyEvent::OnFailure, "https://b.example/x".to_string()),
-            ("t.breaker-open-1.on_breaker_open.0".to_string(), NotifyEvent::OnBreakerOpen, "webhook://pager".to_string()),
+            (format!("{}.on_breaker_open.0", a.run_id), NotifyEvent::OnBreakerOpen, "webhook://pager".to_string()),
         ]
     );
     // The next slot is skipped circuit_open: its record and its notification together.
