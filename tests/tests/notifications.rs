@@ -226,3 +226,44 @@ async fn a_receiver_that_always_fails_gets_a_dead_letter_after_max_attempts() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A sink that never answers holds at most `per_sink_concurrency` of the
+/// requests in flight: the other sink's notifications keep arriving about
+/// as fast as runs finish. (Before, oldest-first delivery let the hanging
+/// sink's backlog take every slot.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_sink_does_not_hold_up_the_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "notifications_hang");
+    let receiver = Receiver::start(SECRET).await;
+    // Accepts connections and never answers.
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let hang_port = hang.local_addr().expect("addr").port();
+    let _hang = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = hang.accept().await {
+            held.push(conn);
+        }
+    });
+    let cfg = dir.path().join("punchclock.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "notifications:\n  concurrency: 2\n  per_sink_concurrency: 1\n  retry_cap_seconds: 1\nsinks:\n  hang:\n    url: http://127.0.0.1:{hang_port}/\n    timeout_seconds: 20\n  ok:\n    url: {}\n    secret: {SECRET}\n",
+            receiver.url()
+        ),
+    )
+    .expect("config");
+    let dev = Proc::dev_with(&dir.path().join("data"), 8, &dir.path().join("dev.log"), &["--config", &cfg.to_string_lossy()]);
+    apply(
+        &dev.addr,
+        json!({"task_id": "h", "agent_id": "ok_agent", "trigger": {"type": "interval", "every": "1s"},
+               "notify": {"on_success": ["webhook://hang", "webhook://ok"]}}),
+    )
+    .await;
+    assert!(receiver.wait_for(Duration::from_secs(20), |r| !r.is_empty()).await, "first notification to ok");
+    let start = receiver.received().len();
+    // 10 s of runs: their ok notifications arrive while hang holds its one slot.
+    let arrived = receiver.wait_for(Duration::from_secs(10), |r| r.len() >= start + 7).await;
+    assert!(arrived, "only {} notifications reached the ok sink in 10 s", receiver.received().len() - start);
+}

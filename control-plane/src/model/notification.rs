@@ -195,3 +195,28 @@ pub fn for_sinks(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::run::TriggerKind;
+
+    /// Found by an attack: a breaker-open id counted openings from 1 again
+    /// after the task was re-created, and a manual key used again after its
+    /// run was pruned gave the same ids — a receiver deduplicating by id
+    /// dropped real alerts. Ids now come from the run (and, for manual
+    /// runs, its time).
+    #[test]
+    fn ids_differ_for_different_runs_with_the_same_run_id() {
+        let t1: DateTime<Utc> = "2026-12-01T10:00:00.123Z".parse().unwrap();
+        let t2: DateTime<Utc> = "2026-12-01T11:00:00.456Z".parse().unwrap();
+        let a = RunRecord::pending("t.manual-k".into(), "t", "ag", TriggerKind::Manual, t1, t1);
+        let b = RunRecord::pending("t.manual-k".into(), "t", "ag", TriggerKind::Manual, t2, t2);
+        assert_ne!(notification_base(&a), notification_base(&b));
+        assert_eq!(notification_base(&a), format!("t.manual-k-{}", t1.timestamp_millis()));
+        let slot = RunRecord::pending("t.20261201T100000Z".into(), "t", "ag", TriggerKind::Cron, t1, t1);
+        assert_eq!(notification_base(&slot), "t.20261201T100000Z");
+        let n = for_sinks(&["webhook://x".into()], NotifyEvent::OnBreakerOpen, &notification_base(&slot), t1, &slot, None);
+        assert_eq!(n[0].id, "t.20261201T100000Z.on_breaker_open.0");
+    }
+}
