@@ -71,8 +71,11 @@ shim-static:
 	install -D -m 755 target/static-shim/release/punchclock-agent-shim target/release/punchclock-agent-shim
 
 # Acceptance 4 of issue 2: idle CPU and memory with 10,000 cron tasks (prints figures).
+# The binary `build` made (not `cargo run -p`, whose per-package feature
+# set would rebuild the workspace's crates for it, and again for the next
+# `make demo`).
 bench-idle: build
-	$(CARGO) run --quiet -p punchclock-tests --bin bench-idle -- 10000 20
+	./target/debug/bench-idle 10000 20
 
 fmt:
 	$(CARGO) fmt --all
