@@ -131,6 +131,12 @@ pub fn payload(id: &str, event: NotifyEvent, now: DateTime<Utc>, run: &RunRecord
         for k in ["stdout_tail", "stderr_tail", "params", "progress", "priority", "fencing_token", "start_by", "pending_reason"] {
             o.remove(k);
         }
+        // Internal to the runner protocol (not in `runs get` either).
+        if let Some(attempts) = o.get_mut("attempts").and_then(|a| a.as_array_mut()) {
+            for a in attempts.iter_mut().filter_map(|a| a.as_object_mut()) {
+                a.remove("runner_instance");
+            }
+        }
         if let Some(res) = o.get("result")
             && let Ok(bytes) = serde_json::to_vec(res)
             && bytes.len() > MAX_PAYLOAD_RESULT_BYTES
