@@ -244,6 +244,17 @@ pub async fn start(
     settings: &ExecutorSettings,
     events: mpsc::Sender<ExecutionEvent>,
 ) -> Result<Execution, Error> {
+    // The agent's TRACEPARENT is the runner's invoke_agent span (a child of
+    // the control plane's attempt span).
+    let invoke = crate::trace::InvokeSpan::begin(assign);
+    let traced;
+    let assign = match &invoke {
+        Some(span) => {
+            traced = Assign { traceparent: span.traceparent(), ..assign.clone() };
+            &traced
+        }
+        None => assign,
+    };
     let dir = ExecutionDir::create(&settings.work_dir, assign, &settings.dirs).await?;
     let spawned = match &settings.zygote {
         Some(zygote) if settings.shim.is_some() => match spawn_by_zygote(zygote, agent, assign, settings, &dir).await {
@@ -255,7 +266,7 @@ pub async fn start(
         _ => spawn(agent, assign, settings, &dir),
     };
     match spawned {
-        Ok(agent) => Ok(supervise(agent, dir, assign, settings, events)),
+        Ok(agent) => Ok(supervise(agent, dir, assign, settings, events, invoke)),
         Err(err) => {
             let _ = tokio::task::spawn_blocking(move || dir.remove()).await;
             Err(err)
@@ -613,6 +624,7 @@ fn supervise(
     assign: &Assign,
     settings: &ExecutorSettings,
     events: mpsc::Sender<ExecutionEvent>,
+    invoke: Option<crate::trace::InvokeSpan>,
 ) -> Execution {
     let started_at = clock::now_timestamp();
     let in_flight = InFlight {
@@ -669,6 +681,7 @@ fn supervise(
         shimmed: settings.shim.is_some(),
         escalated: false,
         events,
+        invoke,
     };
     info!(
         run_id = %in_flight.run_id,
@@ -690,6 +703,8 @@ enum StopReason {
 
 /// Owns a running child until its `Finished` is sent.
 struct Supervisor {
+    /// The execution's span (when the assignment carried a trace).
+    invoke: Option<crate::trace::InvokeSpan>,
     in_flight: InFlight,
     /// When the agent was spawned (UTC).
     started_at: prost_types::Timestamp,
@@ -903,6 +918,12 @@ impl Supervisor {
             },
         };
         let error = [Some(error), result_problem].into_iter().flatten().filter(|part| !part.is_empty()).collect::<Vec<_>>().join("; ");
+        if let Some(span) = &self.invoke {
+            let at = |ts: prost_types::Timestamp| {
+                clock::from_timestamp(&ts).map(std::time::SystemTime::from).unwrap_or_else(std::time::SystemTime::now)
+            };
+            span.end(at(self.started_at), std::time::SystemTime::now(), outcome.as_str_name(), exit_code, &result_json, &error);
+        }
 
         Finished {
             run_id: self.in_flight.run_id.clone(),

@@ -25,6 +25,7 @@ pub mod executor;
 pub mod fence;
 pub mod session;
 mod time;
+mod trace;
 pub mod zygote;
 
 pub use config::{AgentSpec, AgentsFile, DEFAULT_KILL_GRACE, ProcessAgent, RunnerConfig, ShimCommand};

@@ -150,6 +150,24 @@ struct ConfigArgs {
     /// and delivery settings; see README "Notifications".
     #[arg(long)]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    otlp: OtlpArgs,
+}
+
+/// Trace export (`dev`, `server`, `runner`).
+#[derive(Args, Debug)]
+struct OtlpArgs {
+    /// OTLP/gRPC endpoint for traces (e.g. http://127.0.0.1:4317); default:
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT;
+    /// none: no traces.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+}
+
+impl OtlpArgs {
+    fn start(&self, service: &str) -> Result<Option<punchclock_control_plane::telemetry::Telemetry>, String> {
+        punchclock_control_plane::telemetry::Telemetry::start(self.otlp_endpoint.as_deref(), service).map_err(|e| e.to_string())
+    }
 }
 
 impl ConfigArgs {
@@ -269,6 +287,8 @@ struct RunnerArgs {
     /// Runner id, unique in the cluster (default: runner-HOST-PID).
     #[arg(long)]
     runner_id: Option<String>,
+    #[command(flatten)]
+    otlp: OtlpArgs,
     /// TERM→KILL grace in milliseconds.
     #[arg(long, default_value_t = 5000)]
     kill_grace_ms: u64,
@@ -318,6 +338,10 @@ enum TaskCmd {
         /// Idempotency key: the same key never makes a second run.
         #[arg(long, default_value = "")]
         key: String,
+        /// W3C traceparent: the run joins this trace (default: the
+        /// `TRACEPARENT` environment variable, as inside a traced agent).
+        #[arg(long, env = "TRACEPARENT", default_value = "")]
+        traceparent: String,
     },
 }
 
@@ -604,6 +628,7 @@ async fn dev(a: DevArgs) -> Res {
     // The HTTP port defaults to the one after the API's (a free one when
     // that is taken, or when the API's port is chosen by the system).
     let http_next = SocketAddr::new(a.listen.ip(), if a.listen.port() == 0 { 0 } else { a.listen.port().saturating_add(1) });
+    let telemetry = a.config.otlp.start("punchclock-dev")?;
     let cfg = ServerConfig {
         listen: a.listen,
         advertise: None,
@@ -615,6 +640,7 @@ async fn dev(a: DevArgs) -> Res {
         timing,
         retention: a.retention.config()?,
         notify: a.config.load()?,
+        traces: telemetry.is_some(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut srv_stop = stop_rx.clone();
@@ -653,11 +679,16 @@ async fn dev(a: DevArgs) -> Res {
         eprintln!("runner: {e}");
     }
     let _ = stop_tx.send(true);
-    server.wait().await.map_err(|e| e.to_string())
+    let r = server.wait().await.map_err(|e| e.to_string());
+    if let Some(t) = telemetry {
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
+    r
 }
 
 async fn server(a: ServerArgs) -> Res {
     let store: StoreSpec = a.store.parse().map_err(|e: punchclock_control_plane::Error| e.to_string())?;
+    let telemetry = a.config.otlp.start("punchclock-control-plane")?;
     let cfg = ServerConfig {
         listen: a.listen,
         advertise: a.advertise,
@@ -669,10 +700,15 @@ async fn server(a: ServerArgs) -> Res {
         timing: a.timing.timing(),
         retention: a.retention.config()?,
         notify: a.config.load()?,
+        traces: telemetry.is_some(),
     };
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
     eprintln!("punchclock server: API on http://{}", server.addr);
-    server.wait().await.map_err(|e| e.to_string())
+    let r = server.wait().await.map_err(|e| e.to_string());
+    if let Some(t) = telemetry {
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
+    r
 }
 
 fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
@@ -693,7 +729,12 @@ async fn runner(a: RunnerArgs) -> Res {
     let mut cfg =
         runner_config(runner_id, cps, &a.agents, a.slots, parse_labels(&a.labels)?, Duration::from_millis(a.kill_grace_ms), work_dir)?;
     cfg.zygote = !a.no_agent_zygote;
-    punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string())
+    let telemetry = a.otlp.start("punchclock-runner")?;
+    let r = punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string());
+    if let Some(t) = telemetry {
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
+    r
 }
 
 fn preview(a: PreviewArgs, fmt: Format) -> Res {
@@ -897,7 +938,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             }
             Ok(())
         }
-        TaskCmd::Trigger { task_id, params, delay, key } => {
+        TaskCmd::Trigger { task_id, params, delay, key, traceparent } => {
             let r = tc
                 .trigger_task(pb::TriggerTaskRequest {
                     task_id,
@@ -905,6 +946,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                     delay_seconds: delay,
                     not_before: None,
                     idempotency_key: key,
+                    traceparent,
                 })
                 .await
                 .map_err(grpc)?

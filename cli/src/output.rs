@@ -102,6 +102,8 @@ pub fn run_json(r: &pb::Run) -> Value {
         "stdout_tail": r.stdout_tail,
         "stderr_tail": r.stderr_tail,
         "fencing_token": r.fencing_token,
+        "trace_id": opt_str(&r.trace_id),
+        "span_id": opt_str(&r.span_id),
         "updated_at": t(&r.updated_at),
     })
 }

@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub retention: crate::engine::retention::RetentionConfig,
     /// Notification sinks and delivery settings (`--config`).
     pub notify: Arc<crate::notify::NotifyConfig>,
+    /// Emit run spans (a trace exporter is installed).
+    pub traces: bool,
 }
 
 /// A started server.
@@ -139,6 +141,9 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         notify: cfg.notify.clone(),
     });
     tokio::spawn(metrics.follow(core.lifecycle.clone()));
+    if cfg.traces {
+        tokio::spawn(crate::telemetry::follow(core.lifecycle.clone()));
+    }
 
     let http_addr = match cfg.http_listen {
         Some(a) => Some(crate::http::serve(a, cfg.http_listen_fallback, core.clone()).await?),

@@ -19,4 +19,5 @@ pub mod metrics;
 pub mod notify;
 pub mod service;
 pub mod stats;
+pub mod telemetry;
 pub mod timing;

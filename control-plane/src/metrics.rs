@@ -136,6 +136,9 @@ pub struct Metrics {
     notify_dead: Family<SinkLabel, Counter>,
     /// Agents that had pending runs (their gauge then reads 0, not nothing).
     pending_agents: std::sync::Mutex<std::collections::BTreeSet<AgentLabel>>,
+    spans_dropped: Counter,
+    /// [`crate::telemetry::spans_dropped`] at the last scrape.
+    spans_dropped_seen: AtomicU64,
 }
 
 /// Most agents whose pending gauge is kept at 0 once seen.
@@ -182,6 +185,8 @@ impl Metrics {
             notify_failed: Family::default(),
             notify_dead: Family::default(),
             pending_agents: std::sync::Mutex::default(),
+            spans_dropped: Counter::default(),
+            spans_dropped_seen: AtomicU64::new(0),
         };
         let r = &mut registry;
         r.register_with_unit(
@@ -236,6 +241,11 @@ impl Metrics {
             m.notify_failed.clone(),
         );
         r.register("notifications_dead", "Notifications dead-lettered after max_attempts, per sink", m.notify_dead.clone());
+        r.register(
+            "trace_spans_dropped",
+            "Trace spans lost: their OTLP export failed, or the exporter fell behind",
+            m.spans_dropped.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -330,6 +340,9 @@ impl Metrics {
     /// Sets the scrape-time gauges: the leader's state (`Some`, with its
     /// fencing token), or a follower's zeros.
     pub fn set_engine(&self, leading: Option<(u64, EngineGauges)>) {
+        let dropped = crate::telemetry::spans_dropped();
+        let seen = self.spans_dropped_seen.swap(dropped, std::sync::atomic::Ordering::Relaxed);
+        self.spans_dropped.inc_by(dropped.saturating_sub(seen));
         // Agents seen before read 0 rather than vanish; breakers of deleted
         // tasks go.
         self.breaker_state.clear();

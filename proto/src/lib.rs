@@ -126,3 +126,58 @@ pub mod output {
         }
     }
 }
+
+/// W3C Trace Context (`traceparent`, <https://www.w3.org/TR/trace-context/>):
+/// the one parser and formatter both sides use. Ids are lower-case hex:
+/// 32 digits for a trace id, 16 for a span id; all-zero ids are invalid.
+pub mod tracecontext {
+    /// `00-{trace_id}-{span_id}-01` (version 00, sampled).
+    pub fn format(trace_id: &str, span_id: &str) -> String {
+        format!("00-{trace_id}-{span_id}-01")
+    }
+
+    /// `(trace_id, span_id, sampled)` of a `traceparent`; `None` when it is
+    /// malformed (wrong lengths, upper case, non-hex, all-zero ids, version
+    /// `ff`). Later versions are read by their first four fields, as the
+    /// specification says.
+    pub fn parse(s: &str) -> Option<(String, String, bool)> {
+        let mut parts = s.trim().split('-');
+        let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let hex = |v: &str, n: usize| v.len() == n && v.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !hex(version, 2) || version == "ff" || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
+            return None;
+        }
+        if version == "00" && parts.next().is_some() {
+            return None;
+        }
+        if trace.bytes().all(|b| b == b'0') || span.bytes().all(|b| b == b'0') {
+            return None;
+        }
+        let sampled = u8::from_str_radix(flags, 16).ok()? & 1 == 1;
+        Some((trace.to_string(), span.to_string(), sampled))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_the_spec_example_and_refuses_malformed_ones() {
+            let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+            assert_eq!(parse(tp), Some(("4bf92f3577b34da6a3ce929d0e0e4736".into(), "00f067aa0ba902b7".into(), true)));
+            assert_eq!(format("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"), tp);
+            for bad in [
+                "",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+                "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+                "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            ] {
+                assert_eq!(parse(bad), None, "{bad}");
+            }
+            assert!(parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-future").is_some_and(|p| !p.2));
+        }
+    }
+}

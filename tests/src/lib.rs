@@ -486,6 +486,7 @@ pub async fn in_process_server(
         timing: punchclock_control_plane::timing::Timing::default(),
         retention: Default::default(),
         notify: Default::default(),
+        traces: false,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let s = bootstrap::start(cfg, std::sync::Arc::new(clock), async move {

@@ -45,6 +45,8 @@ pub struct TriggerRequest {
     pub delay_seconds: u64,
     /// Idempotency key; `None` = a fresh one.
     pub idempotency_key: Option<String>,
+    /// The caller's W3C `traceparent`: the run joins its trace.
+    pub traceparent: Option<String>,
 }
 
 /// A runner as listed by `ClusterService.ListRunners`.

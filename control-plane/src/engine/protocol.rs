@@ -146,6 +146,9 @@ pub struct Assignment {
     pub fencing_token: u64,
     /// The run's slot (UTC).
     pub scheduled_at: DateTime<Utc>,
+    /// W3C `traceparent` of the attempt's span (the runner's
+    /// `invoke_agent` span is its child); empty when the run has no trace.
+    pub traceparent: String,
 }
 
 /// A message from the leader to one runner.

@@ -5,6 +5,7 @@ pub mod breaker;
 pub mod notification;
 pub mod run;
 pub mod task;
+pub mod trace;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -210,6 +210,55 @@ pub struct Attempt {
     /// ended the attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<AttemptReport>,
+    /// What the agent reported using (`usage` in its result), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Model usage an agent reports in its result: `{"usage": {"input_tokens":
+/// N, "output_tokens": N, "cache_read_input_tokens": N, "cost": X}}` (each
+/// optional). Shown on traces as `gen_ai.usage.*` (OpenTelemetry GenAI
+/// semantic conventions) and summed over a run's attempts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input (prompt) tokens.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Output (completion) tokens.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// Input tokens read from a cache.
+    #[serde(default)]
+    pub cache_read_input_tokens: u64,
+    /// Cost, in the agent's currency unit.
+    #[serde(default)]
+    pub cost: f64,
+}
+
+impl Usage {
+    /// The `usage` object of a result, if it has one of the known fields.
+    pub fn from_result(result: &serde_json::Value) -> Option<Usage> {
+        let u = result.get("usage")?.as_object()?;
+        let int = |k: &str| u.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let cost = u.get("cost").and_then(serde_json::Value::as_f64).filter(|c| c.is_finite()).unwrap_or(0.0);
+        let usage = Usage {
+            input_tokens: int("input_tokens"),
+            output_tokens: int("output_tokens"),
+            cache_read_input_tokens: int("cache_read_input_tokens"),
+            cost,
+        };
+        (usage != Usage::default()).then_some(usage)
+    }
+
+    /// The sum of two reports.
+    pub fn plus(self, o: Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens.saturating_add(o.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(o.output_tokens),
+            cache_read_input_tokens: self.cache_read_input_tokens.saturating_add(o.cache_read_input_tokens),
+            cost: self.cost + o.cost,
+        }
+    }
 }
 
 impl Attempt {
@@ -311,6 +360,16 @@ pub struct RunRecord {
     pub fencing_token: u64,
     /// Last write (UTC).
     pub updated_at: DateTime<Utc>,
+    /// OpenTelemetry trace of the run (32 hex digits; see [`crate::model::trace`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_id: String,
+    /// The run's root span (16 hex digits).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub span_id: String,
+    /// The caller's span when `TriggerTask` carried a `traceparent`: the
+    /// run's span is its child.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub parent_span_id: String,
 }
 
 impl RunRecord {
@@ -351,6 +410,9 @@ impl RunRecord {
             interruptions: 0,
             fencing_token: 0,
             updated_at: now,
+            trace_id: String::new(),
+            span_id: String::new(),
+            parent_span_id: String::new(),
         }
     }
 

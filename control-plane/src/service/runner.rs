@@ -227,7 +227,7 @@ pub fn to_pb(m: ToRunner) -> pb::ControlMessage {
             deadline: Some(to_timestamp(a.deadline)),
             timeout_seconds: a.timeout_seconds,
             fencing_token: a.fencing_token,
-            traceparent: String::new(),
+            traceparent: a.traceparent,
             scheduled_at: Some(to_timestamp(a.scheduled_at)),
         }),
         ToRunner::Cancel { run_id, execution_id, reason } => Out::Cancel(pb::Cancel { run_id, execution_id, reason }),

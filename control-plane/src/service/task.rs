@@ -120,7 +120,17 @@ impl TaskService for TaskSvc {
     }
 
     async fn trigger_task(&self, req: Request<pb::TriggerTaskRequest>) -> Result<Response<pb::TriggerTaskResponse>, Status> {
+        // The caller's trace: the `traceparent` field, else the request's
+        // `traceparent` metadata (W3C propagation over gRPC).
+        let header_tp = req.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
         let r = req.into_inner();
+        let traceparent = if r.traceparent.is_empty() {
+            header_tp.filter(|tp| punchclock_proto::tracecontext::parse(tp).is_some())
+        } else if punchclock_proto::tracecontext::parse(&r.traceparent).is_some() {
+            Some(r.traceparent.clone())
+        } else {
+            return Err(status(Error::invalid("traceparent", "is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")));
+        };
         let params = if r.params_json.trim().is_empty() {
             serde_json::Map::new()
         } else {
@@ -144,6 +154,7 @@ impl TaskService for TaskSvc {
             },
             delay_seconds: r.delay_seconds,
             idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
+            traceparent,
         };
         let t = self.0.trigger(req).await.map_err(status)?;
         Ok(Response::new(pb::TriggerTaskResponse {

@@ -72,6 +72,13 @@ impl EngineCore {
     pub(super) fn create(&mut self, now: DateTime<Utc>, mut run: RunRecord) {
         run.fencing_token = self.cfg.token;
         run.updated_at = now;
+        if run.span_id.is_empty() {
+            let (trace_id, span_id) = crate::model::trace::run_ids(&run.run_id, now.timestamp_nanos_opt().unwrap_or_default());
+            if run.trace_id.is_empty() {
+                run.trace_id = trace_id;
+            }
+            run.span_id = span_id;
+        }
         let id = run.run_id.clone();
         self.remember_run(run);
         self.created.push(id.clone());
@@ -225,6 +232,11 @@ impl EngineCore {
         params.extend(req.params);
         run.params = params;
         run.priority = spec.execution.priority;
+        // The caller's trace: the run's span is a child of its span.
+        if let Some((trace_id, parent, _)) = req.traceparent.as_deref().and_then(punchclock_proto::tracecontext::parse) {
+            run.trace_id = trace_id;
+            run.parent_span_id = parent;
+        }
         if at > now {
             run.next_attempt_at = Some(at);
             run.pending_reason = Some(format!("delayed until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
@@ -371,6 +383,7 @@ impl EngineCore {
             exit_code: None,
             awaiting_runner: false,
             report: None,
+            usage: None,
         });
         run.status = RunStatus::Running;
         run.dispatched_at = Some(now);
@@ -390,6 +403,11 @@ impl EngineCore {
             timeout_seconds: timeout_s as u64,
             fencing_token: self.cfg.token,
             scheduled_at: run.scheduled_at,
+            traceparent: if run.trace_id.is_empty() {
+                String::new()
+            } else {
+                punchclock_proto::tracecontext::format(&run.trace_id, &crate::model::trace::attempt_span_id(&execution_id))
+            },
         };
         self.ready.remove(run_id);
         self.start_by.remove(&run_id.to_string());
@@ -435,6 +453,7 @@ impl EngineCore {
             a.error = end.error.clone();
             a.exit_code = end.exit_code;
             a.awaiting_runner = end.awaiting_runner;
+            a.usage = end.result.as_ref().and_then(crate::model::run::Usage::from_result);
             if a.started_at.is_none() {
                 a.started_at = end.started_at;
             }

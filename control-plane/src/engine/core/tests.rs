@@ -186,6 +186,7 @@ impl H {
             not_before: None,
             delay_seconds: 0,
             idempotency_key: Some(key.into()),
+            traceparent: None,
         };
         self.core.handle(self.now, Input::Trigger { reply: 1, req, explicit_key: false });
         self.drain()
@@ -669,6 +670,7 @@ fn a_trigger_with_a_known_key_reads_the_store_first() {
         not_before: None,
         delay_seconds: 0,
         idempotency_key: Some("k".into()),
+        traceparent: None,
     };
     h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: true });
     let fx = h.drain();
@@ -710,6 +712,7 @@ fn slots_due_before_a_pause_are_settled_after_redeclaration() {
         exit_code: None,
         awaiting_runner: false,
         report: None,
+        usage: None,
     });
     let cursor = Cursor { last_slot: Some(start - Duration::seconds(10)), updated_at: None, breaker: None };
     let mut h = H::loaded(start, vec![(rec.clone(), Some(cursor))], vec![running]);
@@ -1049,4 +1052,39 @@ fn notifications_commit_with_the_run_they_report() {
     let n = n.expect("on_success notification");
     assert_eq!((n.event, n.payload["run"]["status"].as_str()), (NotifyEvent::OnSuccess, Some("SUCCEEDED")));
     assert!(n.payload["run"].get("stdout_tail").is_none() && n.payload["run"].get("params").is_none());
+}
+
+// ------------------------------------------------------------------ traces
+
+/// A run gets a trace; a trigger carrying a `traceparent` puts the run in
+/// the caller's trace under the caller's span; each assignment names its
+/// attempt's span (derived from the execution id) as the parent.
+#[test]
+fn runs_carry_their_trace_and_assignments_the_attempt_span() {
+    let mut h = H::new();
+    let mut spec = manual("m");
+    spec["execution"] = serde_json::json!({"concurrency_limit": 2});
+    h.task(spec);
+    let (_s, _) = h.hello("r1", &["a"], 4);
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let req = TriggerRequest {
+        task_id: "m".into(),
+        params: Default::default(),
+        not_before: None,
+        delay_seconds: 0,
+        idempotency_key: Some("t1".into()),
+        traceparent: Some(caller.into()),
+    };
+    h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: false });
+    let a = one_assign(&h.drain());
+    let run = h.run(&a.run_id);
+    assert_eq!(run.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(run.parent_span_id, "00f067aa0ba902b7");
+    assert_eq!(run.span_id.len(), 16);
+    let want = punchclock_proto::tracecontext::format(&run.trace_id, &crate::model::trace::attempt_span_id(&a.execution_id));
+    assert_eq!(a.traceparent, want);
+    // Without a caller: a trace of its own.
+    let a2 = one_assign(&h.trigger("m", "t2"));
+    let run2 = h.run(&a2.run_id);
+    assert!(run2.trace_id.len() == 32 && run2.trace_id != run.trace_id && run2.parent_span_id.is_empty());
 }
