@@ -134,7 +134,12 @@ JSON
     assert_eq!(result["execution"], "e-ok");
     assert_eq!(result["task"], "task-1");
     assert_eq!(result["attempt"], "2");
-    assert_eq!(result["traceparent"], assign.traceparent.as_str());
+    // TRACEPARENT is the runner's invoke_agent span: the assignment's
+    // trace, a span of its own (a child of the assignment's).
+    let given = punchclock_proto::tracecontext::parse(result["traceparent"].as_str().expect("traceparent")).expect("valid");
+    let assigned = punchclock_proto::tracecontext::parse(&assign.traceparent).expect("valid");
+    assert_eq!(given.0, assigned.0, "same trace");
+    assert_ne!(given.1, assigned.1, "the agent's parent is the invoke_agent span, not the attempt span");
     assert_eq!(result["cwd"], work.path().canonicalize().expect("cwd").display().to_string());
     for field in ["deadline", "scheduled_at"] {
         let text = result[field].as_str().expect("a string");
