@@ -132,6 +132,12 @@ impl Worker {
     pub fn spawn(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) -> Self {
         Worker(tokio::spawn(run(repo, lead, cfg, clock)))
     }
+
+    /// Stops it and waits until it is gone (with what it held: the store).
+    pub async fn stop(&mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
 }
 
 impl Drop for Worker {

@@ -229,6 +229,10 @@ impl Engine {
         };
         let _ = self.bus.send(Lifecycle::LeadershipLost { token: self.leadership.token });
         tracing::info!(?exit, token = self.leadership.token, transactions = self.transactions, "engine stopped");
+        // The workers hold the store (an embedded store's file lock): they
+        // are gone before the engine says it stopped.
+        self._notifier.stop().await;
+        self._retention.stop().await;
         exit
     }
 

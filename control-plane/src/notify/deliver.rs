@@ -52,6 +52,12 @@ impl Worker {
     pub fn spawn(n: Notifier, lead: Leadership) -> Worker {
         Worker(tokio::spawn(run(n, lead)))
     }
+
+    /// Stops it and waits until it is gone (with what it held: the store).
+    pub async fn stop(&mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
 }
 
 impl Drop for Worker {
