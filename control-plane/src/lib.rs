@@ -21,3 +21,4 @@ pub mod service;
 pub mod stats;
 pub mod telemetry;
 pub mod timing;
+pub mod worker;

@@ -45,8 +45,9 @@ pub struct TriggerRequest {
     pub delay_seconds: u64,
     /// Idempotency key; `None` = a fresh one.
     pub idempotency_key: Option<String>,
-    /// The caller's W3C `traceparent`: the run joins its trace.
-    pub traceparent: Option<String>,
+    /// The caller's trace and span (hex, from its W3C `traceparent`): the
+    /// run joins that trace, under that span.
+    pub caller_trace: Option<(String, String)>,
 }
 
 /// A runner as listed by `ClusterService.ListRunners`.

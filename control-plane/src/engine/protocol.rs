@@ -146,9 +146,11 @@ pub struct Assignment {
     pub fencing_token: u64,
     /// The run's slot (UTC).
     pub scheduled_at: DateTime<Utc>,
-    /// W3C `traceparent` of the attempt's span (the runner's
-    /// `invoke_agent` span is its child); empty when the run has no trace.
-    pub traceparent: String,
+    /// The run's trace (32 hex digits; empty when it has none).
+    pub trace_id: String,
+    /// The attempt's span (16 hex digits): the runner's `invoke_agent`
+    /// span is its child (sent as `Assign.traceparent`).
+    pub span_id: String,
 }
 
 /// A message from the leader to one runner.

@@ -124,28 +124,6 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
     Ok(PruneReport { deleted, kept, revision })
 }
 
-/// A spawned retention worker, stopped when dropped (with its engine).
-pub struct Worker(tokio::task::JoinHandle<()>);
-
-impl Worker {
-    /// Spawns [`run`].
-    pub fn spawn(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) -> Self {
-        Worker(tokio::spawn(run(repo, lead, cfg, clock)))
-    }
-
-    /// Stops it and waits until it is gone (with what it held: the store).
-    pub async fn stop(&mut self) {
-        self.0.abort();
-        let _ = (&mut self.0).await;
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Passes every `cfg.interval` while `lead` holds, compacting after each;
 /// ends when fenced. Spawned with the engine, stopped with it.
 pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) {

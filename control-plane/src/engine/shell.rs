@@ -115,8 +115,8 @@ pub struct Engine {
     /// Store transactions committed by this engine.
     transactions: u64,
     /// Deletes expired runs; stops with the engine.
-    _retention: super::retention::Worker,
-    _notifier: crate::notify::deliver::Worker,
+    _retention: crate::worker::Worker,
+    _notifier: crate::worker::Worker,
 }
 
 impl Engine {
@@ -136,8 +136,9 @@ impl Engine {
         let runs = cfg.repo.load_active_runs().await?;
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
         core.load(cfg.clock.now(), tasks, runs);
-        let retention = super::retention::Worker::spawn(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone());
-        let notifier = crate::notify::deliver::Worker::spawn(cfg.notifier, cfg.leadership.clone());
+        let retention =
+            crate::worker::Worker::spawn(super::retention::run(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone()));
+        let notifier = crate::worker::Worker::spawn(crate::notify::deliver::run(cfg.notifier, cfg.leadership.clone()));
         let engine = Engine {
             core,
             repo: cfg.repo,

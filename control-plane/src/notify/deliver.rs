@@ -44,32 +44,12 @@ impl std::fmt::Debug for Notifier {
     }
 }
 
-/// A running worker; aborted when dropped (with the engine).
-pub struct Worker(tokio::task::JoinHandle<()>);
-
-impl Worker {
-    /// Spawns the worker under `lead`.
-    pub fn spawn(n: Notifier, lead: Leadership) -> Worker {
-        Worker(tokio::spawn(run(n, lead)))
-    }
-
-    /// Stops it and waits until it is gone (with what it held: the store).
-    pub async fn stop(&mut self) {
-        self.0.abort();
-        let _ = (&mut self.0).await;
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Pause before reading the outbox again after a store error.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
-async fn run(n: Notifier, lead: Leadership) {
+/// Delivers the outbox while `lead` holds (see the module docs); spawned
+/// with the engine as a [`crate::worker::Worker`].
+pub async fn run(n: Notifier, lead: Leadership) {
     // rustls needs a process-wide crypto provider for reqwest's TLS.
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Redirects are not followed: a 3xx is a failed delivery (the body

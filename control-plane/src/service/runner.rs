@@ -227,7 +227,11 @@ pub fn to_pb(m: ToRunner) -> pb::ControlMessage {
             deadline: Some(to_timestamp(a.deadline)),
             timeout_seconds: a.timeout_seconds,
             fencing_token: a.fencing_token,
-            traceparent: a.traceparent,
+            traceparent: if a.trace_id.is_empty() {
+                String::new()
+            } else {
+                punchclock_proto::tracecontext::format(&a.trace_id, &a.span_id)
+            },
             scheduled_at: Some(to_timestamp(a.scheduled_at)),
         }),
         ToRunner::Cancel { run_id, execution_id, reason } => Out::Cancel(pb::Cancel { run_id, execution_id, reason }),

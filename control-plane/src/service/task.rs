@@ -124,13 +124,15 @@ impl TaskService for TaskSvc {
         // `traceparent` metadata (W3C propagation over gRPC).
         let header_tp = req.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
         let r = req.into_inner();
-        let traceparent = if r.traceparent.is_empty() {
-            header_tp.filter(|tp| punchclock_proto::tracecontext::parse(tp).is_some())
-        } else if punchclock_proto::tracecontext::parse(&r.traceparent).is_some() {
-            Some(r.traceparent.clone())
+        let caller_trace = if r.traceparent.is_empty() {
+            header_tp.as_deref().and_then(punchclock_proto::tracecontext::parse)
         } else {
-            return Err(status(Error::invalid("traceparent", "is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")));
-        };
+            Some(
+                punchclock_proto::tracecontext::parse(&r.traceparent)
+                    .ok_or_else(|| status(Error::invalid("traceparent", "is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")))?,
+            )
+        }
+        .map(|(trace_id, span_id, _)| (trace_id, span_id));
         let params = if r.params_json.trim().is_empty() {
             serde_json::Map::new()
         } else {
@@ -154,7 +156,7 @@ impl TaskService for TaskSvc {
             },
             delay_seconds: r.delay_seconds,
             idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
-            traceparent,
+            caller_trace,
         };
         let t = self.0.trigger(req).await.map_err(status)?;
         Ok(Response::new(pb::TriggerTaskResponse {

@@ -233,7 +233,7 @@ impl EngineCore {
         run.params = params;
         run.priority = spec.execution.priority;
         // The caller's trace: the run's span is a child of its span.
-        if let Some((trace_id, parent, _)) = req.traceparent.as_deref().and_then(punchclock_proto::tracecontext::parse) {
+        if let Some((trace_id, parent)) = req.caller_trace {
             run.trace_id = trace_id;
             run.parent_span_id = parent;
         }
@@ -403,11 +403,8 @@ impl EngineCore {
             timeout_seconds: timeout_s as u64,
             fencing_token: self.cfg.token,
             scheduled_at: run.scheduled_at,
-            traceparent: if run.trace_id.is_empty() {
-                String::new()
-            } else {
-                punchclock_proto::tracecontext::format(&run.trace_id, &crate::model::trace::attempt_span_id(&execution_id))
-            },
+            trace_id: run.trace_id.clone(),
+            span_id: if run.trace_id.is_empty() { String::new() } else { crate::model::trace::attempt_span_id(&execution_id) },
         };
         self.ready.remove(run_id);
         self.start_by.remove(&run_id.to_string());

@@ -186,7 +186,7 @@ impl H {
             not_before: None,
             delay_seconds: 0,
             idempotency_key: Some(key.into()),
-            traceparent: None,
+            caller_trace: None,
         };
         self.core.handle(self.now, Input::Trigger { reply: 1, req, explicit_key: false });
         self.drain()
@@ -670,7 +670,7 @@ fn a_trigger_with_a_known_key_reads_the_store_first() {
         not_before: None,
         delay_seconds: 0,
         idempotency_key: Some("k".into()),
-        traceparent: None,
+        caller_trace: None,
     };
     h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: true });
     let fx = h.drain();
@@ -1066,14 +1066,13 @@ fn runs_carry_their_trace_and_assignments_the_attempt_span() {
     spec["execution"] = serde_json::json!({"concurrency_limit": 2});
     h.task(spec);
     let (_s, _) = h.hello("r1", &["a"], 4);
-    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let req = TriggerRequest {
         task_id: "m".into(),
         params: Default::default(),
         not_before: None,
         delay_seconds: 0,
         idempotency_key: Some("t1".into()),
-        traceparent: Some(caller.into()),
+        caller_trace: Some(("4bf92f3577b34da6a3ce929d0e0e4736".into(), "00f067aa0ba902b7".into())),
     };
     h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: false });
     let a = one_assign(&h.drain());
@@ -1081,8 +1080,7 @@ fn runs_carry_their_trace_and_assignments_the_attempt_span() {
     assert_eq!(run.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
     assert_eq!(run.parent_span_id, "00f067aa0ba902b7");
     assert_eq!(run.span_id.len(), 16);
-    let want = punchclock_proto::tracecontext::format(&run.trace_id, &crate::model::trace::attempt_span_id(&a.execution_id));
-    assert_eq!(a.traceparent, want);
+    assert_eq!((a.trace_id.as_str(), a.span_id.clone()), (run.trace_id.as_str(), crate::model::trace::attempt_span_id(&a.execution_id)));
     // Without a caller: a trace of its own.
     let a2 = one_assign(&h.trigger("m", "t2"));
     let run2 = h.run(&a2.run_id);
