@@ -488,13 +488,25 @@ pub async fn in_process_server(
         notify: Default::default(),
         traces: false,
     };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let s = bootstrap::start(cfg, std::sync::Arc::new(clock), async move {
-        let _ = rx.await;
-    })
-    .await
-    .expect("server starts");
-    (s, tx)
+    let clock = std::sync::Arc::new(clock);
+    // A server stopped in this process a moment ago may still have a
+    // connection task holding its store (the embedded store's file lock)
+    // while tonic winds down: wait for it, bounded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        match bootstrap::start(cfg.clone(), clock.clone(), async move {
+            let _ = rx.await;
+        })
+        .await
+        {
+            Ok(s) => return (s, tx),
+            Err(e) if e.to_string().contains("already open") && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("server starts: {e:?}"),
+        }
+    }
 }
 
 /// A runner stream driven by the test over the real `RunnerService`: it
