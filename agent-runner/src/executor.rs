@@ -599,7 +599,8 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
     })
 }
 
-/// The `PUNCHCLOCK_*` variables (and `TRACEPARENT`) for an execution.
+/// The `PUNCHCLOCK_*` variables (and `TRACEPARENT`, `TRACESTATE`,
+/// `BAGGAGE`: the OpenTelemetry environment carrier) for an execution.
 fn agent_env(assign: &Assign, dir: &ExecutionDir) -> Vec<(&'static str, OsString)> {
     let instant = |ts: &Option<prost_types::Timestamp>| ts.as_ref().and_then(clock::from_timestamp).map(clock::rfc3339).unwrap_or_default();
     vec![
@@ -613,6 +614,10 @@ fn agent_env(assign: &Assign, dir: &ExecutionDir) -> Vec<(&'static str, OsString
         ("PUNCHCLOCK_RESULT_FILE", dir.result.clone().into()),
         ("PUNCHCLOCK_CHECKPOINT_FILE", dir.checkpoint.clone().into()),
         ("TRACEPARENT", assign.traceparent.clone().into()),
+        // Set even when empty, so a TRACESTATE or BAGGAGE in the runner's
+        // own environment never pairs with the run's TRACEPARENT.
+        ("TRACESTATE", assign.tracestate.clone().into()),
+        ("BAGGAGE", assign.baggage.clone().into()),
     ]
 }
 

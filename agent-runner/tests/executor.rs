@@ -42,6 +42,8 @@ fn assign(execution_id: &str, timeout: Duration) -> Assign {
         fencing_token: 1,
         traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
         scheduled_at: Some(timestamp(now)),
+        tracestate: "vendor=abc".into(),
+        baggage: "user=alice".into(),
     }
 }
 
@@ -93,7 +95,7 @@ async fn success_reports_progress_while_running_then_the_result() {
         {"context": $context, "checkpoint": $(cat "$PUNCHCLOCK_CHECKPOINT_FILE"),
          "run": "$PUNCHCLOCK_RUN_ID", "execution": "$PUNCHCLOCK_EXECUTION_ID", "task": "$PUNCHCLOCK_TASK_ID",
          "attempt": "$PUNCHCLOCK_ATTEMPT", "deadline": "$PUNCHCLOCK_DEADLINE",
-         "scheduled_at": "$PUNCHCLOCK_SCHEDULED_AT", "traceparent": "$TRACEPARENT", "cwd": "$(pwd)"}
+         "scheduled_at": "$PUNCHCLOCK_SCHEDULED_AT", "traceparent": "$TRACEPARENT", "tracestate": "$TRACESTATE", "baggage": "$BAGGAGE", "cwd": "$(pwd)"}
 JSON
         echo out
         echo err >&2
@@ -140,6 +142,7 @@ JSON
     let assigned = punchclock_proto::tracecontext::parse(&assign.traceparent).expect("valid");
     assert_eq!(given.0, assigned.0, "same trace");
     assert_ne!(given.1, assigned.1, "the agent's parent is the invoke_agent span, not the attempt span");
+    assert_eq!((result["tracestate"].as_str(), result["baggage"].as_str()), (Some("vendor=abc"), Some("user=alice")));
     assert_eq!(result["cwd"], work.path().canonicalize().expect("cwd").display().to_string());
     for field in ["deadline", "scheduled_at"] {
         let text = result[field].as_str().expect("a string");

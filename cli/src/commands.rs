@@ -342,6 +342,14 @@ enum TaskCmd {
         /// `TRACEPARENT` environment variable, as inside a traced agent).
         #[arg(long, env = "TRACEPARENT", default_value = "")]
         traceparent: String,
+        /// W3C tracestate that goes with --traceparent (default: the
+        /// `TRACESTATE` environment variable).
+        #[arg(long, env = "TRACESTATE", default_value = "")]
+        tracestate: String,
+        /// W3C baggage for the agent's `BAGGAGE` (default: the `BAGGAGE`
+        /// environment variable).
+        #[arg(long, env = "BAGGAGE", default_value = "")]
+        baggage: String,
     },
 }
 
@@ -938,7 +946,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             }
             Ok(())
         }
-        TaskCmd::Trigger { task_id, params, delay, key, traceparent } => {
+        TaskCmd::Trigger { task_id, params, delay, key, traceparent, tracestate, baggage } => {
             let r = tc
                 .trigger_task(pb::TriggerTaskRequest {
                     task_id,
@@ -947,6 +955,8 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                     not_before: None,
                     idempotency_key: key,
                     traceparent,
+                    tracestate,
+                    baggage,
                 })
                 .await
                 .map_err(grpc)?

@@ -131,7 +131,13 @@ impl Proc {
 
     /// [`Proc::dev_logged`] with extra arguments.
     pub fn dev_with(data_dir: &Path, slots: u32, log: &Path, extra: &[&str]) -> Proc {
+        Proc::dev_agents(data_dir, slots, log, Path::new("tests/agents.yaml"), extra)
+    }
+
+    /// [`Proc::dev_with`] offering the agents of `agents` (an agents file).
+    pub fn dev_agents(data_dir: &Path, slots: u32, log: &Path, agents: &Path, extra: &[&str]) -> Proc {
         let d = data_dir.to_string_lossy().to_string();
+        let agents = agents.to_string_lossy().to_string();
         let slots = slots.to_string();
         let mut args = vec![
             "dev",
@@ -142,7 +148,7 @@ impl Proc {
             "--http-listen",
             "127.0.0.1:0",
             "--agents",
-            "tests/agents.yaml",
+            &agents,
             "--heartbeat-ms",
             "1000",
             "--kill-grace-ms",
@@ -372,6 +378,14 @@ pub fn cli(addr: &str, args: &[&str]) -> String {
     let out = Command::new(bin()).args(args).env("PUNCHCLOCK_ENDPOINT", addr).current_dir(repo_root()).output().expect("run cli");
     assert!(out.status.success(), "punchclock {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Runs the CLI (`punchclock ARGS`) against `addr`, expecting it to fail;
+/// returns its stderr, panics when it succeeds.
+pub fn cli_fails(addr: &str, args: &[&str]) -> String {
+    let out = Command::new(bin()).args(args).env("PUNCHCLOCK_ENDPOINT", addr).current_dir(repo_root()).output().expect("run cli");
+    assert!(!out.status.success(), "punchclock {args:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).to_string()
 }
 
 /// The cluster as `addr` sees it.

@@ -2,10 +2,10 @@
 //! receiver (the real OTLP/gRPC `TraceService` from `opentelemetry-proto`)
 //! gets, for a run that fails once and then succeeds: the control plane's
 //! run span, two attempt spans under it, the runner's two `invoke_agent`
-//! spans (GenAI attributes, one under each attempt), and — over OTLP/HTTP
-//! JSON, from the agent itself, which reads `TRACEPARENT` — the agent's
-//! span under the second `invoke_agent`; the usage the agent reported is
-//! on its `invoke_agent` span and summed on the run's.
+//! spans (GenAI attributes, one under each attempt), and the spans the
+//! example agent (`examples/agents/brief.py`) sent itself, under its
+//! `TRACEPARENT`, to the same receiver (OTLP/HTTP JSON); the usage the
+//! agent reported is on its `invoke_agent` span and summed on the run's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,9 +14,9 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
-use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::common::v1::{AnyValue as AnyValueMsg, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::{Span, Status};
 use punchclock_proto::v1 as pb;
-use punchclock_tests::receiver::Receiver;
 use punchclock_tests::{KeepLogsOnPanic, Proc, apply, cli, status, wait_n_runs};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -58,16 +58,81 @@ impl TraceService for Collector {
 }
 
 impl Collector {
+    /// One receiver on one port for both OTLP transports: OTLP/gRPC
+    /// (`TraceService`, what the control plane and runner export) and
+    /// OTLP/HTTP JSON on `POST /v1/traces` (what the example agent sends).
     async fn start() -> (Collector, u16) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let c = Collector::default();
-        let svc = TraceServiceServer::new(c.clone());
+        let http = {
+            let c = c.clone();
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let c = c.clone();
+                async move {
+                    let doc: Value = serde_json::from_slice(&body).expect("OTLP/HTTP JSON body");
+                    c.add_json(&doc);
+                    axum::Json(json!({}))
+                }
+            })
+        };
+        let routes = tonic::service::Routes::new(TraceServiceServer::new(c.clone())).into_axum_router().route("/v1/traces", http);
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let _ = tonic::transport::Server::builder().add_service(svc).serve_with_incoming(incoming).await;
+            let _ = tonic::transport::Server::builder()
+                .accept_http1(true)
+                .add_routes(tonic::service::Routes::from(routes))
+                .serve_with_incoming(incoming)
+                .await;
         });
         (c, port)
+    }
+
+    /// Spans from an OTLP/HTTP JSON export request (ids in hex, per the
+    /// OTLP JSON mapping).
+    fn add_json(&self, doc: &Value) {
+        let empty = Vec::new();
+        for rs in doc["resourceSpans"].as_array().unwrap_or(&empty) {
+            let service = rs["resource"]["attributes"]
+                .as_array()
+                .unwrap_or(&empty)
+                .iter()
+                .find(|kv| kv["key"] == "service.name")
+                .and_then(|kv| kv["value"]["stringValue"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            for ss in rs["scopeSpans"].as_array().unwrap_or(&empty) {
+                for s in ss["spans"].as_array().unwrap_or(&empty) {
+                    let id = |k: &str| hex::decode(s[k].as_str().unwrap_or_default()).expect("hex id");
+                    let attributes = s["attributes"]
+                        .as_array()
+                        .unwrap_or(&empty)
+                        .iter()
+                        .map(|kv| KeyValue {
+                            key: kv["key"].as_str().unwrap_or_default().to_string(),
+                            value: Some(AnyValueMsg {
+                                value: if let Some(v) = kv["value"]["stringValue"].as_str() {
+                                    Some(AnyValue::StringValue(v.to_string()))
+                                } else {
+                                    kv["value"]["intValue"].as_str().and_then(|v| v.parse().ok()).map(AnyValue::IntValue)
+                                },
+                            }),
+                        })
+                        .collect();
+                    let span = Span {
+                        trace_id: id("traceId"),
+                        span_id: id("spanId"),
+                        parent_span_id: id("parentSpanId"),
+                        name: s["name"].as_str().unwrap_or_default().to_string(),
+                        attributes,
+                        status: s["status"]["code"].as_i64().map(|code| Status { code: code as i32, ..Default::default() }),
+                        ..Default::default()
+                    };
+                    self.spans.lock().expect("spans").push((service.clone(), span));
+                }
+            }
+        }
+        self.arrived.notify_waiters();
     }
 
     /// The spans of `trace` (hex), once `pred` holds for them (bounded).
@@ -107,14 +172,23 @@ async fn a_run_that_fails_once_then_succeeds_is_one_trace() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _logs = KeepLogsOnPanic::new(dir.path(), "traces");
     let (collector, port) = Collector::start().await;
-    let agent_spans = Receiver::start("unused").await;
     let endpoint = format!("http://127.0.0.1:{port}");
-    let dev = Proc::dev_with(&dir.path().join("data"), 8, &dir.path().join("dev.log"), &["--otlp-endpoint", &endpoint]);
+    // The example agent, told (in its env, as a user would in agents.yaml)
+    // to send its spans as OTLP/HTTP JSON to the same receiver.
+    let agents = dir.path().join("agents.yaml");
+    std::fs::write(
+        &agents,
+        format!(
+            "agents:\n  brief_agent:\n    type: process\n    command: [\"python3\", \"examples/agents/brief.py\"]\n    working_dir: \".\"\n    env:\n      OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: \"{endpoint}/v1/traces\"\n      OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: \"http/json\"\n"
+        ),
+    )
+    .expect("agents file");
+    let dev = Proc::dev_agents(&dir.path().join("data"), 8, &dir.path().join("dev.log"), &agents, &["--otlp-endpoint", &endpoint]);
     apply(
         &dev.addr,
-        json!({"task_id": "traced", "agent_id": "traced_agent",
+        json!({"task_id": "traced", "agent_id": "brief_agent",
                "execution": {"max_retries": 1, "retry_backoff": {"base_seconds": 0.2, "cap_seconds": 0.2, "jitter_seconds": 0}},
-               "context": {"params": {"otlp_http": format!("http://127.0.0.1:{}/v1/traces", agent_spans.port)}}}),
+               "context": {"params": {"topic": "chips", "fail_attempts": 1}}}),
     )
     .await;
     cli(&dev.addr, &["task", "trigger", "traced"]);
@@ -124,9 +198,15 @@ async fn a_run_that_fails_once_then_succeeds_is_one_trace() {
     let trace = stored["trace_id"].as_str().expect("trace_id").to_string();
     let run_span = stored["span_id"].as_str().expect("span_id").to_string();
     assert_eq!(run.trace_id, trace);
+    let usage = &stored["result"]["usage"];
+    let input_tokens = usage["input_tokens"].as_i64().expect("the agent reported usage");
+    let output_tokens = usage["output_tokens"].as_i64().expect("output_tokens");
 
-    let spans =
-        collector.wait(&trace, Duration::from_secs(30), |s| s.len() >= 5 && s.iter().any(|(_, x)| x.name.starts_with("run "))).await;
+    let spans = collector
+        .wait(&trace, Duration::from_secs(30), |s| {
+            s.iter().any(|(_, x)| x.name.starts_with("run ")) && s.iter().filter(|(svc, _)| svc == "brief-agent").count() >= 4
+        })
+        .await;
     let names: Vec<&str> = spans.iter().map(|(_, s)| s.name.as_str()).collect();
     let by_name = |n: &str| spans.iter().filter(|(_, s)| s.name == n).map(|(svc, s)| (svc.clone(), s.clone())).collect::<Vec<_>>();
     // The run span: one, the root, with the stored id, usage summed.
@@ -137,7 +217,7 @@ async fn a_run_that_fails_once_then_succeeds_is_one_trace() {
     assert!(root.parent_span_id.is_empty(), "the run span is the root");
     assert_eq!(runs[0].0, "punchclock-dev");
     assert_eq!(text(root, "punchclock.run_id").as_deref(), Some(run.run_id.as_str()));
-    assert_eq!(int(root, "gen_ai.usage.input_tokens"), Some(100));
+    assert_eq!(int(root, "gen_ai.usage.input_tokens"), Some(input_tokens));
     // Two attempt spans under it.
     let mut attempts: Vec<Span> = spans.iter().map(|(_, s)| s.clone()).filter(|s| s.name.starts_with("attempt ")).collect();
     attempts.sort_by_key(|s| int(s, "punchclock.attempt"));
@@ -149,25 +229,32 @@ async fn a_run_that_fails_once_then_succeeds_is_one_trace() {
     }
     // The runner's invoke_agent spans, one under each attempt, with GenAI attributes.
     let invokes: HashMap<Vec<u8>, Span> =
-        spans.iter().filter(|(_, s)| s.name == "invoke_agent traced_agent").map(|(_, s)| (s.parent_span_id.clone(), s.clone())).collect();
+        spans.iter().filter(|(_, s)| s.name == "invoke_agent brief_agent").map(|(_, s)| (s.parent_span_id.clone(), s.clone())).collect();
     assert_eq!(invokes.len(), 2, "{names:?}");
     for a in &attempts {
         let inv = invokes.get(&a.span_id).expect("an invoke_agent span under each attempt");
         assert_eq!(text(inv, "gen_ai.operation.name").as_deref(), Some("invoke_agent"));
-        assert_eq!(text(inv, "gen_ai.agent.id").as_deref(), Some("traced_agent"));
+        assert_eq!(text(inv, "gen_ai.agent.id").as_deref(), Some("brief_agent"));
         assert_eq!(text(inv, "punchclock.execution_id"), text(a, "punchclock.execution_id"));
     }
+    let first = invokes.get(&attempts[0].span_id).expect("first");
     let second = invokes.get(&attempts[1].span_id).expect("second");
-    assert_eq!(int(second, "gen_ai.usage.input_tokens"), Some(100));
-    assert_eq!(int(second, "gen_ai.usage.output_tokens"), Some(20));
+    assert_eq!(int(second, "gen_ai.usage.input_tokens"), Some(input_tokens));
+    assert_eq!(int(second, "gen_ai.usage.output_tokens"), Some(output_tokens));
     assert_eq!(int(second, "process.exit.code"), Some(0));
-    assert_eq!(int(invokes.get(&attempts[0].span_id).expect("first"), "process.exit.code"), Some(1));
-    // The agent's own span, reported by the agent under its TRACEPARENT.
-    assert!(agent_spans.wait_for(Duration::from_secs(10), |r| !r.is_empty()).await, "the agent sent its span");
-    let body = &agent_spans.received()[0].body;
-    let span = &body["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
-    assert_eq!(span["traceId"].as_str(), Some(trace.as_str()));
-    assert_eq!(span["parentSpanId"].as_str(), Some(hex::encode(&second.span_id).as_str()), "the agent's span is under invoke_agent");
+    assert_eq!(int(first, "process.exit.code"), Some(75));
+    // The agent's own spans, sent by the agent under its TRACEPARENT: in
+    // each attempt a "chat offline" span under that attempt's invoke_agent
+    // (the first marked as an error), with the usage it reported.
+    let agent_chats: Vec<&Span> =
+        spans.iter().filter(|(svc, s)| svc == "brief-agent" && s.name == "chat offline").map(|(_, s)| s).collect();
+    assert_eq!(agent_chats.len(), 2, "{names:?}");
+    let under = |inv: &Span| agent_chats.iter().find(|s| s.parent_span_id == inv.span_id).copied();
+    let failed = under(first).expect("the first attempt's agent span is under its invoke_agent");
+    assert_eq!(failed.status.as_ref().map(|s| s.code), Some(2), "the failed call is marked as an error");
+    let ok = under(second).expect("the agent's span is under the second invoke_agent");
+    assert_eq!(text(ok, "gen_ai.operation.name").as_deref(), Some("chat"));
+    assert_eq!(int(ok, "gen_ai.usage.input_tokens"), Some(input_tokens));
     assert_eq!(
         stored["result"]["traceparent"].as_str().map(|t| t.split('-').nth(2).unwrap_or("").to_string()),
         Some(hex::encode(&second.span_id))
@@ -236,4 +323,35 @@ async fn a_leader_kill_mid_run_leaves_one_trace() {
         .filter(|s| text(s, "punchclock.run_id").as_deref() == Some(done.run_id.as_str()) && hex::encode(&s.trace_id) != done.trace_id)
         .collect();
     assert!(elsewhere.is_empty(), "spans of the run in another trace: {elsewhere:?}");
+}
+
+/// The OpenTelemetry environment carrier beyond `TRACEPARENT`: a
+/// `TriggerTask` caller's `tracestate` and `baggage` reach the agent as
+/// `TRACESTATE` and `BAGGAGE` (and bad ones are refused, naming the field).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_tracestate_and_baggage_reach_the_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "traces_carrier");
+    let agents = dir.path().join("agents.yaml");
+    std::fs::write(
+        &agents,
+        "agents:\n  env_agent:\n    type: process\n    command: [\"sh\", \"-c\", \"printf '{\\\"tp\\\":\\\"%s\\\",\\\"ts\\\":\\\"%s\\\",\\\"bg\\\":\\\"%s\\\"}' \\\"$TRACEPARENT\\\" \\\"$TRACESTATE\\\" \\\"$BAGGAGE\\\" > \\\"$PUNCHCLOCK_RESULT_FILE\\\"\"]\n",
+    )
+    .expect("agents file");
+    let dev = Proc::dev_agents(&dir.path().join("data"), 2, &dir.path().join("dev.log"), &agents, &[]);
+    apply(&dev.addr, json!({"task_id": "carrier", "agent_id": "env_agent"})).await;
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    cli(
+        &dev.addr,
+        &["task", "trigger", "carrier", "--traceparent", caller, "--tracestate", "vendor=abc,other=1", "--baggage", "user=alice"],
+    );
+    let run = wait_n_runs(&dev.addr, "carrier", 1, Duration::from_secs(30), |r| status(r) == pb::RunStatus::Succeeded).await.remove(0);
+    let result: Value = serde_json::from_str(&run.result_json).expect("result");
+    assert_eq!(result["ts"], "vendor=abc,other=1");
+    assert_eq!(result["bg"], "user=alice");
+    assert!(result["tp"].as_str().expect("tp").contains("4bf92f3577b34da6a3ce929d0e0e4736"), "{result}");
+    // A value with a control character is refused before any run exists.
+    let out = punchclock_tests::cli_fails(&dev.addr, &["task", "trigger", "carrier", "--baggage", "a=1\u{7}"]);
+    assert!(out.contains("baggage") && out.contains("printable ASCII"), "{out}");
+    assert_eq!(punchclock_tests::list_runs(&dev.addr, "carrier").await.len(), 1);
 }

@@ -45,9 +45,21 @@ pub struct TriggerRequest {
     pub delay_seconds: u64,
     /// Idempotency key; `None` = a fresh one.
     pub idempotency_key: Option<String>,
-    /// The caller's trace and span (hex, from its W3C `traceparent`): the
-    /// run joins that trace, under that span.
-    pub caller_trace: Option<(String, String)>,
+    /// The caller's trace context: the run joins that trace, under that span.
+    pub caller_trace: Option<CallerTrace>,
+    /// The caller's W3C `baggage` (empty = none), given to the agent.
+    pub baggage: String,
+}
+
+/// The trace context of a `TriggerTask` caller (W3C Trace Context).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallerTrace {
+    /// Trace id, 32 hex digits.
+    pub trace_id: String,
+    /// The caller's span, 16 hex digits: the run's span is its child.
+    pub span_id: String,
+    /// The caller's `tracestate` (empty = none).
+    pub trace_state: String,
 }
 
 /// A runner as listed by `ClusterService.ListRunners`.

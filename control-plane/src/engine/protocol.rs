@@ -151,6 +151,10 @@ pub struct Assignment {
     /// The attempt's span (16 hex digits): the runner's `invoke_agent`
     /// span is its child (sent as `Assign.traceparent`).
     pub span_id: String,
+    /// The caller's W3C `tracestate` (empty = none).
+    pub trace_state: String,
+    /// The caller's W3C `baggage` (empty = none).
+    pub baggage: String,
 }
 
 /// A message from the leader to one runner.

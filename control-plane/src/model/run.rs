@@ -370,6 +370,13 @@ pub struct RunRecord {
     /// run's span is its child.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub parent_span_id: String,
+    /// The caller's W3C `tracestate` (with its `traceparent`), for the
+    /// agent's `TRACESTATE`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_state: String,
+    /// The caller's W3C `baggage`, for the agent's `BAGGAGE`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub baggage: String,
 }
 
 impl RunRecord {
@@ -413,6 +420,8 @@ impl RunRecord {
             trace_id: String::new(),
             span_id: String::new(),
             parent_span_id: String::new(),
+            trace_state: String::new(),
+            baggage: String::new(),
         }
     }
 

@@ -233,6 +233,8 @@ pub fn to_pb(m: ToRunner) -> pb::ControlMessage {
                 punchclock_proto::tracecontext::format(&a.trace_id, &a.span_id)
             },
             scheduled_at: Some(to_timestamp(a.scheduled_at)),
+            tracestate: a.trace_state,
+            baggage: a.baggage,
         }),
         ToRunner::Cancel { run_id, execution_id, reason } => Out::Cancel(pb::Cancel { run_id, execution_id, reason }),
         ToRunner::FinishedAck { run_id, execution_id } => Out::FinishedAck(pb::FinishedAck { run_id, execution_id }),

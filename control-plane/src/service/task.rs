@@ -11,7 +11,7 @@ use punchclock_proto::time::{from_timestamp, to_timestamp};
 use super::convert::task_to_pb;
 use super::status;
 use crate::api::{Core, TaskView};
-use crate::engine::TriggerRequest;
+use crate::engine::{CallerTrace, TriggerRequest};
 use crate::error::Error;
 use crate::model::task::MAX_SPEC_BYTES;
 
@@ -122,17 +122,24 @@ impl TaskService for TaskSvc {
     async fn trigger_task(&self, req: Request<pb::TriggerTaskRequest>) -> Result<Response<pb::TriggerTaskResponse>, Status> {
         // The caller's trace: the `traceparent` field, else the request's
         // `traceparent` metadata (W3C propagation over gRPC).
-        let header_tp = req.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let header = |name: &str| req.metadata().get(name).and_then(|v| v.to_str().ok()).map(str::to_string).unwrap_or_default();
+        let (header_tp, header_ts, header_baggage) = (header("traceparent"), header("tracestate"), header("baggage"));
         let r = req.into_inner();
         let caller_trace = if r.traceparent.is_empty() {
-            header_tp.as_deref().and_then(punchclock_proto::tracecontext::parse)
+            punchclock_proto::tracecontext::parse(&header_tp).map(|ids| (ids, header_ts))
         } else {
-            Some(
-                punchclock_proto::tracecontext::parse(&r.traceparent)
-                    .ok_or_else(|| status(Error::invalid("traceparent", "is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")))?,
-            )
-        }
-        .map(|(trace_id, span_id, _)| (trace_id, span_id));
+            let ids = punchclock_proto::tracecontext::parse(&r.traceparent)
+                .ok_or_else(|| status(Error::invalid("traceparent", "is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")))?;
+            Some((ids, r.tracestate.clone()))
+        };
+        let caller_trace = match caller_trace {
+            None => None,
+            Some(((trace_id, span_id, _), trace_state)) => {
+                let trace_state = trace_header("tracestate", if r.tracestate.is_empty() { trace_state } else { r.tracestate }, 512)?;
+                Some(CallerTrace { trace_id, span_id, trace_state })
+            }
+        };
+        let baggage = trace_header("baggage", if r.baggage.is_empty() { header_baggage } else { r.baggage }, 8192)?;
         let params = if r.params_json.trim().is_empty() {
             serde_json::Map::new()
         } else {
@@ -157,6 +164,7 @@ impl TaskService for TaskSvc {
             delay_seconds: r.delay_seconds,
             idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
             caller_trace,
+            baggage,
         };
         let t = self.0.trigger(req).await.map_err(status)?;
         Ok(Response::new(pb::TriggerTaskResponse {
@@ -179,4 +187,18 @@ impl TaskService for TaskSvc {
             .collect();
         Ok(Response::new(pb::PreviewScheduleResponse { fire_times: times.into_iter().map(to_timestamp).collect(), local_times }))
     }
+}
+
+/// A W3C `tracestate` or `baggage` value for the agent's environment: at
+/// most `max` characters (W3C Trace Context: 512 for tracestate; W3C
+/// Baggage: 8192), printable ASCII (both formats are ASCII lists), trimmed.
+fn trace_header(field: &str, value: String, max: usize) -> Result<String, Status> {
+    let value = value.trim().to_string();
+    if value.len() > max {
+        return Err(status(Error::invalid(field, format!("is {} characters; at most {max}", value.len()))));
+    }
+    if let Some(c) = value.chars().find(|c| !(c.is_ascii_graphic() || *c == ' ' || *c == '\t')) {
+        return Err(status(Error::invalid(field, format!("contains {c:?}: only printable ASCII is allowed"))));
+    }
+    Ok(value)
 }

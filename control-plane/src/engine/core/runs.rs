@@ -233,10 +233,12 @@ impl EngineCore {
         run.params = params;
         run.priority = spec.execution.priority;
         // The caller's trace: the run's span is a child of its span.
-        if let Some((trace_id, parent)) = req.caller_trace {
-            run.trace_id = trace_id;
-            run.parent_span_id = parent;
+        if let Some(caller) = req.caller_trace {
+            run.trace_id = caller.trace_id;
+            run.parent_span_id = caller.span_id;
+            run.trace_state = caller.trace_state;
         }
+        run.baggage = req.baggage;
         if at > now {
             run.next_attempt_at = Some(at);
             run.pending_reason = Some(format!("delayed until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
@@ -405,6 +407,8 @@ impl EngineCore {
             scheduled_at: run.scheduled_at,
             trace_id: run.trace_id.clone(),
             span_id: if run.trace_id.is_empty() { String::new() } else { crate::model::trace::attempt_span_id(&execution_id) },
+            trace_state: run.trace_state.clone(),
+            baggage: run.baggage.clone(),
         };
         self.ready.remove(run_id);
         self.start_by.remove(&run_id.to_string());

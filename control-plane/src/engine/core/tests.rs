@@ -187,6 +187,7 @@ impl H {
             delay_seconds: 0,
             idempotency_key: Some(key.into()),
             caller_trace: None,
+            baggage: String::new(),
         };
         self.core.handle(self.now, Input::Trigger { reply: 1, req, explicit_key: false });
         self.drain()
@@ -671,6 +672,7 @@ fn a_trigger_with_a_known_key_reads_the_store_first() {
         delay_seconds: 0,
         idempotency_key: Some("k".into()),
         caller_trace: None,
+        baggage: String::new(),
     };
     h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: true });
     let fx = h.drain();
@@ -1072,7 +1074,12 @@ fn runs_carry_their_trace_and_assignments_the_attempt_span() {
         not_before: None,
         delay_seconds: 0,
         idempotency_key: Some("t1".into()),
-        caller_trace: Some(("4bf92f3577b34da6a3ce929d0e0e4736".into(), "00f067aa0ba902b7".into())),
+        caller_trace: Some(crate::engine::CallerTrace {
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            span_id: "00f067aa0ba902b7".into(),
+            trace_state: "vendor=abc".into(),
+        }),
+        baggage: "user=alice".into(),
     };
     h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: false });
     let a = one_assign(&h.drain());
@@ -1081,6 +1088,7 @@ fn runs_carry_their_trace_and_assignments_the_attempt_span() {
     assert_eq!(run.parent_span_id, "00f067aa0ba902b7");
     assert_eq!(run.span_id.len(), 16);
     assert_eq!((a.trace_id.as_str(), a.span_id.clone()), (run.trace_id.as_str(), crate::model::trace::attempt_span_id(&a.execution_id)));
+    assert_eq!((a.trace_state.as_str(), a.baggage.as_str()), ("vendor=abc", "user=alice"), "kept with the run for every attempt");
     // Without a caller: a trace of its own.
     let a2 = one_assign(&h.trigger("m", "t2"));
     let run2 = h.run(&a2.run_id);
