@@ -18,6 +18,7 @@ deps:
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO="sudo"; \

@@ -8,8 +8,15 @@
 //!     type: process
 //!     command: ["python3", "examples/agents/report.py"]
 //!     env: {K: V}          # optional
+//!     env_from_file:       # optional: variables read from files on this host
+//!       API_KEY: /etc/punchclock/secrets/api_key
 //!     working_dir: "."     # optional, relative to the runner's cwd
 //! ```
+//!
+//! `env_from_file` is how an agent gets a credential: the file is read on
+//! the runner host at every execution start (so a rotated secret is used
+//! from the next run), one trailing newline dropped; the value never
+//! travels through the control plane or the store, and is never logged.
 //!
 //! Unknown fields are rejected, and every error names the offending field
 //! (`agents.report_agent.command: must not be empty`).
@@ -46,6 +53,10 @@ pub struct ProcessAgent {
     pub command: Vec<String>,
     /// Extra environment variables, added to the runner's own environment.
     pub env: BTreeMap<String, String>,
+    /// Variables whose values are read from files on the runner host at
+    /// each execution start (relative paths: against the runner's current
+    /// directory).
+    pub env_from_file: BTreeMap<String, PathBuf>,
     /// Working directory of the agent; relative paths are resolved against
     /// the runner's current directory. `None`: the runner's current directory.
     pub working_dir: Option<PathBuf>,
@@ -63,7 +74,20 @@ impl AgentsFile {
     pub fn load(path: impl AsRef<Path>) -> Result<Self, Error> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| Error::ReadAgentsFile { path: path.to_owned(), source })?;
-        Self::parse(&text).map_err(|message| Error::InvalidAgentsFile { path: path.to_owned(), message })
+        let file = Self::parse(&text).map_err(|message| Error::InvalidAgentsFile { path: path.to_owned(), message })?;
+        // A secret file that is not there now is a mistake to report at
+        // start, not at the first run (it is read again at every run).
+        for (id, AgentSpec::Process(agent)) in &file.agents {
+            for (key, secret) in &agent.env_from_file {
+                if let Err(e) = std::fs::File::open(secret) {
+                    return Err(Error::InvalidAgentsFile {
+                        path: path.to_owned(),
+                        message: format!("agents.{id}.env_from_file.{key}: cannot read {}: {e}", secret.display()),
+                    });
+                }
+            }
+        }
+        Ok(file)
     }
 
     /// The declared agent ids, sorted.
@@ -108,6 +132,8 @@ struct RawAgent {
     command: Option<Vec<String>>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    env_from_file: BTreeMap<String, PathBuf>,
     working_dir: Option<PathBuf>,
 }
 
@@ -142,11 +168,23 @@ impl RawAgent {
             }
         }
 
+        for (key, path) in &self.env_from_file {
+            if key.is_empty() || key.contains(['=', '\0']) {
+                return Err(format!("{}: invalid variable {key:?} (names must be non-empty without '=')", field("env_from_file")));
+            }
+            if self.env.contains_key(key) {
+                return Err(format!("{}.{key}: also set in env; give it in one of them", field("env_from_file")));
+            }
+            if path.as_os_str().is_empty() {
+                return Err(format!("{}.{key}: the file path must not be empty", field("env_from_file")));
+            }
+        }
+
         if self.working_dir.as_ref().is_some_and(|dir| dir.as_os_str().is_empty()) {
             return Err(format!("{}: must not be empty when set", field("working_dir")));
         }
 
-        Ok(AgentSpec::Process(ProcessAgent { command, env: self.env, working_dir: self.working_dir }))
+        Ok(AgentSpec::Process(ProcessAgent { command, env: self.env, env_from_file: self.env_from_file, working_dir: self.working_dir }))
     }
 }
 
@@ -178,6 +216,34 @@ pub struct RunnerConfig {
     /// Directory under which each execution gets its own temporary directory
     /// (created if missing).
     pub work_dir: PathBuf,
+    /// The runner's credentials: bearer token, TLS trust and client
+    /// certificate.
+    pub credentials: Credentials,
+}
+
+/// How a runner proves who it is to the control plane.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    /// Bearer token (`--token-file`), sent as `authorization: Bearer …`
+    /// on the runner stream. Bound by the control plane to a runner id.
+    pub token: Option<String>,
+    /// CA certificate (PEM) that signed the control plane's certificate
+    /// (`--ca-file`); `https://` addresses use the webpki roots without it.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key (PEM) for mTLS (`--tls-cert`,
+    /// `--tls-key`): its first DNS subjectAltName must be the runner id.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token or the key.
+        f.debug_struct("Credentials")
+            .field("token", &self.token.is_some())
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .finish()
+    }
 }
 
 /// The program (and arguments before `--`) that starts the agent shim.
@@ -227,6 +293,7 @@ impl RunnerConfig {
             zygote: true,
             kill_grace: DEFAULT_KILL_GRACE,
             work_dir: std::env::temp_dir().join("punchclock-runner"),
+            credentials: Credentials::default(),
         }
     }
 
@@ -250,6 +317,14 @@ impl RunnerConfig {
         }
         if self.runner_id.is_empty() {
             return invalid("runner_id: must not be empty");
+        }
+        if self.runner_id.len() > 128 || !self.runner_id.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:@".contains(c)) {
+            return invalid("runner_id: at most 128 letters, digits and _ - . : @");
+        }
+        if let Some(t) = &self.credentials.token
+            && (t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return invalid("token: must be non-empty printable ASCII (check the token file)");
         }
         Ok(())
     }
@@ -322,6 +397,24 @@ agents:
     fn rejects_unknown_type_naming_it() {
         let err = AgentsFile::parse("agents:\n  a:\n    type: docker\n    command: [x]\n").expect_err("unknown type");
         assert_eq!(err, r#"agents.a.type: unknown agent type "docker" (supported: "process")"#);
+    }
+
+    #[test]
+    fn env_from_file_is_checked() {
+        let ok = AgentsFile::parse("agents:\n  a:\n    type: process\n    command: [x]\n    env_from_file: {KEY: /etc/secret}\n")
+            .expect("valid");
+        let Some(AgentSpec::Process(a)) = ok.get("a") else { panic!("a") };
+        assert_eq!(a.env_from_file.get("KEY"), Some(&PathBuf::from("/etc/secret")));
+        let both =
+            AgentsFile::parse("agents:\n  a:\n    type: process\n    command: [x]\n    env: {KEY: v}\n    env_from_file: {KEY: /s}\n")
+                .expect_err("twice");
+        assert!(both.starts_with("agents.a.env_from_file.KEY: also set in env"), "{both}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("agents.yaml");
+        std::fs::write(&f, "agents:\n  a:\n    type: process\n    command: [x]\n    env_from_file: {KEY: /nonexistent/secret}\n")
+            .expect("write");
+        let err = AgentsFile::load(&f).expect_err("missing secret file").to_string();
+        assert!(err.contains("agents.a.env_from_file.KEY: cannot read /nonexistent/secret"), "{err}");
     }
 
     #[test]

@@ -487,6 +487,7 @@ async fn spawn_by_zygote(
     // As `Command` would: the runner's environment, then the agent's, then ours.
     let mut env: std::collections::BTreeMap<OsString, OsString> = std::env::vars_os().collect();
     env.extend(agent.env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    env.extend(secret_env(agent).map_err(spawn_error)?);
     env.extend(agent_env(assign, dir).into_iter().map(|(k, v)| (OsString::from(k), v)));
     let mut request = ShimRequest {
         id: 0,
@@ -547,10 +548,16 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
     };
 
     check_working_dir(agent, assign)?;
+    let secrets = secret_env(agent).map_err(|source| Error::Spawn {
+        agent_id: assign.agent_id.clone(),
+        program: agent.command[0].clone(),
+        source,
+    })?;
     let mut command = Command::new(&program);
     command
         .args(&args)
         .envs(&agent.env)
+        .envs(secrets)
         .envs(agent_env(assign, dir))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -597,6 +604,36 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         stderr: child.stderr.take().map(|pipe| Box::new(pipe) as _),
         process: AgentProcess::Child(child),
     })
+}
+
+/// The agent's `env_from_file` variables, read now from their files (one
+/// trailing newline dropped).
+///
+/// Errors: a file that cannot be read, naming the variable and the path
+/// (never a value).
+fn secret_env(agent: &ProcessAgent) -> io::Result<Vec<(OsString, OsString)>> {
+    use std::os::unix::ffi::OsStringExt;
+    agent
+        .env_from_file
+        .iter()
+        .map(|(key, path)| {
+            let mut value = std::fs::read(path)
+                .map_err(|e| io::Error::new(e.kind(), format!("env_from_file {key}: cannot read {}: {e}", path.display())))?;
+            if value.ends_with(b"\n") {
+                value.pop();
+                if value.ends_with(b"\r") {
+                    value.pop();
+                }
+            }
+            if value.contains(&0) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("env_from_file {key}: {} holds a NUL byte", path.display()),
+                ));
+            }
+            Ok((OsString::from(key), OsString::from_vec(value)))
+        })
+        .collect()
 }
 
 /// The `PUNCHCLOCK_*` variables (and `TRACEPARENT`, `TRACESTATE`,

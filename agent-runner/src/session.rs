@@ -47,10 +47,10 @@ use tokio::sync::mpsc;
 use tokio::time::{self, Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tracing::{debug, info, warn};
 
-use crate::config::{AgentSpec, RunnerConfig, normalize_address};
+use crate::config::{AgentSpec, Credentials, RunnerConfig, normalize_address};
 use crate::executor::{self, Execution, ExecutionEvent, ExecutorSettings, StopRequest};
 use crate::{Error, time as clock};
 
@@ -288,7 +288,12 @@ impl Runner {
     async fn session<S: Future<Output = ()>>(&mut self, address: String, shutdown: &mut Pin<&mut S>, backoff: &mut Backoff) -> SessionEnd {
         // Bounded: a paused control plane accepts TCP but never answers.
         let hello_sent = Instant::now();
-        let opened = self.offline(time::timeout(HANDSHAKE_TIMEOUT, Connection::open(address.clone(), self.hello())), shutdown).await;
+        let opened = self
+            .offline(
+                time::timeout(HANDSHAKE_TIMEOUT, Connection::open(address.clone(), self.hello(), self.config.credentials.clone())),
+                shutdown,
+            )
+            .await;
         let opened = match opened {
             Some(Err(_elapsed)) => {
                 warn!(%address, timeout_s = HANDSHAKE_TIMEOUT.as_secs(), "control plane did not answer the runner stream in time");
@@ -766,7 +771,12 @@ impl Runner {
         while !self.outbox.is_empty() && Instant::now() < deadline {
             let address = addresses.next();
             let left = deadline.saturating_duration_since(Instant::now());
-            let mut connection = match time::timeout(HANDSHAKE_TIMEOUT.min(left), Connection::open(address.clone(), self.hello())).await {
+            let mut connection = match time::timeout(
+                HANDSHAKE_TIMEOUT.min(left),
+                Connection::open(address.clone(), self.hello(), self.config.credentials.clone()),
+            )
+            .await
+            {
                 Ok(Ok(c)) => c,
                 Ok(Err(Error::Stream { status, .. })) => {
                     if let Some(leader) = status.metadata().get(LEADER_METADATA).and_then(|v| v.to_str().ok()).filter(|l| !l.is_empty()) {
@@ -917,9 +927,20 @@ struct Connection {
 
 impl Connection {
     /// Dials `address`, opens the stream and sends `hello` first.
-    async fn open(address: String, hello: Hello) -> Result<Self, Error> {
-        let endpoint = Endpoint::from_shared(address.clone())
-            .map_err(|source| Error::InvalidAddress { address: address.clone(), source })?
+    async fn open(address: String, hello: Hello, credentials: Credentials) -> Result<Self, Error> {
+        let mut endpoint =
+            Endpoint::from_shared(address.clone()).map_err(|source| Error::InvalidAddress { address: address.clone(), source })?;
+        if address.starts_with("https://") {
+            let mut tls = match &credentials.ca_pem {
+                Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
+                None => ClientTlsConfig::new().with_webpki_roots(),
+            };
+            if let Some((cert, key)) = &credentials.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint.tls_config(tls).map_err(|source| Error::InvalidAddress { address: address.clone(), source })?;
+        }
+        let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
@@ -929,8 +950,15 @@ impl Connection {
         let (outbound, queue) = mpsc::channel(QUEUE_CAPACITY);
         // Cannot fail: the queue is empty and its receiver is alive.
         let _ = outbound.try_send(RunnerMessage { msg: Some(Outbound::Hello(hello)) });
+        let mut request = tonic::Request::new(ReceiverStream::new(queue));
+        if let Some(token) = &credentials.token {
+            // Checked by RunnerConfig::validate: printable ASCII.
+            if let Ok(v) = tonic::metadata::AsciiMetadataValue::try_from(format!("Bearer {token}")) {
+                request.metadata_mut().insert("authorization", v);
+            }
+        }
         let response = RunnerServiceClient::new(channel)
-            .connect(ReceiverStream::new(queue))
+            .connect(request)
             .await
             .map_err(|status| Error::Stream { address: address.clone(), status: Box::new(status) })?;
         debug!(%address, "runner stream open");

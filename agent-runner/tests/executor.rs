@@ -241,3 +241,29 @@ async fn spawn_failure_is_an_error_and_leaves_nothing_behind() {
     assert!(matches!(err, Error::Spawn { .. }), "{err}");
     assert!(dir_entries(work.path()).is_empty(), "execution directory removed (no shim: never reused)");
 }
+
+#[tokio::test]
+async fn env_from_file_is_read_at_each_start_and_a_missing_file_names_only_the_variable() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let secret = work.path().join("api_key");
+    std::fs::write(&secret, "s3cret-v1\n").expect("secret");
+    let mut agent = sh_agent(r#"printf '{"key": "%s"}' "$API_KEY" > "$PUNCHCLOCK_RESULT_FILE""#);
+    agent.env_from_file.insert("API_KEY".into(), secret.clone());
+    let runs = work.path().join("runs");
+    let mut started = start(&agent, &assign("e-secret-1", Duration::from_secs(60)), &runs).await;
+    let (_, finished) = until_finished(&mut started.events).await;
+    assert_eq!(finished.result_json, r#"{"key":"s3cret-v1"}"#, "one trailing newline dropped");
+    // Rotated: the next start reads the new value.
+    std::fs::write(&secret, "s3cret-v2").expect("rotate");
+    let mut started = start(&agent, &assign("e-secret-2", Duration::from_secs(60)), &runs).await;
+    let (_, finished) = until_finished(&mut started.events).await;
+    assert_eq!(finished.result_json, r#"{"key":"s3cret-v2"}"#);
+    // Gone: the start fails, naming the variable and the path.
+    std::fs::remove_file(&secret).expect("rm");
+    let (tx, _events) = mpsc::channel(64);
+    let err = executor::start(&agent, &assign("e-secret-3", Duration::from_secs(60)), &settings(&runs), tx)
+        .await
+        .expect_err("no secret")
+        .to_string();
+    assert!(err.contains("env_from_file API_KEY: cannot read") && !err.contains("s3cret"), "{err}");
+}

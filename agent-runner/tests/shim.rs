@@ -365,6 +365,7 @@ async fn path_and_working_dir(dir: &Path) {
     let agent = ProcessAgent {
         command: vec!["only-here".into()],
         env: [("PATH".to_owned(), format!("{}:/usr/bin:/bin", bin.display()))].into(),
+        env_from_file: Default::default(),
         working_dir: Some(bin.clone()),
     };
     let (_, finished) = run_agent(dir, &agent, &assign("e-path", 60)).await;

@@ -1,43 +1,126 @@
 //! Connecting to the control plane: `--endpoint`/`PUNCHCLOCK_ENDPOINT`,
-//! one or more comma-separated addresses, tried in turn.
+//! one or more comma-separated addresses, tried in turn; `https://`
+//! addresses over TLS (`--ca-file`, else the webpki roots); every call
+//! carries `authorization: Bearer TOKEN` when a token is configured
+//! (`--token`/`PUNCHCLOCK_TOKEN`, or `--token-file`).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Default API address.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7700";
 
-/// `host:port` → `http://host:port`.
+/// A connection: a channel whose calls carry the token.
+pub type Conn = InterceptedService<Channel, Bearer>;
+
+/// Adds the bearer token (if any) to every call.
+#[derive(Clone)]
+pub struct Bearer(Option<AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// How the CLI authenticates: set once at start ([`configure`]).
+#[derive(Default)]
+pub struct ClientOptions {
+    /// Bearer token.
+    pub token: Option<String>,
+    /// CA certificate (PEM) for `https://` endpoints.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+static OPTIONS: OnceLock<ClientOptions> = OnceLock::new();
+
+/// Sets the token and CA for every later connection.
+///
+/// Errors: the token is not a valid header value (a newline, say).
+pub fn configure(opts: ClientOptions) -> Result<(), String> {
+    if let Some(t) = &opts.token {
+        AsciiMetadataValue::try_from(format!("Bearer {t}")).map_err(|_| "--token: not a valid token (printable ASCII only)".to_string())?;
+    }
+    let _ = OPTIONS.set(opts);
+    Ok(())
+}
+
+fn options() -> &'static ClientOptions {
+    OPTIONS.get_or_init(ClientOptions::default)
+}
+
+/// `host:port` → `http://host:port` (`https://` when a CA file is given).
 pub fn normalize(addr: &str) -> String {
     let a = addr.trim();
-    if a.starts_with("http://") || a.starts_with("https://") { a.to_string() } else { format!("http://{a}") }
+    if a.starts_with("http://") || a.starts_with("https://") {
+        a.to_string()
+    } else if options().ca_pem.is_some() {
+        format!("https://{a}")
+    } else {
+        format!("http://{a}")
+    }
+}
+
+/// The endpoint for `url`, with TLS when it is `https://`.
+///
+/// Errors: a malformed address.
+pub fn endpoint(url: &str, ca_pem: Option<&[u8]>) -> Result<Endpoint, String> {
+    let mut ep = Endpoint::from_shared(url.to_string()).map_err(|e| format!("{url}: {e}"))?;
+    if url.starts_with("https://") {
+        let tls = match ca_pem {
+            Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
+            None => ClientTlsConfig::new().with_webpki_roots(),
+        };
+        ep = ep.tls_config(tls).map_err(|e| format!("{url}: TLS: {e}"))?;
+    }
+    Ok(ep)
 }
 
 /// Connects to the first reachable address of a comma-separated list.
-pub async fn connect(endpoints: &str) -> Result<Channel, String> {
+pub async fn connect(endpoints: &str) -> Result<Conn, String> {
+    let opts = options();
+    let bearer = Bearer(opts.token.as_ref().and_then(|t| AsciiMetadataValue::try_from(format!("Bearer {t}")).ok()));
     let mut last = String::from("no endpoint given");
     for addr in endpoints.split(',').filter(|a| !a.trim().is_empty()) {
         let url = normalize(addr);
-        let ep = match Endpoint::from_shared(url.clone()) {
+        let ep = match endpoint(&url, opts.ca_pem.as_deref()) {
             Ok(e) => e.connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30)),
             Err(e) => {
-                last = format!("{url}: {e}");
+                last = e;
                 continue;
             }
         };
         match ep.connect().await {
-            Ok(ch) => return Ok(ch),
-            Err(e) => last = format!("cannot reach the control plane at {url}: {e}"),
+            Ok(ch) => return Ok(InterceptedService::new(ch, bearer)),
+            Err(e) => last = format!("cannot reach the control plane at {url}: {}", innermost(&e)),
         }
     }
     Err(last)
 }
 
+/// The innermost cause of a transport error ("certificate not valid for
+/// name", "Connection refused"), which is the useful part.
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    let mut text = e.to_string();
+    while let Some(next) = cause.source() {
+        cause = next;
+        text = next.to_string();
+    }
+    text
+}
+
 /// Connects to the leader: asks the first reachable endpoint who leads and
 /// follows its advertised address (leader-only calls: trigger, cancel,
 /// runners). Falls back to the reachable endpoint when no leader is known.
-pub async fn connect_leader(endpoints: &str) -> Result<Channel, String> {
+pub async fn connect_leader(endpoints: &str) -> Result<Conn, String> {
     use punchclock_proto::v1::cluster_service_client::ClusterServiceClient;
     let ch = connect(endpoints).await?;
     let leader = ClusterServiceClient::new(ch.clone()).get_leader(punchclock_proto::v1::GetLeaderRequest {}).await;

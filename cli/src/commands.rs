@@ -22,6 +22,7 @@ use tokio_stream::StreamExt;
 
 use crate::client::{self, DEFAULT_ENDPOINT};
 use crate::output::{self, print_json, run_json, run_row, runner_json, table, task_json};
+use crate::security::{ClientAuthArgs, RunnerSecurityArgs, ServerSecurityArgs, TokenCmd};
 
 /// punchclock: makes AI agents clock in on time.
 #[derive(Parser, Debug)]
@@ -36,6 +37,8 @@ pub struct Cli {
     /// Log filter (RUST_LOG syntax) for server, runner and dev.
     #[arg(long, global = true, env = "PUNCHCLOCK_LOG", default_value = "info")]
     log: String,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -52,7 +55,7 @@ enum Cmd {
     /// Control plane on the embedded store plus one in-process runner.
     Dev(DevArgs),
     /// A control-plane replica.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// An agent runner connected to the control plane.
     Runner(RunnerArgs),
     /// Register and control tasks.
@@ -75,6 +78,9 @@ enum Cmd {
     /// The notification outbox: what was sent, what waits, dead letters.
     #[command(subcommand)]
     Notifications(NotificationsCmd),
+    /// Make API tokens and their tokens-file entries (README "Security").
+    #[command(subcommand)]
+    Token(TokenCmd),
 }
 
 #[derive(Subcommand, Debug)]
@@ -234,6 +240,9 @@ struct DevArgs {
     /// default: half the CPU per agent start, same guarantees).
     #[arg(long)]
     no_agent_zygote: bool,
+    /// Listen beyond loopback although `dev` has no TLS and no tokens.
+    #[arg(long)]
+    insecure: bool,
     #[command(flatten)]
     timing: TimingArgs,
     #[command(flatten)]
@@ -262,6 +271,8 @@ struct ServerArgs {
     /// Key prefix in the store.
     #[arg(long, default_value = "/punchclock/")]
     key_prefix: String,
+    #[command(flatten)]
+    security: ServerSecurityArgs,
     #[command(flatten)]
     timing: TimingArgs,
     #[command(flatten)]
@@ -301,6 +312,8 @@ struct RunnerArgs {
     /// default: half the CPU per agent start, same guarantees).
     #[arg(long)]
     no_agent_zygote: bool,
+    #[command(flatten)]
+    security: RunnerSecurityArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -436,10 +449,14 @@ fn grpc(e: tonic::Status) -> String {
 /// Dispatches a parsed command line.
 pub async fn run(cli: Cli) -> Res {
     let fmt = cli.output;
+    if !cli.is_long_running() {
+        cli.auth.configure()?;
+    }
     match cli.cmd {
         Cmd::Dev(a) => dev(a).await,
-        Cmd::Server(a) => server(a).await,
-        Cmd::Runner(a) => runner(a).await,
+        Cmd::Server(a) => server(*a).await,
+        Cmd::Runner(a) => runner(a, &cli.auth).await,
+        Cmd::Token(c) => crate::security::token(c),
         Cmd::Preview(a) => preview(a, fmt),
         Cmd::Notifications(c) => {
             let mut nc = NotificationServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
@@ -632,6 +649,7 @@ async fn dev(a: DevArgs) -> Res {
         ));
     }
     punchclock_agent_runner::AgentsFile::load(&a.agents).map_err(|e| format!("{}: {e}", a.agents.display()))?;
+    crate::security::check_listen(a.listen, false, false, a.insecure)?;
     let timing = a.timing.timing();
     // The HTTP port defaults to the one after the API's (a free one when
     // that is taken, or when the API's port is chosen by the system).
@@ -649,6 +667,9 @@ async fn dev(a: DevArgs) -> Res {
         retention: a.retention.config()?,
         notify: a.config.load()?,
         traces: telemetry.is_some(),
+        auth: punchclock_control_plane::auth::Auth::off(),
+        tls: None,
+        etcd: Default::default(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut srv_stop = stop_rx.clone();
@@ -696,6 +717,9 @@ async fn dev(a: DevArgs) -> Res {
 
 async fn server(a: ServerArgs) -> Res {
     let store: StoreSpec = a.store.parse().map_err(|e: punchclock_control_plane::Error| e.to_string())?;
+    let security = a.security.load(a.listen)?;
+    let scheme = if security.tls.is_some() { "https" } else { "http" };
+    crate::security::reload_on_sighup(security.auth.clone());
     let telemetry = a.config.otlp.start("punchclock-control-plane")?;
     let cfg = ServerConfig {
         listen: a.listen,
@@ -709,9 +733,12 @@ async fn server(a: ServerArgs) -> Res {
         retention: a.retention.config()?,
         notify: a.config.load()?,
         traces: telemetry.is_some(),
+        auth: security.auth,
+        tls: security.tls,
+        etcd: security.etcd,
     };
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
-    eprintln!("punchclock server: API on http://{}", server.addr);
+    eprintln!("punchclock server: API on {scheme}://{}", server.addr);
     let r = server.wait().await.map_err(|e| e.to_string());
     if let Some(t) = telemetry {
         let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
@@ -730,13 +757,24 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
         .collect()
 }
 
-async fn runner(a: RunnerArgs) -> Res {
-    let cps: Vec<String> = a.control_plane.split(',').filter(|s| !s.trim().is_empty()).map(client::normalize).collect();
+async fn runner(a: RunnerArgs, auth: &ClientAuthArgs) -> Res {
+    let credentials = a.security.load(auth)?;
+    // Bare host:port addresses: https when the runner has a CA or a certificate.
+    let tls = credentials.ca_pem.is_some() || credentials.identity.is_some();
+    let cps: Vec<String> = a
+        .control_plane
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| if s.contains("://") || !tls { client::normalize(s) } else { format!("https://{s}") })
+        .collect();
     let runner_id = a.runner_id.unwrap_or_else(|| default_id("runner"));
     let work_dir = a.work_dir.unwrap_or_else(|| std::env::temp_dir().join("punchclock-runner").join(&runner_id));
     let mut cfg =
         runner_config(runner_id, cps, &a.agents, a.slots, parse_labels(&a.labels)?, Duration::from_millis(a.kill_grace_ms), work_dir)?;
     cfg.zygote = !a.no_agent_zygote;
+    cfg.credentials = credentials;
+    cfg.validate().map_err(|e| e.to_string())?;
     let telemetry = a.otlp.start("punchclock-runner")?;
     let r = punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string());
     if let Some(t) = telemetry {

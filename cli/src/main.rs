@@ -4,6 +4,7 @@
 mod client;
 mod commands;
 mod output;
+mod security;
 mod taskfile;
 
 use std::process::ExitCode;

@@ -19,6 +19,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::api::Core;
+use crate::auth::{Auth, AuthLayer};
 use crate::clock::SharedClock;
 use crate::election::Election;
 use crate::election::etcd::EtcdElection;
@@ -29,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::repo::Repo;
 use crate::service::{ClusterSvc, NotificationSvc, RunSvc, RunnerSvc, TaskSvc};
 use crate::store::embedded::EmbeddedStore;
-use crate::store::etcd::EtcdStore;
+use crate::store::etcd::{EtcdSecurity, EtcdStore};
 use crate::store::{Keys, KvStore};
 use crate::timing::Timing;
 
@@ -86,6 +87,32 @@ pub struct ServerConfig {
     pub notify: Arc<crate::notify::NotifyConfig>,
     /// Emit run spans (a trace exporter is installed).
     pub traces: bool,
+    /// Tokens and roles ([`Auth::off`]: every call allowed).
+    pub auth: Arc<Auth>,
+    /// TLS on the gRPC port; `None` = plaintext.
+    pub tls: Option<TlsFiles>,
+    /// TLS and user for etcd.
+    pub etcd: EtcdSecurity,
+}
+
+/// The gRPC port's certificate and key (PEM) and, for mTLS, the CA that
+/// signs runners' client certificates (then a client certificate is
+/// verified when one is presented, and names the runner: see
+/// [`crate::auth::cert_runner_id`]).
+#[derive(Clone)]
+pub struct TlsFiles {
+    /// Certificate chain, PEM.
+    pub cert_pem: Vec<u8>,
+    /// Private key, PEM.
+    pub key_pem: Vec<u8>,
+    /// Client CA, PEM (`--client-ca`).
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsFiles").field("client_ca", &self.client_ca_pem.is_some()).finish_non_exhaustive()
+    }
 }
 
 /// A started server.
@@ -113,7 +140,7 @@ impl RunningServer {
 pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<RunningServer> {
     let store: Arc<dyn KvStore> = match &cfg.store {
         StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
-        StoreSpec::Etcd(endpoints) => Arc::new(connect_etcd(endpoints).await),
+        StoreSpec::Etcd(endpoints) => Arc::new(connect_etcd(endpoints, &cfg.etcd).await),
     };
     let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
         Error::FailedPrecondition(format!(
@@ -122,7 +149,8 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         ))
     })?;
     let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
-    let advertise = cfg.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| format!("{scheme}://{addr}"));
     let keys = Keys::new(&cfg.key_prefix);
     let election: Arc<dyn Election> = match &cfg.store {
         StoreSpec::Embedded(_) => Arc::new(SingleNode::new(cfg.node_id.clone(), advertise)),
@@ -165,7 +193,20 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         .build_v1()
         .map_err(|e| Error::Internal(e.to_string()))?;
 
-    let router = tonic::transport::Server::builder()
+    let security = (cfg.auth.enabled(), cfg.tls.is_some(), cfg.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some()));
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &cfg.tls {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let mut t = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+        if let Some(ca) = &tls.client_ca_pem {
+            // Optional: the CLI and token-carrying clients present no
+            // certificate; a runner that does is bound to it.
+            t = t.client_ca_root(Certificate::from_pem(ca)).client_auth_optional(true);
+        }
+        builder = builder.tls_config(t).map_err(|e| Error::invalid("tls-cert", format!("the certificate or key is not usable: {e}")))?;
+    }
+    let router = builder
+        .layer(AuthLayer(cfg.auth.clone()))
         .add_service(health_svc)
         .add_service(reflection)
         .add_service(TaskServiceServer::new(TaskSvc(core.clone())))
@@ -223,7 +264,10 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         let _ = leader_loop.await;
         served
     });
-    tracing::info!(%addr, store = %store.describe(), "control plane serving");
+    tracing::info!(%addr, store = %store.describe(), tokens = security.0, tls = security.1, mtls = security.2, "control plane serving");
+    if !security.0 {
+        tracing::warn!(%addr, "authentication is off: anyone who can reach this address may do anything (give --auth-file)");
+    }
     Ok(RunningServer { addr, http_addr, core, join })
 }
 
@@ -421,10 +465,12 @@ async fn step_down_if_failing(core: &Core, token: u64, failures: &mut u32, timin
 /// Connects to etcd, waiting for it: a replica started before its etcd
 /// (or while etcd has no quorum) says so in one line per attempt and
 /// keeps trying (1 s doubling to 10 s), rather than exiting.
-async fn connect_etcd(endpoints: &[String]) -> EtcdStore {
+async fn connect_etcd(endpoints: &[String], security: &EtcdSecurity) -> EtcdStore {
+    let endpoints: Vec<String> =
+        if security.tls() { endpoints.iter().map(|e| e.replacen("http://", "https://", 1)).collect() } else { endpoints.to_vec() };
     let mut pause = std::time::Duration::from_secs(1);
     loop {
-        match EtcdStore::connect(endpoints).await {
+        match EtcdStore::connect_with(&endpoints, security).await {
             Ok(store) => return store,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_s = pause.as_secs(), "waiting for etcd");

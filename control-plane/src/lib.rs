@@ -10,6 +10,7 @@ pub mod store;
 
 pub use error::{Error, Result};
 pub mod api;
+pub mod auth;
 pub mod bootstrap;
 pub mod dispatch;
 pub mod election;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use punchclock_control_plane::store::etcd::EtcdStore;
+use punchclock_control_plane::store::etcd::{EtcdSecurity, EtcdStore};
 
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
@@ -26,16 +26,29 @@ pub struct Etcd {
     members: Vec<Member>,
     dir: tempfile::TempDir,
     initial_cluster: String,
+    /// Client TLS: the pki directory (server cert, CA for client certs).
+    tls: Option<(PathBuf, EtcdSecurity)>,
 }
 
 impl Etcd {
     /// Starts `n` members and waits until the cluster answers.
     pub async fn start(n: usize) -> Etcd {
+        Etcd::start_with(n, None).await
+    }
+
+    /// [`Etcd::start`] with clients over TLS: `https://` client URLs,
+    /// `pki`'s server certificate, and client certificates required
+    /// (`--client-cert-auth`, signed by `pki`'s CA).
+    pub async fn start_tls(n: usize, pki: &crate::pki::Pki) -> Etcd {
+        Etcd::start_with(n, Some((pki.root.clone(), pki.etcd_security()))).await
+    }
+
+    async fn start_with(n: usize, tls: Option<(PathBuf, EtcdSecurity)>) -> Etcd {
         let dir = tempfile::tempdir().expect("tempdir");
         let members: Vec<Member> =
             (0..n).map(|i| Member { name: format!("m{i}"), client_port: free_port(), peer_port: free_port(), child: None }).collect();
         let initial_cluster = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port)).collect::<Vec<_>>().join(",");
-        let mut etcd = Etcd { members, dir, initial_cluster };
+        let mut etcd = Etcd { members, dir, initial_cluster, tls };
         for i in 0..n {
             etcd.spawn(i, "new");
         }
@@ -46,10 +59,18 @@ impl Etcd {
     fn spawn(&mut self, i: usize, state: &str) {
         let data: PathBuf = self.dir.path().join(&self.members[i].name);
         let m = &mut self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name))).expect("log file");
-        let child = Command::new("etcd")
+        let mut cmd = Command::new("etcd");
+        if let Some((root, _)) = &self.tls {
+            cmd.arg("--cert-file").arg(root.join("server.crt"));
+            cmd.arg("--key-file").arg(root.join("server.key"));
+            cmd.arg("--trusted-ca-file").arg(root.join("ca.crt"));
+            cmd.arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", &m.name, "--data-dir"])
             .arg(&data)
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
@@ -71,9 +92,20 @@ impl Etcd {
         m.child = Some(child);
     }
 
-    /// Client endpoints, `http://127.0.0.1:PORT`.
+    /// Client endpoints, `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client_port)).collect()
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        self.members.iter().map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port)).collect()
+    }
+
+    /// A store client of this etcd (with its TLS settings).
+    pub async fn connect(&self) -> punchclock_control_plane::Result<EtcdStore> {
+        EtcdStore::connect_with(&self.endpoints(), &self.security()).await
+    }
+
+    /// The client TLS settings (default: none).
+    pub fn security(&self) -> EtcdSecurity {
+        self.tls.as_ref().map(|(_, s)| s.clone()).unwrap_or_default()
     }
 
     /// `etcd://127.0.0.1:A,127.0.0.1:B` for `punchclock server --store`.
@@ -85,7 +117,7 @@ impl Etcd {
     pub async fn wait_ready(&self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(s) = EtcdStore::connect(&self.endpoints()).await {
+            if let Ok(s) = self.connect().await {
                 use punchclock_control_plane::store::KvStore;
                 if s.put("/test/ready", b"1".to_vec()).await.is_ok() {
                     return;

@@ -3,7 +3,9 @@
 //! on events (WatchRuns streams, process exits), not on sleeps.
 
 pub mod etcd;
+pub mod pki;
 pub mod receiver;
+pub mod storm;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -15,7 +17,42 @@ use pb::run_service_client::RunServiceClient;
 use pb::task_service_client::TaskServiceClient;
 use punchclock_proto::v1 as pb;
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// A helper's connection: a channel whose calls carry the test binary's
+/// token, if any ([`pki::use_client_credentials`]).
+pub type Conn = InterceptedService<Channel, Bearer>;
+
+/// Adds `authorization: Bearer …` to every call when a token is set.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// The endpoint for `addr`, trusting the test CA for `https://`.
+pub fn endpoint(addr: &str) -> Endpoint {
+    let mut ep = Endpoint::from_shared(addr.to_string()).expect("endpoint");
+    if addr.starts_with("https://") {
+        let c = pki::client_credentials().expect("https needs pki::use_client_credentials");
+        let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(pki::ca_pem(c)));
+        ep = ep.tls_config(tls).expect("tls");
+    }
+    ep
+}
+
+/// Wraps a channel with the test binary's token.
+pub fn with_token(ch: Channel) -> Conn {
+    let bearer = pki::client_credentials().map(|c| format!("Bearer {}", c.token).parse().expect("token header"));
+    InterceptedService::new(ch, Bearer(bearer))
+}
 
 /// The repository root (where the tests run punchclock, so relative agent
 /// paths in `tests/agents.yaml` resolve).
@@ -91,7 +128,7 @@ impl Proc {
                 if let Some(f) = out.as_mut() {
                     let _ = writeln!(f, "{line}");
                 }
-                if !sent && let Some(i) = line.find("API on http://") {
+                if !sent && let Some(i) = line.find("API on http") {
                     let rest = &line[i + "API on ".len()..];
                     let addr = rest.split([' ', ',', ')']).next().unwrap_or("").to_string();
                     let _ = tx.send(addr);
@@ -195,25 +232,29 @@ impl Proc {
 
     /// `punchclock runner` with the test agents, following `control_planes` (comma-separated).
     pub fn runner(control_planes: &str, runner_id: &str, dir: &Path) -> Proc {
-        Proc::start(
-            &[
-                "runner",
-                "--control-plane",
-                control_planes,
-                "--agents",
-                "tests/agents.yaml",
-                "--runner-id",
-                runner_id,
-                "--slots",
-                "16",
-                "--kill-grace-ms",
-                "1000",
-                "--work-dir",
-                &dir.join(format!("work-{runner_id}")).to_string_lossy(),
-            ],
-            &dir.join(format!("{runner_id}.log")),
-            false,
-        )
+        Proc::runner_with(control_planes, runner_id, dir, &[])
+    }
+
+    /// [`Proc::runner`] with extra arguments.
+    pub fn runner_with(control_planes: &str, runner_id: &str, dir: &Path, extra: &[&str]) -> Proc {
+        let work = dir.join(format!("work-{runner_id}")).to_string_lossy().into_owned();
+        let mut args = vec![
+            "runner",
+            "--control-plane",
+            control_planes,
+            "--agents",
+            "tests/agents.yaml",
+            "--runner-id",
+            runner_id,
+            "--slots",
+            "16",
+            "--kill-grace-ms",
+            "1000",
+            "--work-dir",
+            &work,
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args, &dir.join(format!("{runner_id}.log")), false)
     }
 
     /// Sends `sig` to this process only.
@@ -273,19 +314,19 @@ pub async fn wait_gone(pid: i32, within: Duration) -> bool {
     process_gone(pid)
 }
 
-/// A gRPC channel to `addr`.
-pub async fn channel(addr: &str) -> Channel {
-    tonic::transport::Endpoint::from_shared(addr.to_string()).expect("endpoint").connect().await.expect("connect")
+/// A gRPC connection to `addr` (with the test binary's credentials).
+pub async fn channel(addr: &str) -> Conn {
+    with_token(endpoint(addr).connect().await.expect("connect"))
 }
 
 /// Task service client.
-pub async fn tasks(addr: &str) -> TaskServiceClient<Channel> {
+pub async fn tasks(addr: &str) -> TaskServiceClient<Conn> {
     TaskServiceClient::new(channel(addr).await).max_decoding_message_size(64 << 20)
 }
 
 /// Applies every spec (`ApplyTask`, 32 in flight on `client`'s channel);
 /// panics naming how many failed and the first error.
-pub async fn apply_all(client: &TaskServiceClient<Channel>, specs: impl Iterator<Item = serde_json::Value>) {
+pub async fn apply_all(client: &TaskServiceClient<Conn>, specs: impl Iterator<Item = serde_json::Value>) {
     // futures' StreamExt, spelled out: tokio_stream's is in scope too.
     use futures::StreamExt as Futures;
     let applies = Futures::map(futures::stream::iter(specs), |spec| {
@@ -300,7 +341,7 @@ pub async fn apply_all(client: &TaskServiceClient<Channel>, specs: impl Iterator
 }
 
 /// Run service client.
-pub async fn runs(addr: &str) -> RunServiceClient<Channel> {
+pub async fn runs(addr: &str) -> RunServiceClient<Conn> {
     RunServiceClient::new(channel(addr).await).max_decoding_message_size(64 << 20)
 }
 
@@ -373,9 +414,19 @@ pub fn at(t: &Option<prost_types::Timestamp>) -> Option<chrono::DateTime<chrono:
     punchclock_proto::time::from_timestamp_opt(t.as_ref())
 }
 
+/// `punchclock` aimed at `addr`, with the test binary's credentials.
+pub fn cli_command(addr: &str) -> Command {
+    let mut c = Command::new(bin());
+    c.env("PUNCHCLOCK_ENDPOINT", addr).current_dir(repo_root());
+    if let Some(creds) = pki::client_credentials() {
+        c.env("PUNCHCLOCK_TOKEN_FILE", &creds.token_file).env("PUNCHCLOCK_CA_FILE", &creds.ca_file);
+    }
+    c
+}
+
 /// Runs the CLI (`punchclock ARGS`) against `addr`; returns stdout, panics on failure.
 pub fn cli(addr: &str, args: &[&str]) -> String {
-    let out = Command::new(bin()).args(args).env("PUNCHCLOCK_ENDPOINT", addr).current_dir(repo_root()).output().expect("run cli");
+    let out = cli_command(addr).args(args).output().expect("run cli");
     assert!(out.status.success(), "punchclock {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).to_string()
 }
@@ -383,21 +434,15 @@ pub fn cli(addr: &str, args: &[&str]) -> String {
 /// Runs the CLI (`punchclock ARGS`) against `addr`, expecting it to fail;
 /// returns its stderr, panics when it succeeds.
 pub fn cli_fails(addr: &str, args: &[&str]) -> String {
-    let out = Command::new(bin()).args(args).env("PUNCHCLOCK_ENDPOINT", addr).current_dir(repo_root()).output().expect("run cli");
+    let out = cli_command(addr).args(args).output().expect("run cli");
     assert!(!out.status.success(), "punchclock {args:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
     String::from_utf8_lossy(&out.stderr).to_string()
 }
 
 /// The cluster as `addr` sees it.
 pub async fn cluster_status(addr: &str) -> Option<pb::ClusterStatus> {
-    let ch = tonic::transport::Endpoint::from_shared(addr.to_string())
-        .ok()?
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .ok()?;
-    pb::cluster_service_client::ClusterServiceClient::new(ch)
+    let ch = endpoint(addr).connect_timeout(Duration::from_secs(1)).timeout(Duration::from_secs(2)).connect().await.ok()?;
+    pb::cluster_service_client::ClusterServiceClient::new(with_token(ch))
         .get_cluster_status(pb::GetClusterStatusRequest {})
         .await
         .ok()
@@ -428,8 +473,8 @@ pub async fn wait_leader(addrs: &[String], within: Duration, pred: impl Fn(&pb::
 pub async fn wait_engine(addr: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while tokio::time::Instant::now() < deadline {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(addr.to_string()).expect("addr").connect().await
-            && pb::cluster_service_client::ClusterServiceClient::new(ch).list_runners(pb::ListRunnersRequest {}).await.is_ok()
+        if let Ok(ch) = endpoint(addr).connect().await
+            && pb::cluster_service_client::ClusterServiceClient::new(with_token(ch)).list_runners(pb::ListRunnersRequest {}).await.is_ok()
         {
             return;
         }
@@ -501,6 +546,9 @@ pub async fn in_process_server(
         retention: Default::default(),
         notify: Default::default(),
         traces: false,
+        auth: punchclock_control_plane::auth::Auth::off(),
+        tls: None,
+        etcd: Default::default(),
     };
     let clock = std::sync::Arc::new(clock);
     // A server stopped in this process a moment ago may still have a

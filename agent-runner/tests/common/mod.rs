@@ -12,7 +12,12 @@ pub const PATIENCE: Duration = Duration::from_secs(15);
 
 /// A process agent running `sh -c <script>`.
 pub fn sh_agent(script: &str) -> ProcessAgent {
-    ProcessAgent { command: vec!["sh".into(), "-c".into(), script.into()], env: BTreeMap::new(), working_dir: None }
+    ProcessAgent {
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::new(),
+        env_from_file: BTreeMap::new(),
+        working_dir: None,
+    }
 }
 
 /// Whether process `pid` is gone. A zombie counts as gone: it has exited and

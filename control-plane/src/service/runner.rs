@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::status;
 use crate::api::Core;
+use crate::auth::Principal;
 use crate::engine::protocol::{FinishedReport, FromRunner, InFlightExec, ReportedOutcome, RunnerHello, ToRunner};
 use crate::error::Error;
 
@@ -53,11 +54,20 @@ impl RunnerService for RunnerSvc {
 
     async fn connect(&self, req: Request<Streaming<pb::RunnerMessage>>) -> Result<Response<Self::ConnectStream>, Status> {
         let engine = self.0.engine().await.map_err(status)?;
+        let principal = req.extensions().get::<Principal>().cloned();
         let mut inbound = req.into_inner();
         let hello = match inbound.message().await? {
             Some(pb::RunnerMessage { msg: Some(Msg::Hello(h)) }) => hello_from_pb(h).map_err(status)?,
             _ => return Err(status(Error::invalid("msg", "the first message on the stream must be Hello"))),
         };
+        // The runner is who its token (or client certificate) says.
+        if let Some(p) = &principal {
+            if let Err(refused) = p.check_hello(&hello.runner_id, &hello.agents) {
+                tracing::warn!(target: "punchclock::audit", token = %p.name, runner_id = %hello.runner_id, reason = %refused.message(), "runner refused");
+                return Err(refused);
+            }
+            tracing::info!(target: "punchclock::audit", token = %p.name, runner_id = %hello.runner_id, "runner connected");
+        }
         let runner_id = hello.runner_id.clone();
         let capacity = (hello.slots as usize).saturating_mul(2).saturating_add(OUTBOUND_BUFFER).min(MAX_OUTBOUND_BUFFER);
         let (tx, rx) = mpsc::channel(capacity);

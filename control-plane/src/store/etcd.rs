@@ -61,12 +61,67 @@ pub struct EtcdStore {
     endpoints: Vec<String>,
 }
 
+/// TLS and authentication for the etcd client (`server --etcd-ca`,
+/// `--etcd-cert`, `--etcd-key`, `--etcd-user`). The default is plain
+/// `http://` with no user.
+#[derive(Clone, Default)]
+pub struct EtcdSecurity {
+    /// CA certificate (PEM) that signed etcd's server certificate.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key (PEM), for etcd's `--client-cert-auth`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// etcd user and password.
+    pub user: Option<(String, String)>,
+}
+
+impl EtcdSecurity {
+    /// Whether the endpoints are `https://`.
+    pub fn tls(&self) -> bool {
+        self.ca_pem.is_some() || self.identity.is_some()
+    }
+}
+
+impl std::fmt::Debug for EtcdSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("EtcdSecurity")
+            .field("tls", &self.tls())
+            .field("client_cert", &self.identity.is_some())
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
 impl EtcdStore {
     /// Connects to `endpoints` (`host:port` or `http://host:port`).
     ///
     /// Errors: [`Error::Store`] when no endpoint answers within the timeout.
     pub async fn connect(endpoints: &[String]) -> Result<Self> {
-        let opts = ConnectOptions::new()
+        EtcdStore::connect_with(endpoints, &EtcdSecurity::default()).await
+    }
+
+    /// [`EtcdStore::connect`] with TLS and etcd authentication: the
+    /// endpoints must then be `https://` (etcd's `--client-cert-auth`,
+    /// `--trusted-ca-file`; users per etcd's RBAC, `etcdctl user add`).
+    ///
+    /// Errors: as [`EtcdStore::connect`]; a certificate or key that does
+    /// not parse; a refused user or password (`authentication failed`).
+    pub async fn connect_with(endpoints: &[String], security: &EtcdSecurity) -> Result<Self> {
+        let mut opts = ConnectOptions::new();
+        if security.ca_pem.is_some() || security.identity.is_some() {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some(ca) = &security.ca_pem {
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &security.identity {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            opts = opts.with_tls(tls);
+        }
+        if let Some((user, password)) = &security.user {
+            opts = opts.with_user(user.clone(), password.clone());
+        }
+        let opts = opts
             .with_connect_timeout(REQUEST_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
             // etcd closes connections that ping more often than its

@@ -1,0 +1,580 @@
+//! Who may call what: bearer tokens with roles, runner identities bound to
+//! their credential, and the one table from gRPC method to the access it
+//! needs.
+//!
+//! The tokens file (`--auth-file`, YAML; reloaded on SIGHUP):
+//!
+//! ```yaml
+//! tokens:
+//!   - name: alice                 # who, in audit lines (letters, digits, _ - . @)
+//!     role: admin                 # admin | operator | reader | runner
+//!     sha256: 9f86d08188…         # hex SHA-256 of the token; the token itself is never stored
+//!   - name: runner-gpu
+//!     role: runner
+//!     sha256: …
+//!     runner_id_prefix: "gpu-"    # or runner_id: gpu-1 (exactly one of them, runner tokens only)
+//!     agents: [report_agent]      # optional: the agents it may offer
+//! ```
+//!
+//! Tokens are random (`punchclock token new` makes 256-bit ones), so a
+//! plain SHA-256 is the right hash: nothing to brute-force, and no
+//! per-call key stretching. The [`AuthLayer`] checks every call before
+//! its service sees it: `authorization: Bearer TOKEN` → a [`Principal`]
+//! (put in the request's extensions), or `Unauthenticated`; the method's
+//! [`Access`] against the role, or `PermissionDenied` naming the role
+//! needed. A verified mTLS client certificate binds a runner to the id in
+//! its first DNS subjectAltName ([`Principal::cert_runner_id`]); the
+//! runner service checks a Hello against both bindings
+//! ([`Principal::check_hello`]).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tonic::Status;
+use tonic::codegen::http;
+
+use crate::error::{Error, Result};
+
+/// A token's role. Roles nest for reading: an operator may also read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Everything.
+    Admin,
+    /// Apply, pause, resume, trigger, cancel, delete, reset a breaker,
+    /// retry a notification; and everything a reader may.
+    Operator,
+    /// Get, list, watch, stats, preview.
+    Reader,
+    /// The runner stream only.
+    Runner,
+}
+
+impl Role {
+    /// The name used in files and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Operator => "operator",
+            Role::Reader => "reader",
+            Role::Runner => "runner",
+        }
+    }
+}
+
+/// What a gRPC method needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No credential (health checks).
+    Open,
+    /// Any valid credential (finding the leader).
+    Any,
+    /// reader, operator or admin.
+    Read,
+    /// operator or admin; audited.
+    Operate,
+    /// admin only; audited.
+    Admin,
+    /// runner or admin (the runner stream); audited at connect.
+    Runner,
+}
+
+impl Access {
+    /// Whether `role` may call a method needing this.
+    pub fn allows(self, role: Role) -> bool {
+        match self {
+            Access::Open | Access::Any => true,
+            Access::Read => matches!(role, Role::Reader | Role::Operator | Role::Admin),
+            Access::Operate => matches!(role, Role::Operator | Role::Admin),
+            Access::Admin => role == Role::Admin,
+            Access::Runner => matches!(role, Role::Runner | Role::Admin),
+        }
+    }
+
+    /// The roles named in a `PermissionDenied`.
+    fn needed(self) -> &'static str {
+        match self {
+            Access::Open | Access::Any => "any",
+            Access::Read => "reader, operator or admin",
+            Access::Operate => "operator or admin",
+            Access::Admin => "admin",
+            Access::Runner => "runner or admin",
+        }
+    }
+
+    /// Whether a call is written to the audit log.
+    fn audited(self) -> bool {
+        matches!(self, Access::Operate | Access::Admin | Access::Runner)
+    }
+}
+
+/// Every method of every service and what it needs; the README's roles
+/// table is this table. A method not listed needs admin (deny by default).
+pub const METHODS: &[(&str, Access)] = &[
+    ("/grpc.health.v1.Health/Check", Access::Open),
+    ("/grpc.health.v1.Health/Watch", Access::Open),
+    ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Access::Read),
+    ("/punchclock.v1.TaskService/ApplyTask", Access::Operate),
+    ("/punchclock.v1.TaskService/ApplyTasks", Access::Operate),
+    ("/punchclock.v1.TaskService/GetTask", Access::Read),
+    ("/punchclock.v1.TaskService/ListTasks", Access::Read),
+    ("/punchclock.v1.TaskService/DeleteTask", Access::Operate),
+    ("/punchclock.v1.TaskService/PauseTask", Access::Operate),
+    ("/punchclock.v1.TaskService/ResumeTask", Access::Operate),
+    ("/punchclock.v1.TaskService/TriggerTask", Access::Operate),
+    ("/punchclock.v1.TaskService/ResetBreaker", Access::Operate),
+    ("/punchclock.v1.TaskService/PreviewSchedule", Access::Read),
+    ("/punchclock.v1.RunService/ListRuns", Access::Read),
+    ("/punchclock.v1.RunService/GetRun", Access::Read),
+    ("/punchclock.v1.RunService/CancelRun", Access::Operate),
+    ("/punchclock.v1.RunService/PruneRuns", Access::Admin),
+    ("/punchclock.v1.RunService/WatchRuns", Access::Read),
+    ("/punchclock.v1.RunService/GetSchedulingStats", Access::Read),
+    ("/punchclock.v1.NotificationService/ListNotifications", Access::Read),
+    ("/punchclock.v1.NotificationService/RetryNotification", Access::Operate),
+    ("/punchclock.v1.RunnerService/Connect", Access::Runner),
+    ("/punchclock.v1.ClusterService/GetLeader", Access::Any),
+    ("/punchclock.v1.ClusterService/GetClusterStatus", Access::Read),
+    ("/punchclock.v1.ClusterService/ListRunners", Access::Read),
+];
+
+/// What `path` (`/package.Service/Method`) needs.
+pub fn access_for(path: &str) -> Access {
+    METHODS.iter().find(|(m, _)| *m == path).map(|(_, a)| *a).unwrap_or(Access::Admin)
+}
+
+/// What a runner token may say in its Hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerBinding {
+    /// `runner_id` (exact) or `runner_id_prefix`.
+    pub id: IdRule,
+    /// The agents it may offer; `None` = any.
+    pub agents: Option<BTreeSet<String>>,
+}
+
+/// A runner id rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdRule {
+    /// This id only.
+    Exact(String),
+    /// Ids starting with this.
+    Prefix(String),
+}
+
+/// The caller of one request, in its extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The token's name (`anonymous` when auth is off, `cert:ID` for an
+    /// mTLS runner without a token).
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// A runner token's binding.
+    pub binding: Option<RunnerBinding>,
+    /// The runner id of a verified client certificate (its first DNS
+    /// subjectAltName).
+    pub cert_runner_id: Option<String>,
+}
+
+impl Principal {
+    /// Checks a runner's Hello against the token's binding and the client
+    /// certificate.
+    ///
+    /// Errors: `PermissionDenied` naming the id or the agents refused and why.
+    #[allow(clippy::result_large_err)]
+    pub fn check_hello(&self, runner_id: &str, agents: &[String]) -> std::result::Result<(), Status> {
+        if let Some(cert_id) = &self.cert_runner_id
+            && cert_id != runner_id
+        {
+            return Err(Status::permission_denied(format!(
+                "runner id {runner_id:?} does not match the client certificate, which names {cert_id:?}"
+            )));
+        }
+        let Some(b) = &self.binding else { return Ok(()) };
+        match &b.id {
+            IdRule::Exact(id) if id != runner_id => {
+                return Err(Status::permission_denied(format!("token {:?} is bound to runner id {id:?}, not {runner_id:?}", self.name)));
+            }
+            IdRule::Prefix(p) if !runner_id.starts_with(p.as_str()) => {
+                return Err(Status::permission_denied(format!(
+                    "token {:?} is bound to runner ids starting with {p:?}, not {runner_id:?}",
+                    self.name
+                )));
+            }
+            _ => {}
+        }
+        if let Some(allowed) = &b.agents {
+            let refused: Vec<&str> = agents.iter().filter(|a| !allowed.contains(*a)).map(String::as_str).collect();
+            if !refused.is_empty() {
+                return Err(Status::permission_denied(format!(
+                    "token {:?} may not offer agents {refused:?} (allowed: {:?})",
+                    self.name,
+                    allowed.iter().collect::<Vec<_>>()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    tokens: Vec<TokenEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    name: String,
+    role: Role,
+    sha256: String,
+    #[serde(default)]
+    runner_id: Option<String>,
+    #[serde(default)]
+    runner_id_prefix: Option<String>,
+    #[serde(default)]
+    agents: Option<Vec<String>>,
+}
+
+/// Token hash → who.
+type Table = HashMap<[u8; 32], Arc<Principal>>;
+
+/// The server's credentials: the tokens (if any) and whether client
+/// certificates are verified.
+#[derive(Debug)]
+pub struct Auth {
+    file: Option<PathBuf>,
+    tokens: RwLock<Arc<Table>>,
+}
+
+/// Longest token accepted on the wire, in bytes.
+const MAX_TOKEN_BYTES: usize = 4096;
+
+impl Auth {
+    /// No tokens: every call is allowed (`dev`, or a server on loopback).
+    pub fn off() -> Arc<Auth> {
+        Arc::new(Auth { file: None, tokens: RwLock::new(Arc::new(Table::new())) })
+    }
+
+    /// Tokens from `file`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `auth-file` (unreadable)
+    /// or the entry's field (`tokens[2].sha256: …`).
+    pub fn from_file(file: &Path) -> Result<Arc<Auth>> {
+        let table = load(file)?;
+        Ok(Arc::new(Auth { file: Some(file.to_owned()), tokens: RwLock::new(Arc::new(table)) }))
+    }
+
+    /// Whether tokens are required.
+    pub fn enabled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Reads the tokens file again (SIGHUP). On error the old tokens stay.
+    ///
+    /// Errors: as [`Auth::from_file`]; returns the number of tokens.
+    pub fn reload(&self) -> Result<usize> {
+        let Some(file) = &self.file else { return Ok(0) };
+        let table = load(file)?;
+        let n = table.len();
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        Ok(n)
+    }
+
+    /// Who is calling: from the bearer token, else the client certificate,
+    /// else anonymous when tokens are off.
+    #[allow(clippy::result_large_err)]
+    fn principal(&self, headers: &http::HeaderMap, cert_runner_id: Option<String>) -> std::result::Result<Principal, Status> {
+        let bearer = match headers.get(http::header::AUTHORIZATION) {
+            None => None,
+            Some(v) => {
+                let v = v.to_str().map_err(|_| Status::unauthenticated("authorization header is not ASCII"))?;
+                let token = v
+                    .strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+                    .ok_or_else(|| Status::unauthenticated("authorization header must be \"Bearer TOKEN\""))?
+                    .trim();
+                if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
+                    return Err(Status::unauthenticated("invalid token"));
+                }
+                Some(token.to_string())
+            }
+        };
+        if let Some(token) = bearer {
+            if !self.enabled() {
+                // Tokens off: a token changes nothing.
+                return Ok(Principal { name: "anonymous".into(), role: Role::Admin, binding: None, cert_runner_id });
+            }
+            let table = self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            return match table.get(&hash) {
+                Some(p) => Ok(Principal { cert_runner_id, ..(**p).clone() }),
+                None => Err(Status::unauthenticated("invalid token (unknown, or removed from the tokens file)")),
+            };
+        }
+        if let Some(id) = cert_runner_id {
+            return Ok(Principal { name: format!("cert:{id}"), role: Role::Runner, binding: None, cert_runner_id: Some(id) });
+        }
+        if self.enabled() {
+            return Err(Status::unauthenticated("missing credentials: send \"authorization: Bearer TOKEN\" (punchclock --token)"));
+        }
+        Ok(Principal { name: "anonymous".into(), role: Role::Admin, binding: None, cert_runner_id: None })
+    }
+
+    /// The whole check for one call: who, and may they.
+    #[allow(clippy::result_large_err)]
+    pub fn authorize(
+        &self,
+        path: &str,
+        headers: &http::HeaderMap,
+        cert_runner_id: Option<String>,
+    ) -> std::result::Result<Option<Principal>, Status> {
+        let access = access_for(path);
+        if access == Access::Open {
+            return Ok(None);
+        }
+        let p = self.principal(headers, cert_runner_id)?;
+        if !access.allows(p.role) {
+            return Err(Status::permission_denied(format!(
+                "{path} needs the {} role; token {:?} has {}",
+                access.needed(),
+                p.name,
+                p.role.as_str()
+            )));
+        }
+        if access.audited() && self.enabled() {
+            tracing::info!(target: "punchclock::audit", token = %p.name, role = p.role.as_str(), method = %path, "audit");
+        }
+        Ok(Some(p))
+    }
+}
+
+/// Reads and checks a tokens file.
+fn load(file: &Path) -> Result<Table> {
+    let text = std::fs::read_to_string(file).map_err(|e| Error::invalid("auth-file", format!("cannot read {}: {e}", file.display())))?;
+    let doc: TokensFile = serde_yaml_ng::from_str(&text).map_err(|e| Error::invalid("auth-file", format!("{}: {e}", file.display())))?;
+    let mut table = Table::new();
+    let mut names = BTreeSet::new();
+    for (i, t) in doc.tokens.into_iter().enumerate() {
+        let field = |f: &str| format!("tokens[{i}].{f}");
+        if t.name.is_empty() || t.name.len() > 64 || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.@".contains(c)) {
+            return Err(Error::invalid(field("name"), "1 to 64 letters, digits, _ - . @"));
+        }
+        if !names.insert(t.name.clone()) {
+            return Err(Error::invalid(field("name"), format!("{:?} is used twice", t.name)));
+        }
+        let hash: [u8; 32] = hex::decode(t.sha256.trim())
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| Error::invalid(field("sha256"), "expected 64 hex digits (the SHA-256 of the token)"))?;
+        let binding = match (t.role, t.runner_id, t.runner_id_prefix) {
+            (Role::Runner, Some(id), None) if !id.is_empty() => Some(IdRule::Exact(id)),
+            (Role::Runner, None, Some(p)) if !p.is_empty() => Some(IdRule::Prefix(p)),
+            (Role::Runner, None, None) => {
+                return Err(Error::invalid(field("runner_id"), "a runner token needs runner_id or runner_id_prefix"));
+            }
+            (Role::Runner, _, _) => {
+                return Err(Error::invalid(field("runner_id"), "give exactly one of runner_id and runner_id_prefix, not empty"));
+            }
+            (_, None, None) => None,
+            (role, _, _) => {
+                return Err(Error::invalid(
+                    field("runner_id"),
+                    format!("only runner tokens are bound to a runner id (this one is {})", role.as_str()),
+                ));
+            }
+        };
+        if binding.is_none() && t.agents.is_some() {
+            return Err(Error::invalid(field("agents"), "only runner tokens are bound to agents"));
+        }
+        let binding = binding.map(|id| RunnerBinding { id, agents: t.agents.map(|a| a.into_iter().collect()) });
+        let p = Principal { name: t.name, role: t.role, binding, cert_runner_id: None };
+        if table.insert(hash, Arc::new(p)).is_some() {
+            return Err(Error::invalid(field("sha256"), "the same token appears twice"));
+        }
+    }
+    Ok(table)
+}
+
+/// `sha256:` line for a token (hex).
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A new random token: `pc_` and 43 base64url characters (256 bits).
+pub fn new_token() -> String {
+    use base64::Engine as _;
+    let bytes: [u8; 32] = rand::random();
+    format!("pc_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// The runner id a verified client certificate names: its first DNS
+/// subjectAltName (the id then must pass the usual runner id rules).
+pub fn cert_runner_id(der: &[u8]) -> Option<String> {
+    let der = rustls::pki_types::CertificateDer::from(der.to_vec());
+    let cert = webpki::EndEntityCert::try_from(&der).ok()?;
+    cert.valid_dns_names().next().map(str::to_string)
+}
+
+/// A tower layer that runs [`Auth::authorize`] before every gRPC call.
+#[derive(Clone)]
+pub struct AuthLayer(pub Arc<Auth>);
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService { auth: self.0.clone(), inner }
+    }
+}
+
+/// See [`AuthLayer`].
+#[derive(Clone)]
+pub struct AuthService<S> {
+    auth: Arc<Auth>,
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
+
+impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<std::result::Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let cert_id = peer_cert_runner_id(&req);
+        match self.auth.authorize(req.uri().path(), req.headers(), cert_id) {
+            Ok(principal) => {
+                if let Some(p) = principal {
+                    req.extensions_mut().insert(p);
+                }
+                // The clone is not the one polled ready: swap, per tower's
+                // guidance for services that must be moved into a future.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                Box::pin(async move { inner.call(req).await })
+            }
+            Err(status) => Box::pin(async move { Ok(status.into_http()) }),
+        }
+    }
+}
+
+/// The runner id of the request's verified client certificate, if any.
+fn peer_cert_runner_id<B>(req: &http::Request<B>) -> Option<String> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let info = req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>()?;
+    let certs = info.peer_certs()?;
+    certs.first().and_then(|c| cert_runner_id(c.as_ref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(token: Option<&str>) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        if let Some(t) = token {
+            h.insert(http::header::AUTHORIZATION, format!("Bearer {t}").parse().expect("header"));
+        }
+        h
+    }
+
+    fn auth(yaml: &str) -> Arc<Auth> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("tokens.yaml");
+        std::fs::write(&f, yaml).expect("write");
+        Auth::from_file(&f).expect("valid tokens file")
+    }
+
+    #[test]
+    fn roles_follow_the_table() {
+        let a = auth(&format!(
+            "tokens:\n  - {{name: r, role: reader, sha256: {}}}\n  - {{name: o, role: operator, sha256: {}}}\n",
+            token_hash("rt"),
+            token_hash("ot")
+        ));
+        let call = |path: &str, tok: Option<&str>| a.authorize(path, &headers(tok), None).map(|_| ()).map_err(|s| s.code());
+        assert_eq!(call("/punchclock.v1.TaskService/GetTask", None), Err(tonic::Code::Unauthenticated));
+        assert_eq!(call("/punchclock.v1.TaskService/GetTask", Some("nope")), Err(tonic::Code::Unauthenticated));
+        assert_eq!(call("/punchclock.v1.TaskService/GetTask", Some("rt")), Ok(()));
+        assert_eq!(call("/punchclock.v1.TaskService/ApplyTask", Some("rt")), Err(tonic::Code::PermissionDenied));
+        assert_eq!(call("/punchclock.v1.TaskService/ApplyTask", Some("ot")), Ok(()));
+        assert_eq!(call("/punchclock.v1.RunService/PruneRuns", Some("ot")), Err(tonic::Code::PermissionDenied));
+        assert_eq!(call("/punchclock.v1.Unknown/Method", Some("ot")), Err(tonic::Code::PermissionDenied), "deny by default");
+        assert_eq!(call("/grpc.health.v1.Health/Check", None), Ok(()));
+    }
+
+    #[test]
+    fn bad_files_name_the_field() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("t.yaml");
+        for (yaml, field) in [
+            ("tokens:\n  - {name: a, role: reader, sha256: xyz}\n", "tokens[0].sha256"),
+            ("tokens:\n  - {name: 'a b', role: reader, sha256: x}\n", "tokens[0].name"),
+            (&format!("tokens:\n  - {{name: a, role: runner, sha256: {}}}\n", token_hash("a")), "tokens[0].runner_id"),
+            (&format!("tokens:\n  - {{name: a, role: reader, runner_id: r1, sha256: {}}}\n", token_hash("a")), "tokens[0].runner_id"),
+            (
+                &format!(
+                    "tokens:\n  - {{name: a, role: reader, sha256: {}}}\n  - {{name: a, role: reader, sha256: {}}}\n",
+                    token_hash("a"),
+                    token_hash("b")
+                ),
+                "tokens[1].name",
+            ),
+        ] {
+            std::fs::write(&f, yaml).expect("write");
+            match Auth::from_file(&f) {
+                Err(Error::InvalidArgument { field: got, .. }) => assert_eq!(got, field, "{yaml}"),
+                other => panic!("{yaml}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn runner_tokens_are_bound() {
+        let a = auth(&format!(
+            "tokens:\n  - {{name: r1, role: runner, runner_id: r1, agents: [x], sha256: {}}}\n  - {{name: gpu, role: runner, runner_id_prefix: gpu-, sha256: {}}}\n",
+            token_hash("t1"),
+            token_hash("t2")
+        ));
+        let p = a.authorize("/punchclock.v1.RunnerService/Connect", &headers(Some("t1")), None).expect("ok").expect("principal");
+        assert!(p.check_hello("r1", &["x".into()]).is_ok());
+        assert_eq!(p.check_hello("r2", &["x".into()]).map_err(|s| s.code()), Err(tonic::Code::PermissionDenied));
+        assert!(p.check_hello("r1", &["x".into(), "y".into()]).expect_err("y").message().contains("\"y\""));
+        assert_eq!(
+            a.authorize("/punchclock.v1.TaskService/GetTask", &headers(Some("t1")), None).map_err(|s| s.code()),
+            Err(tonic::Code::PermissionDenied),
+            "a runner token reads nothing"
+        );
+        let g = a.authorize("/punchclock.v1.RunnerService/Connect", &headers(Some("t2")), None).expect("ok").expect("principal");
+        assert!(g.check_hello("gpu-7", &[]).is_ok());
+        assert!(g.check_hello("cpu-7", &[]).is_err());
+        // A certificate binds too, whatever the token says.
+        let c = a.authorize("/punchclock.v1.RunnerService/Connect", &headers(Some("t2")), Some("gpu-1".into())).expect("ok").expect("p");
+        assert!(c.check_hello("gpu-1", &[]).is_ok());
+        assert!(c.check_hello("gpu-2", &[]).is_err());
+    }
+
+    #[test]
+    fn tokens_are_random_and_url_safe() {
+        let (a, b) = (new_token(), new_token());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 3 + 43);
+        assert!(a[3..].chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'), "{a}");
+    }
+}

@@ -1,0 +1,107 @@
+#!/bin/sh
+# make-certs.sh: a CA, certificates and API tokens for a small punchclock
+# cluster, with openssl and punchclock itself. Run once on an admin host;
+# copy each file only where the table at the end says.
+#
+#   deploy/tls/make-certs.sh --out DIR [--host NAME_OR_IP]... [--runner ID]...
+#                            [--days N] [--punchclock PATH]
+#
+#   --host     a name or IP the control plane (and etcd) is reached at; the
+#              server certificate covers all of them plus localhost and
+#              127.0.0.1 (repeat the flag)
+#   --runner   a runner id: a client certificate for mTLS (its DNS
+#              subjectAltName is the id) and a runner token bound to it
+#   --days     certificate lifetime (default 825)
+#
+# It never overwrites: DIR must not exist. Keys are EC P-256, mode 0600.
+# Rotation: run it again into a new DIR, or see README "Security".
+set -eu
+
+out= days=825 hosts= runners= pc=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --host) hosts="$hosts $2"; shift 2 ;;
+    --runner) runners="$runners $2"; shift 2 ;;
+    --days) days=$2; shift 2 ;;
+    --punchclock) pc=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "make-certs.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || { echo "make-certs.sh: --out DIR is required" >&2; exit 2; }
+[ ! -e "$out" ] || { echo "make-certs.sh: $out exists; choose a new directory" >&2; exit 2; }
+command -v openssl >/dev/null || { echo "make-certs.sh: openssl not found (apt-get install openssl)" >&2; exit 2; }
+if [ -z "$pc" ]; then
+  pc=$(command -v punchclock || true)
+  [ -n "$pc" ] || [ ! -x target/debug/punchclock ] || pc=target/debug/punchclock
+fi
+[ -n "$pc" ] || { echo "make-certs.sh: punchclock not found (give --punchclock PATH)" >&2; exit 2; }
+for r in $runners; do
+  case "$r" in
+    *[!A-Za-z0-9.-]*|'') echo "make-certs.sh: runner id $r: use letters, digits, . and - (it is a DNS name in the certificate)" >&2; exit 2 ;;
+  esac
+done
+
+umask 077
+mkdir -p "$out/tokens"
+cd "$out"
+
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+# The CA.
+key ca.key
+openssl req -x509 -new -key ca.key -sha256 -days "$days" -subj "/CN=punchclock CA" \
+  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" -out ca.crt
+
+# sign NAME SUBJECT SAN EKU: NAME.key and NAME.crt signed by the CA.
+sign() {
+  key "$1.key"
+  openssl req -new -key "$1.key" -subj "$2" -out "$1.csr"
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\nsubjectAltName=%s\n' "$4" "$3" > "$1.ext"
+  openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days "$days" -sha256 -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+  rm -f "$1.csr" "$1.ext"
+}
+
+# The control plane's (and etcd's) server certificate.
+san="DNS:localhost,IP:127.0.0.1"
+for h in $hosts; do
+  case "$h" in
+    *[!0-9.]*) san="$san,DNS:$h" ;;
+    *) san="$san,IP:$h" ;;
+  esac
+done
+sign server "/CN=punchclock" "$san" "serverAuth,clientAuth"
+# The control plane's client certificate for etcd (--etcd-cert; etcd maps
+# its CN to the etcd user "punchclock" when auth is on).
+sign etcd-client "/CN=punchclock" "DNS:punchclock" "clientAuth"
+# One client certificate per runner: its DNS subjectAltName is the runner id.
+for r in $runners; do
+  sign "runner-$r" "/CN=$r" "DNS:$r" "clientAuth"
+done
+rm -f ca.srl
+
+# Tokens: one per role for people and scripts, one per runner.
+{
+  echo "# punchclock tokens file (server --auth-file). Hashes only; the tokens are in tokens/."
+  echo "tokens:"
+  "$pc" token new --name admin --role admin --out tokens/admin.token
+  "$pc" token new --name operator --role operator --out tokens/operator.token
+  "$pc" token new --name reader --role reader --out tokens/reader.token
+  for r in $runners; do
+    "$pc" token new --name "runner-$r" --role runner --runner-id "$r" --out "tokens/runner-$r.token"
+  done
+} > tokens.yaml
+
+chmod 0644 ca.crt server.crt etcd-client.crt
+for r in $runners; do chmod 0644 "runner-$r.crt"; done
+
+cat <<DONE
+Made in $out:
+  ca.crt                      every host (clients: --ca-file; server: --client-ca; etcd: --trusted-ca-file)
+  server.crt, server.key      control-plane hosts: server --tls-cert/--tls-key (and etcd's --cert-file/--key-file)
+  etcd-client.crt/.key        control-plane hosts: server --etcd-cert/--etcd-key
+  runner-ID.crt/.key          runner ID only: runner --tls-cert/--tls-key (mTLS)
+  tokens.yaml                 control-plane hosts: server --auth-file (hashes only)
+  tokens/NAME.token           the one who uses it: --token-file / PUNCHCLOCK_TOKEN_FILE
+DONE

@@ -1,0 +1,315 @@
+//! Issue 10: who may call what.
+//!
+//! Acceptance 1: every RPC of every service (read from the proto's
+//! descriptor, so a new RPC without a row here fails), called with no
+//! token, an unknown token and a token of each role: `Unauthenticated`
+//! without a valid token, and allowed or `PermissionDenied` exactly as
+//! the README's roles table says (written out again here, not read from
+//! the server's table).
+//!
+//! Acceptance 2: a runner token bound to `r1` cannot connect as `r2` nor
+//! offer an agent outside its list; an mTLS runner whose certificate says
+//! `r1` cannot say Hello as `r2`. Real runner processes.
+//!
+//! Acceptance 4: a server on 0.0.0.0 without TLS and tokens exits with a
+//! clear message; with `--insecure` it starts and warns.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use prost::Message;
+use punchclock_proto::v1 as pb;
+use punchclock_tests::etcd::free_port;
+use punchclock_tests::pki::Pki;
+use punchclock_tests::{KeepLogsOnPanic, Proc, bin, endpoint, wait_log};
+use tonic::Code;
+
+/// What a method needs, per the README's roles table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Needs {
+    Open,
+    AnyToken,
+    Read,
+    Operate,
+    Admin,
+    Runner,
+}
+
+/// The roles table: every method of every service.
+const TABLE: &[(&str, Needs)] = &[
+    ("/grpc.health.v1.Health/Check", Needs::Open),
+    ("/grpc.health.v1.Health/Watch", Needs::Open),
+    ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Needs::Read),
+    ("/punchclock.v1.TaskService/ApplyTask", Needs::Operate),
+    ("/punchclock.v1.TaskService/ApplyTasks", Needs::Operate),
+    ("/punchclock.v1.TaskService/GetTask", Needs::Read),
+    ("/punchclock.v1.TaskService/ListTasks", Needs::Read),
+    ("/punchclock.v1.TaskService/DeleteTask", Needs::Operate),
+    ("/punchclock.v1.TaskService/PauseTask", Needs::Operate),
+    ("/punchclock.v1.TaskService/ResumeTask", Needs::Operate),
+    ("/punchclock.v1.TaskService/TriggerTask", Needs::Operate),
+    ("/punchclock.v1.TaskService/ResetBreaker", Needs::Operate),
+    ("/punchclock.v1.TaskService/PreviewSchedule", Needs::Read),
+    ("/punchclock.v1.RunService/ListRuns", Needs::Read),
+    ("/punchclock.v1.RunService/GetRun", Needs::Read),
+    ("/punchclock.v1.RunService/CancelRun", Needs::Operate),
+    ("/punchclock.v1.RunService/PruneRuns", Needs::Admin),
+    ("/punchclock.v1.RunService/WatchRuns", Needs::Read),
+    ("/punchclock.v1.RunService/GetSchedulingStats", Needs::Read),
+    ("/punchclock.v1.NotificationService/ListNotifications", Needs::Read),
+    ("/punchclock.v1.NotificationService/RetryNotification", Needs::Operate),
+    ("/punchclock.v1.RunnerService/Connect", Needs::Runner),
+    ("/punchclock.v1.ClusterService/GetLeader", Needs::AnyToken),
+    ("/punchclock.v1.ClusterService/GetClusterStatus", Needs::Read),
+    ("/punchclock.v1.ClusterService/ListRunners", Needs::Read),
+];
+
+fn allowed(needs: Needs, role: &str) -> bool {
+    match needs {
+        Needs::Open | Needs::AnyToken => true,
+        Needs::Read => matches!(role, "admin" | "operator" | "reader"),
+        Needs::Operate => matches!(role, "admin" | "operator"),
+        Needs::Admin => role == "admin",
+        Needs::Runner => matches!(role, "admin" | "runner-r1"),
+    }
+}
+
+/// Every `/package.Service/Method` of punchclock's proto.
+fn proto_methods() -> BTreeSet<String> {
+    let set = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptor set");
+    set.file
+        .iter()
+        .flat_map(|f| f.service.iter().map(move |s| (f.package().to_string(), s)))
+        .flat_map(|(pkg, s)| s.method.iter().map(move |m| format!("/{pkg}.{}/{}", s.name(), m.name())))
+        .collect()
+}
+
+/// Calls `path` with one empty request message (every request type
+/// decodes from zero bytes) and returns the code of the response headers:
+/// the auth layer answers before any service runs (a trailers-only
+/// response), and so do the services' own errors on an empty request.
+async fn call(addr: &str, path: &str, token: Option<&str>) -> Code {
+    let ch = endpoint(addr).connect().await.expect("connect");
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await.expect("ready");
+    let mut req = tonic::Request::new(tokio_stream::iter(vec![()]));
+    if let Some(t) = token {
+        req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().expect("header"));
+    }
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    let path: tonic::codegen::http::uri::PathAndQuery = path.parse().expect("path");
+    match grpc.streaming(req, path, codec).await {
+        Err(s) => s.code(),
+        Ok(_) => Code::Ok,
+    }
+}
+
+fn token_server(pki: &Pki, dir: &std::path::Path, extra: &[&str]) -> Proc {
+    let port = free_port().to_string();
+    let data = format!("embedded:{}", dir.join("data").display());
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec!["server", "--store", &data, "--listen", &listen, "--heartbeat-ms", "500"];
+    let auth = pki.path("tokens.yaml");
+    args.extend_from_slice(&["--auth-file", &auth]);
+    args.extend_from_slice(extra);
+    Proc::start(&args, &dir.join("server.log"), true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_answers_each_role_as_the_roles_table_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "auth_table");
+    let pki = Pki::make(&["r1"]);
+    let server = token_server(&pki, dir.path(), &[]);
+
+    // The table covers every RPC the proto defines, and nothing else.
+    let in_table: BTreeSet<String> = TABLE.iter().filter(|(m, _)| m.starts_with("/punchclock.")).map(|(m, _)| m.to_string()).collect();
+    assert_eq!(in_table, proto_methods(), "the roles table and the proto differ");
+
+    let roles = ["admin", "operator", "reader", "runner-r1"];
+    let tokens: Vec<(String, String)> = roles.iter().map(|r| (r.to_string(), pki.token(r))).collect();
+    let mut wrong = Vec::new();
+    for (method, needs) in TABLE {
+        let none = call(&server.addr, method, None).await;
+        let want_none = if *needs == Needs::Open { "allowed" } else { "Unauthenticated" };
+        let bogus = call(&server.addr, method, Some("pc_not-a-real-token")).await;
+        let verdict = |c: Code| match c {
+            Code::Unauthenticated => "Unauthenticated",
+            Code::PermissionDenied => "PermissionDenied",
+            _ => "allowed",
+        };
+        if verdict(none) != want_none {
+            wrong.push(format!("{method} without a token: {none:?}"));
+        }
+        if *needs != Needs::Open && bogus != Code::Unauthenticated {
+            wrong.push(format!("{method} with an unknown token: {bogus:?}"));
+        }
+        for (role, token) in &tokens {
+            let got = call(&server.addr, method, Some(token)).await;
+            let want = if allowed(*needs, role) { "allowed" } else { "PermissionDenied" };
+            if verdict(got) != want {
+                wrong.push(format!("{method} as {role}: {got:?}, want {want}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "calls that do not follow the roles table:\n{}", wrong.join("\n"));
+
+    // The denial names the role needed; the audit log names the token, never the token itself.
+    let out = punchclock_tests::cli_command(&server.addr)
+        .env("PUNCHCLOCK_TOKEN", pki.token("reader"))
+        .args(["task", "delete", "nope"])
+        .output()
+        .expect("cli");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("operator or admin") && err.contains("PermissionDenied"), "{err}");
+    let log = server.log_text();
+    assert!(log.contains("punchclock::audit") && log.contains("token=operator"), "audit lines name the token");
+    for (_, t) in &tokens {
+        assert!(!log.contains(t.as_str()), "a token appears in the server log");
+    }
+}
+
+/// A runner process with a token (and optionally a client certificate);
+/// returns its log once the server's answer is in it.
+fn runner(dir: &std::path::Path, addr: &str, id: &str, agents: &std::path::Path, extra: &[&str]) -> Proc {
+    let work = dir.join(format!("work-{id}")).to_string_lossy().into_owned();
+    let agents = agents.to_string_lossy().into_owned();
+    let mut args = vec!["runner", "--control-plane", addr, "--agents", &agents, "--runner-id", id, "--work-dir", &work];
+    args.extend_from_slice(extra);
+    Proc::start(&args, &dir.join(format!("runner-{id}-{}.log", extra.len())), false)
+}
+
+async fn runner_ids(addr: &str, admin: &str) -> Vec<String> {
+    let out =
+        punchclock_tests::cli_command(addr).env("PUNCHCLOCK_TOKEN", admin).args(["-o", "json", "runners", "list"]).output().expect("cli");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    v.as_array().expect("array").iter().map(|r| r["runner_id"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_is_who_its_token_or_certificate_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "auth_runner");
+    let pki = Pki::make(&["r1", "r2"]);
+    // A runner token for r1 limited to two agents, beside the script's.
+    let bound = dir.path().join("bound.token");
+    let entry = std::process::Command::new(bin())
+        .args([
+            "token",
+            "new",
+            "--name",
+            "r1-limited",
+            "--role",
+            "runner",
+            "--runner-id",
+            "r1",
+            "--agents",
+            "light_agent,ok_agent",
+            "--out",
+        ])
+        .arg(&bound)
+        .output()
+        .expect("token new");
+    assert!(entry.status.success());
+    let tokens =
+        format!("{}{}", std::fs::read_to_string(pki.root.join("tokens.yaml")).expect("tokens"), String::from_utf8_lossy(&entry.stdout));
+    std::fs::write(pki.root.join("tokens.yaml"), tokens).expect("write tokens");
+    let server = token_server(&pki, dir.path(), &pki.server_args()[2..].iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(server.addr.starts_with("https://"), "{}", server.addr);
+    punchclock_tests::pki::use_client_credentials(&pki, "admin");
+    let admin = pki.token("admin");
+    let ca = pki.path("ca.crt");
+    let two_agents = dir.path().join("two.yaml");
+    std::fs::write(
+        &two_agents,
+        "agents:\n  light_agent: {type: process, command: [\"true\"]}\n  ok_agent: {type: process, command: [\"true\"]}\n",
+    )
+    .expect("agents");
+    let three_agents = dir.path().join("three.yaml");
+    std::fs::write(
+        &three_agents,
+        "agents:\n  light_agent: {type: process, command: [\"true\"]}\n  ok_agent: {type: process, command: [\"true\"]}\n  secret_agent: {type: process, command: [\"true\"]}\n",
+    )
+    .expect("agents");
+    let bound = bound.to_string_lossy().into_owned();
+    let r1_token = pki.token_file("runner-r1");
+    let within = Duration::from_secs(20);
+
+    // r1's token, saying r2: refused, naming why.
+    let p = runner(dir.path(), &server.addr, "r2", &two_agents, &["--token-file", &r1_token, "--ca-file", &ca]);
+    assert!(wait_log(&p, "is bound to runner id \\\"r1\\\", not \\\"r2\\\"", within).await, "{}", p.log_text());
+    assert!(p.log_text().contains("PermissionDenied") || p.log_text().contains("permission"), "{}", p.log_text());
+    drop(p);
+    // The limited token, offering an agent outside its list: refused.
+    let p = runner(dir.path(), &server.addr, "r1", &three_agents, &["--token-file", &bound, "--ca-file", &ca]);
+    assert!(wait_log(&p, "may not offer agents [\\\"secret_agent\\\"]", within).await, "{}", p.log_text());
+    drop(p);
+    // A certificate naming r1, saying r2 (with r2's own token): refused.
+    let (r1_cert, r1_key) = (pki.path("runner-r1.crt"), pki.path("runner-r1.key"));
+    let r2_token = pki.token_file("runner-r2");
+    let p = runner(
+        dir.path(),
+        &server.addr,
+        "r2",
+        &two_agents,
+        &["--token-file", &r2_token, "--ca-file", &ca, "--tls-cert", &r1_cert, "--tls-key", &r1_key],
+    );
+    assert!(wait_log(&p, "does not match the client certificate, which names \\\"r1\\\"", within).await, "{}", p.log_text());
+    drop(p);
+    // The same certificate and no token at all, saying r2: refused too.
+    let p = runner(dir.path(), &server.addr, "r2", &two_agents, &["--ca-file", &ca, "--tls-cert", &r1_cert, "--tls-key", &r1_key]);
+    assert!(wait_log(&p, "which names \\\"r1\\\"", within).await, "{}", p.log_text());
+    drop(p);
+    assert!(runner_ids(&server.addr, &admin).await.is_empty(), "no refused runner was registered");
+
+    // Who they say they are: accepted.
+    let ok_token = runner(dir.path(), &server.addr, "r1", &two_agents, &["--token-file", &bound, "--ca-file", &ca]);
+    assert!(wait_log(&ok_token, "connected to the control plane", within).await, "{}", ok_token.log_text());
+    drop(ok_token);
+    let ok_cert = runner(dir.path(), &server.addr, "r1", &three_agents, &["--ca-file", &ca, "--tls-cert", &r1_cert, "--tls-key", &r1_key]);
+    assert!(wait_log(&ok_cert, "connected to the control plane", within).await, "{}", ok_cert.log_text());
+    assert_eq!(runner_ids(&server.addr, &admin).await, vec!["r1".to_string()]);
+    // A client without the CA does not trust the server.
+    let out = std::process::Command::new(bin())
+        .env("PUNCHCLOCK_ENDPOINT", &server.addr)
+        .env("PUNCHCLOCK_TOKEN", &admin)
+        .args(["task", "list"])
+        .output()
+        .expect("cli");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("UnknownIssuer"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_beyond_loopback_needs_tls_and_tokens_or_insecure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = format!("embedded:{}", dir.path().join("data").display());
+    let out = std::process::Command::new(bin())
+        .args(["server", "--store", &data, "--listen", "0.0.0.0:0"])
+        .current_dir(punchclock_tests::repo_root())
+        .output()
+        .expect("server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it must not start: {err}");
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:0 without TLS") && err.contains("--auth-file") && err.contains("--insecure"),
+        "{err}"
+    );
+    assert!(!dir.path().join("data").exists(), "nothing was opened before refusing");
+    // dev too.
+    let out = std::process::Command::new(bin())
+        .args(["dev", "--data-dir", &dir.path().join("dev").to_string_lossy(), "--listen", "0.0.0.0:0"])
+        .current_dir(punchclock_tests::repo_root())
+        .output()
+        .expect("dev");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("refusing to listen"));
+    // --insecure: it starts, and says so.
+    let p = Proc::start(&["server", "--store", &data, "--listen", "0.0.0.0:0", "--insecure"], &dir.path().join("insecure.log"), true);
+    let log = p.log_text();
+    assert!(log.contains("--insecure: listening beyond loopback without TLS and tokens"), "{log}");
+    assert!(log.contains("authentication is off"), "{log}");
+}
