@@ -280,6 +280,14 @@ impl ShimCommand {
 }
 
 impl RunnerConfig {
+    /// Whether the runner talks TLS: an `https://` address, a CA or a
+    /// client certificate. Then it never connects in plaintext.
+    pub fn uses_tls(&self) -> bool {
+        self.control_plane.iter().any(|a| a.trim().starts_with("https://"))
+            || self.credentials.ca_pem.is_some()
+            || self.credentials.identity.is_some()
+    }
+
     /// A configuration with defaults: 1 slot, no labels, no shim,
     /// [`DEFAULT_KILL_GRACE`], and `work_dir` = `$TMPDIR/punchclock-runner`.
     pub fn new(runner_id: impl Into<String>, control_plane: Vec<String>, agents: AgentsFile) -> Self {

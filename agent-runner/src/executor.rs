@@ -485,7 +485,8 @@ async fn spawn_by_zygote(
         |source| Error::Spawn { agent_id: assign.agent_id.clone(), program: agent.command.first().cloned().unwrap_or_default(), source };
     check_working_dir(agent, assign)?;
     // As `Command` would: the runner's environment, then the agent's, then ours.
-    let mut env: std::collections::BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    let mut env: std::collections::BTreeMap<OsString, OsString> =
+        std::env::vars_os().filter(|(k, _)| !RUNNER_CREDENTIAL_ENV.iter().any(|c| k == c)).collect();
     env.extend(agent.env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
     env.extend(secret_env(agent).map_err(spawn_error)?);
     env.extend(agent_env(assign, dir).into_iter().map(|(k, v)| (OsString::from(k), v)));
@@ -554,6 +555,9 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         source,
     })?;
     let mut command = Command::new(&program);
+    for name in RUNNER_CREDENTIAL_ENV {
+        command.env_remove(name);
+    }
     command
         .args(&args)
         .envs(&agent.env)
@@ -605,6 +609,12 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         process: AgentProcess::Child(child),
     })
 }
+
+/// The runner's own credentials in its environment, never passed on to an
+/// agent (an agent must not be able to pose as its runner); an agent's
+/// `env` may still set them on purpose.
+const RUNNER_CREDENTIAL_ENV: &[&str] =
+    &["PUNCHCLOCK_TOKEN", "PUNCHCLOCK_TOKEN_FILE", "PUNCHCLOCK_CA_FILE", "PUNCHCLOCK_ETCD_PASSWORD_FILE"];
 
 /// The agent's `env_from_file` variables, read now from their files (one
 /// trailing newline dropped).

@@ -246,7 +246,7 @@ impl Runner {
 
     /// The connect / serve / back off loop.
     async fn run<S: Future<Output = ()>>(mut self, mut shutdown: Pin<&mut S>) {
-        let mut addresses = Addresses::new(&self.config.control_plane);
+        let mut addresses = Addresses::new(&self.config.control_plane, self.config.uses_tls());
         let mut backoff = Backoff::default();
         // Redirects followed in a row without a session.
         let mut redirects = 0u32;
@@ -290,7 +290,10 @@ impl Runner {
         let hello_sent = Instant::now();
         let opened = self
             .offline(
-                time::timeout(HANDSHAKE_TIMEOUT, Connection::open(address.clone(), self.hello(), self.config.credentials.clone())),
+                time::timeout(
+                    HANDSHAKE_TIMEOUT,
+                    Connection::open(address.clone(), self.hello(), self.config.credentials.clone(), self.config.uses_tls()),
+                ),
                 shutdown,
             )
             .await;
@@ -766,14 +769,14 @@ impl Runner {
     /// assigned meanwhile.
     async fn deliver_outbox(&mut self) {
         let deadline = Instant::now() + SHUTDOWN_DELIVERY;
-        let mut addresses = Addresses::new(&self.config.control_plane);
+        let mut addresses = Addresses::new(&self.config.control_plane, self.config.uses_tls());
         info!(unacknowledged = self.outbox.len(), "not connected: delivering the last reports before stopping");
         while !self.outbox.is_empty() && Instant::now() < deadline {
             let address = addresses.next();
             let left = deadline.saturating_duration_since(Instant::now());
             let mut connection = match time::timeout(
                 HANDSHAKE_TIMEOUT.min(left),
-                Connection::open(address.clone(), self.hello(), self.config.credentials.clone()),
+                Connection::open(address.clone(), self.hello(), self.config.credentials.clone(), self.config.uses_tls()),
             )
             .await
             {
@@ -927,7 +930,15 @@ struct Connection {
 
 impl Connection {
     /// Dials `address`, opens the stream and sends `hello` first.
-    async fn open(address: String, hello: Hello, credentials: Credentials) -> Result<Self, Error> {
+    async fn open(address: String, hello: Hello, credentials: Credentials, require_tls: bool) -> Result<Self, Error> {
+        // A runner configured for TLS never sends its token or its
+        // assignments in clear, whatever a redirect says.
+        if require_tls && !address.starts_with("https://") {
+            return Err(Error::Protocol {
+                address,
+                message: "refusing a plaintext connection: this runner uses TLS (the leader's --advertise should be https://)".into(),
+            });
+        }
         let mut endpoint =
             Endpoint::from_shared(address.clone()).map_err(|source| Error::InvalidAddress { address: address.clone(), source })?;
         if address.starts_with("https://") {
@@ -1011,11 +1022,22 @@ struct Addresses {
     redirect: Option<String>,
     /// Configured addresses tried since the last full round.
     tried: usize,
+    /// The runner talks TLS: a bare redirect target means `https://`.
+    tls: bool,
 }
 
 impl Addresses {
-    fn new(configured: &[String]) -> Self {
-        Self { configured: configured.iter().map(|address| normalize_address(address)).collect(), next: 0, redirect: None, tried: 0 }
+    /// `tls`: the runner talks TLS, so a bare `host:port` (configured or
+    /// redirected to) means `https://`.
+    fn new(configured: &[String], tls: bool) -> Self {
+        let mut addresses = Self { configured: Vec::new(), next: 0, redirect: None, tried: 0, tls };
+        addresses.configured = configured.iter().map(|a| addresses.normalize(a)).collect();
+        addresses
+    }
+
+    fn normalize(&self, address: &str) -> String {
+        let address = address.trim();
+        if self.tls && !address.contains("://") { format!("https://{address}") } else { normalize_address(address) }
     }
 
     fn next(&mut self) -> String {
@@ -1040,7 +1062,7 @@ impl Addresses {
     }
 
     fn redirect(&mut self, leader: String) {
-        self.redirect = Some(normalize_address(&leader));
+        self.redirect = Some(self.normalize(&leader));
     }
 }
 
@@ -1118,12 +1140,26 @@ mod tests {
 
     #[test]
     fn addresses_rotate_and_redirect_goes_first() {
-        let mut addresses = Addresses::new(&["http://a:1".to_owned(), "b:2".to_owned()]);
+        let mut addresses = Addresses::new(&["http://a:1".to_owned(), "b:2".to_owned()], false);
         assert_eq!(addresses.next(), "http://a:1");
         assert_eq!(addresses.next(), "http://b:2");
         addresses.redirect("leader:3".to_owned());
         assert_eq!(addresses.next(), "http://leader:3");
         assert_eq!(addresses.next(), "http://a:1");
+    }
+
+    #[tokio::test]
+    async fn a_tls_runner_never_goes_plaintext() {
+        // Bare addresses, configured or redirected to, mean https.
+        let mut addresses = Addresses::new(&["a:1".to_owned()], true);
+        assert_eq!(addresses.next(), "https://a:1");
+        addresses.redirect("leader:3".to_owned());
+        assert_eq!(addresses.next(), "https://leader:3");
+        // An explicit http:// (a leader's --advertise) is refused before
+        // any connection: the token would go in clear.
+        let refused =
+            Connection::open("http://127.0.0.1:9".into(), Hello::default(), Credentials::default(), true).await.expect_err("refused");
+        assert!(refused.to_string().contains("refusing a plaintext connection"), "{refused}");
     }
 
     #[test]

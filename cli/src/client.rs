@@ -90,6 +90,9 @@ pub async fn connect(endpoints: &str) -> Result<Conn, String> {
     let mut last = String::from("no endpoint given");
     for addr in endpoints.split(',').filter(|a| !a.trim().is_empty()) {
         let url = normalize(addr);
+        if opts.token.is_some() && url.starts_with("http://") && !is_loopback(&url) {
+            eprintln!("warning: sending a token over plaintext to {url}: use https:// (README \"Security\")");
+        }
         let ep = match endpoint(&url, opts.ca_pem.as_deref()) {
             Ok(e) => e.connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30)),
             Err(e) => {
@@ -103,6 +106,13 @@ pub async fn connect(endpoints: &str) -> Result<Conn, String> {
         }
     }
     Err(last)
+}
+
+/// Whether an `http(s)://host:port` URL names a loopback host.
+fn is_loopback(url: &str) -> bool {
+    let host = url.split("://").nth(1).unwrap_or("").split('/').next().unwrap_or("");
+    let host = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host).trim_matches(['[', ']']);
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The innermost cause of a transport error ("certificate not valid for
@@ -127,7 +137,20 @@ pub async fn connect_leader(endpoints: &str) -> Result<Conn, String> {
     match leader {
         Ok(r) => {
             let r = r.into_inner();
-            if r.is_self || r.advertise_address.is_empty() { Ok(ch) } else { connect(&r.advertise_address).await }
+            if r.is_self || r.advertise_address.is_empty() {
+                return Ok(ch);
+            }
+            // Never follow a TLS endpoint to a plaintext one (the token
+            // would go in clear); a bare address keeps the scheme.
+            let tls = endpoints.split(',').any(|e| e.trim().starts_with("https://")) || options().ca_pem.is_some();
+            let adv = r.advertise_address.trim();
+            let target = if tls && !adv.contains("://") { format!("https://{adv}") } else { adv.to_string() };
+            if tls && !target.starts_with("https://") {
+                return Err(format!(
+                    "the leader advertises {target} (plaintext) but this client uses TLS: not following it (set the server's --advertise to https://…)"
+                ));
+            }
+            connect(&target).await
         }
         Err(_) => Ok(ch),
     }

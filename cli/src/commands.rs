@@ -649,7 +649,7 @@ async fn dev(a: DevArgs) -> Res {
         ));
     }
     punchclock_agent_runner::AgentsFile::load(&a.agents).map_err(|e| format!("{}: {e}", a.agents.display()))?;
-    crate::security::check_listen(a.listen, false, false, a.insecure)?;
+    crate::security::check_listen(a.listen, false, false, a.insecure, true)?;
     let timing = a.timing.timing();
     // The HTTP port defaults to the one after the API's (a free one when
     // that is taken, or when the API's port is chosen by the system).
@@ -719,11 +719,20 @@ async fn server(a: ServerArgs) -> Res {
     let store: StoreSpec = a.store.parse().map_err(|e: punchclock_control_plane::Error| e.to_string())?;
     let security = a.security.load(a.listen)?;
     let scheme = if security.tls.is_some() { "https" } else { "http" };
+    // Runners and clients are sent to --advertise: with TLS on it must be
+    // https (a bare host:port gets it), or they would be sent to plaintext.
+    let advertise = match a.advertise.as_deref().map(str::trim) {
+        Some(adv) if !adv.contains("://") => Some(format!("{scheme}://{adv}")),
+        Some(adv) if security.tls.is_some() && !adv.starts_with("https://") => {
+            return Err(format!("--advertise {adv}: TLS is on, so it must be https:// (runners and clients are sent there)"));
+        }
+        other => other.map(str::to_string),
+    };
     crate::security::reload_on_sighup(security.auth.clone());
     let telemetry = a.config.otlp.start("punchclock-control-plane")?;
     let cfg = ServerConfig {
         listen: a.listen,
-        advertise: a.advertise,
+        advertise,
         http_listen: a.http_listen,
         http_listen_fallback: false,
         store,

@@ -81,7 +81,7 @@ impl ServerSecurityArgs {
     /// `--insecure`.
     pub fn load(&self, listen: SocketAddr) -> Result<ServerSecurity, String> {
         let auth = match &self.auth_file {
-            Some(f) => Auth::from_file(f).map_err(|e| format!("--auth-file: {e}"))?,
+            Some(f) => Auth::from_file(f).map_err(|e| e.to_string())?,
             None => Auth::off(),
         };
         let tls = match (&self.tls_cert, &self.tls_key) {
@@ -92,7 +92,7 @@ impl ServerSecurityArgs {
             }),
             _ => None,
         };
-        check_listen(listen, auth.enabled(), tls.is_some(), self.insecure)?;
+        check_listen(listen, auth.enabled(), tls.is_some(), self.insecure, false)?;
         let etcd = EtcdSecurity {
             ca_pem: self.etcd_ca.as_deref().map(|p| read("etcd-ca", p)).transpose()?,
             identity: match (&self.etcd_cert, &self.etcd_key) {
@@ -112,12 +112,19 @@ impl ServerSecurityArgs {
 /// explicit `--insecure` (then a warning).
 ///
 /// Errors: the message says what is missing and the flags that fix it.
-pub fn check_listen(listen: SocketAddr, auth: bool, tls: bool, insecure: bool) -> Result<(), String> {
+pub fn check_listen(listen: SocketAddr, auth: bool, tls: bool, insecure: bool, dev: bool) -> Result<(), String> {
     if listen.ip().is_loopback() || (auth && tls) {
         return Ok(());
     }
     let missing: Vec<&str> =
         [(!tls).then_some("TLS (--tls-cert, --tls-key)"), (!auth).then_some("an auth file (--auth-file)")].into_iter().flatten().collect();
+    if !insecure && !auth && !tls && dev {
+        return Err(format!(
+            "refusing to listen on {listen}: `dev` has no TLS and no tokens, so anyone who reaches that address could do anything. \
+             Listen on 127.0.0.1, run `punchclock server` with --tls-cert/--tls-key and --auth-file for a network (README \"Security\"), \
+             or pass --insecure to accept the risk"
+        ));
+    }
     if !insecure {
         return Err(format!(
             "refusing to listen on {listen} without {}: anyone who reaches that address could apply, delete and cancel tasks, \
@@ -271,7 +278,25 @@ pub fn token(cmd: TokenCmd) -> Result<(), String> {
             Ok(())
         }
         TokenCmd::New { name, role, out, runner_id, runner_id_prefix, agents } => {
-            let role = format!("{role:?}").to_lowercase();
+            let role_name = format!("{role:?}").to_lowercase();
+            let role = match role {
+                RoleArg::Admin => auth::Role::Admin,
+                RoleArg::Operator => auth::Role::Operator,
+                RoleArg::Reader => auth::Role::Reader,
+                RoleArg::Runner => auth::Role::Runner,
+            };
+            let agent_list: Option<Vec<String>> =
+                agents.as_deref().map(|a| a.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect());
+            // The entry the server would refuse is refused here, before a token exists.
+            if let Err(punchclock_control_plane::Error::InvalidArgument { field, reason }) =
+                auth::principal(name.clone(), role, runner_id.clone(), runner_id_prefix.clone(), agent_list.clone())
+            {
+                return Err(format!("--{}: {reason}", field.replace('_', "-")));
+            }
+            if let Some(bad) = agent_list.iter().flatten().find(|a| a.chars().any(|c| c.is_control() || c == '"' || c == '\\')) {
+                return Err(format!("--agents: {bad:?} is not an agent id"));
+            }
+            let role = role_name;
             let token = auth::new_token();
             {
                 use std::io::Write;
@@ -291,8 +316,8 @@ pub fn token(cmd: TokenCmd) -> Result<(), String> {
             if let Some(p) = runner_id_prefix {
                 entry += &format!("    runner_id_prefix: {p:?}\n");
             }
-            if let Some(a) = agents {
-                let list: Vec<String> = a.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| format!("{s:?}")).collect();
+            if let Some(list) = agent_list {
+                let list: Vec<String> = list.iter().map(|s| format!("{s:?}")).collect();
                 entry += &format!("    agents: [{}]\n", list.join(", "));
             }
             print!("{entry}");

@@ -179,6 +179,9 @@ pub struct Principal {
     /// The runner id of a verified client certificate (its first DNS
     /// subjectAltName).
     pub cert_runner_id: Option<String>,
+    /// The hash of the token it came from (checked again on reload: a
+    /// removed token ends the streams it opened).
+    token_hash: Option<[u8; 32]>,
 }
 
 impl Principal {
@@ -211,10 +214,13 @@ impl Principal {
         if let Some(allowed) = &b.agents {
             let refused: Vec<&str> = agents.iter().filter(|a| !allowed.contains(*a)).map(String::as_str).collect();
             if !refused.is_empty() {
+                // Named, but bounded: the message goes into a header and a log line.
+                let more = if refused.len() > 5 { format!(" and {} more", refused.len() - 5) } else { String::new() };
                 return Err(Status::permission_denied(format!(
-                    "token {:?} may not offer agents {refused:?} (allowed: {:?})",
+                    "token {:?} may not offer agents {:?}{more} (allowed: {:?})",
                     self.name,
-                    allowed.iter().collect::<Vec<_>>()
+                    &refused[..refused.len().min(5)],
+                    allowed.iter().take(20).collect::<Vec<_>>()
                 )));
             }
         }
@@ -251,6 +257,8 @@ type Table = HashMap<[u8; 32], Arc<Principal>>;
 pub struct Auth {
     file: Option<PathBuf>,
     tokens: RwLock<Arc<Table>>,
+    /// Bumped by every reload.
+    generation: tokio::sync::watch::Sender<u64>,
 }
 
 /// Longest token accepted on the wire, in bytes.
@@ -259,7 +267,7 @@ const MAX_TOKEN_BYTES: usize = 4096;
 impl Auth {
     /// No tokens: every call is allowed (`dev`, or a server on loopback).
     pub fn off() -> Arc<Auth> {
-        Arc::new(Auth { file: None, tokens: RwLock::new(Arc::new(Table::new())) })
+        Arc::new(Auth { file: None, tokens: RwLock::new(Arc::new(Table::new())), generation: tokio::sync::watch::Sender::new(0) })
     }
 
     /// Tokens from `file`.
@@ -268,7 +276,11 @@ impl Auth {
     /// or the entry's field (`tokens[2].sha256: …`).
     pub fn from_file(file: &Path) -> Result<Arc<Auth>> {
         let table = load(file)?;
-        Ok(Arc::new(Auth { file: Some(file.to_owned()), tokens: RwLock::new(Arc::new(table)) }))
+        Ok(Arc::new(Auth {
+            file: Some(file.to_owned()),
+            tokens: RwLock::new(Arc::new(table)),
+            generation: tokio::sync::watch::Sender::new(0),
+        }))
     }
 
     /// Whether tokens are required.
@@ -284,7 +296,33 @@ impl Auth {
         let table = load(file)?;
         let n = table.len();
         *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        self.generation.send_modify(|g| *g += 1);
         Ok(n)
+    }
+
+    /// Whether `p`'s token is still in the tokens file with the same
+    /// name, role and binding (always, for a principal without a token).
+    pub fn still_valid(&self, p: &Principal) -> bool {
+        let Some(hash) = &p.token_hash else { return true };
+        let table = self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone();
+        table.get(hash).is_some_and(|now| now.name == p.name && now.role == p.role && now.binding == p.binding)
+    }
+
+    /// Resolves once `p`'s token has been removed or changed by a reload
+    /// (never, for a principal without a token).
+    fn revoked(self: &Arc<Self>, p: Principal) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let auth = self.clone();
+        let mut changes = self.generation.subscribe();
+        async move {
+            loop {
+                if changes.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                if !auth.still_valid(&p) {
+                    return;
+                }
+            }
+        }
     }
 
     /// Who is calling: from the bearer token, else the client certificate,
@@ -309,7 +347,7 @@ impl Auth {
         if let Some(token) = bearer {
             if !self.enabled() {
                 // Tokens off: a token changes nothing.
-                return Ok(Principal { name: "anonymous".into(), role: Role::Admin, binding: None, cert_runner_id });
+                return Ok(Principal { name: "anonymous".into(), role: Role::Admin, binding: None, cert_runner_id, token_hash: None });
             }
             let table = self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone();
             let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
@@ -319,12 +357,18 @@ impl Auth {
             };
         }
         if let Some(id) = cert_runner_id {
-            return Ok(Principal { name: format!("cert:{id}"), role: Role::Runner, binding: None, cert_runner_id: Some(id) });
+            return Ok(Principal {
+                name: format!("cert:{id}"),
+                role: Role::Runner,
+                binding: None,
+                cert_runner_id: Some(id),
+                token_hash: None,
+            });
         }
         if self.enabled() {
             return Err(Status::unauthenticated("missing credentials: send \"authorization: Bearer TOKEN\" (punchclock --token)"));
         }
-        Ok(Principal { name: "anonymous".into(), role: Role::Admin, binding: None, cert_runner_id: None })
+        Ok(Principal { name: "anonymous".into(), role: Role::Admin, binding: None, cert_runner_id: None, token_hash: None })
     }
 
     /// The whole check for one call: who, and may they.
@@ -349,7 +393,7 @@ impl Auth {
             )));
         }
         if access.audited() && self.enabled() {
-            tracing::info!(target: "punchclock::audit", token = %p.name, role = p.role.as_str(), method = %path, "audit");
+            tracing::info!(target: "punchclock::audit", token = %p.name, role = %p.role.as_str(), method = %path, "audit");
         }
         Ok(Some(p))
     }
@@ -363,43 +407,72 @@ fn load(file: &Path) -> Result<Table> {
     let mut names = BTreeSet::new();
     for (i, t) in doc.tokens.into_iter().enumerate() {
         let field = |f: &str| format!("tokens[{i}].{f}");
-        if t.name.is_empty() || t.name.len() > 64 || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.@".contains(c)) {
-            return Err(Error::invalid(field("name"), "1 to 64 letters, digits, _ - . @"));
-        }
-        if !names.insert(t.name.clone()) {
-            return Err(Error::invalid(field("name"), format!("{:?} is used twice", t.name)));
-        }
+        let in_entry = |e: Error| match e {
+            Error::InvalidArgument { field: f, reason } => Error::invalid(field(&f), reason),
+            other => other,
+        };
         let hash: [u8; 32] = hex::decode(t.sha256.trim())
             .ok()
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| Error::invalid(field("sha256"), "expected 64 hex digits (the SHA-256 of the token)"))?;
-        let binding = match (t.role, t.runner_id, t.runner_id_prefix) {
-            (Role::Runner, Some(id), None) if !id.is_empty() => Some(IdRule::Exact(id)),
-            (Role::Runner, None, Some(p)) if !p.is_empty() => Some(IdRule::Prefix(p)),
-            (Role::Runner, None, None) => {
-                return Err(Error::invalid(field("runner_id"), "a runner token needs runner_id or runner_id_prefix"));
-            }
-            (Role::Runner, _, _) => {
-                return Err(Error::invalid(field("runner_id"), "give exactly one of runner_id and runner_id_prefix, not empty"));
-            }
-            (_, None, None) => None,
-            (role, _, _) => {
-                return Err(Error::invalid(
-                    field("runner_id"),
-                    format!("only runner tokens are bound to a runner id (this one is {})", role.as_str()),
-                ));
-            }
-        };
-        if binding.is_none() && t.agents.is_some() {
-            return Err(Error::invalid(field("agents"), "only runner tokens are bound to agents"));
+        let mut p = principal(t.name, t.role, t.runner_id, t.runner_id_prefix, t.agents).map_err(in_entry)?;
+        p.token_hash = Some(hash);
+        if !names.insert(p.name.clone()) {
+            return Err(Error::invalid(field("name"), format!("{:?} is used twice", p.name)));
         }
-        let binding = binding.map(|id| RunnerBinding { id, agents: t.agents.map(|a| a.into_iter().collect()) });
-        let p = Principal { name: t.name, role: t.role, binding, cert_runner_id: None };
         if table.insert(hash, Arc::new(p)).is_some() {
             return Err(Error::invalid(field("sha256"), "the same token appears twice"));
         }
     }
+    if table.is_empty() {
+        tracing::warn!(file = %file.display(), "the tokens file has no tokens: every call without a client certificate is refused");
+    }
     Ok(table)
+}
+
+/// Checks one token's entry (the tokens file's, or `punchclock token
+/// new`'s flags) and makes its principal.
+///
+/// Errors: [`Error::InvalidArgument`] naming `name`, `runner_id` or
+/// `agents`: a name outside 1–64 of letters, digits, `_ - . @`; a runner
+/// token without exactly one of `runner_id` / `runner_id_prefix`, or with
+/// one outside the runner id rules; a binding or `agents` on another role.
+pub fn principal(
+    name: String,
+    role: Role,
+    runner_id: Option<String>,
+    runner_id_prefix: Option<String>,
+    agents: Option<Vec<String>>,
+) -> Result<Principal> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.@".contains(c)) {
+        return Err(Error::invalid("name", "1 to 64 letters, digits, _ - . @"));
+    }
+    let runner_chars = |s: &str| s.chars().count() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:@".contains(c));
+    let binding = match (role, runner_id, runner_id_prefix) {
+        (Role::Runner, Some(id), None) if !id.is_empty() && runner_chars(&id) => Some(IdRule::Exact(id)),
+        (Role::Runner, None, Some(p)) if !p.is_empty() && runner_chars(&p) => Some(IdRule::Prefix(p)),
+        (Role::Runner, None, None) => {
+            return Err(Error::invalid("runner_id", "a runner token needs runner_id or runner_id_prefix"));
+        }
+        (Role::Runner, Some(_), Some(_)) => {
+            return Err(Error::invalid("runner_id", "give one of runner_id and runner_id_prefix, not both"));
+        }
+        (Role::Runner, _, _) => {
+            return Err(Error::invalid("runner_id", "a runner id (or prefix) is 1 to 128 letters, digits, _ - . : @"));
+        }
+        (_, None, None) => None,
+        (role, _, _) => {
+            return Err(Error::invalid(
+                "runner_id",
+                format!("only runner tokens are bound to a runner id (this one is {})", role.as_str()),
+            ));
+        }
+    };
+    if binding.is_none() && agents.is_some() {
+        return Err(Error::invalid("agents", "only runner tokens are bound to agents"));
+    }
+    let binding = binding.map(|id| RunnerBinding { id, agents: agents.map(|a| a.into_iter().collect()) });
+    Ok(Principal { name, role, binding, cert_runner_id: None, token_hash: None })
 }
 
 /// `sha256:` line for a token (hex).
@@ -460,6 +533,10 @@ where
         let cert_id = peer_cert_runner_id(&req);
         match self.auth.authorize(req.uri().path(), req.headers(), cert_id) {
             Ok(principal) => {
+                // A token-authenticated response ends (`Unauthenticated`)
+                // when a reload removes its token: open streams too.
+                let revoked =
+                    principal.as_ref().filter(|p| p.token_hash.is_some()).map(|p| Box::pin(self.auth.revoked(p.clone())) as Revoked);
                 if let Some(p) = principal {
                     req.extensions_mut().insert(p);
                 }
@@ -467,11 +544,64 @@ where
                 // guidance for services that must be moved into a future.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
-                Box::pin(async move { inner.call(req).await })
+                Box::pin(async move {
+                    let resp = inner.call(req).await?;
+                    Ok(match revoked {
+                        None => resp,
+                        Some(revoked) => resp.map(|body| tonic::body::Body::new(RevocableBody { inner: Some(body), revoked })),
+                    })
+                })
             }
-            Err(status) => Box::pin(async move { Ok(status.into_http()) }),
+            Err(status) => {
+                // Refusals are audited too (bounded: the path and a short reason).
+                let path: String = req.uri().path().chars().take(128).collect();
+                tracing::info!(target: "punchclock::audit", method = %path, peer = %peer_addr(&req), code = ?status.code(), reason = %status.message(), "denied");
+                Box::pin(async move { Ok(status.into_http()) })
+            }
         }
     }
+}
+
+type Revoked = Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
+/// A response body that ends with `Unauthenticated` trailers once its
+/// token is revoked, dropping the service's body (for the runner stream:
+/// the engine sees its runner gone).
+struct RevocableBody {
+    inner: Option<tonic::body::Body>,
+    revoked: Revoked,
+}
+
+impl http_body::Body for RevocableBody {
+    type Data = tonic::codegen::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<http_body::Frame<Self::Data>, Status>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else { return Poll::Ready(None) };
+        if this.revoked.as_mut().poll(cx).is_ready() {
+            this.inner = None;
+            let trailers =
+                Status::unauthenticated("token revoked: it was removed from the tokens file").into_http::<()>().into_parts().0.headers;
+            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+        Pin::new(inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(http_body::Body::is_end_stream)
+    }
+}
+
+/// The caller's address, for audit lines ("-" when unknown).
+fn peer_addr<B>(req: &http::Request<B>) -> String {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let tcp =
+        req.extensions().get::<TcpConnectInfo>().or_else(|| req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>().map(|t| t.get_ref()));
+    tcp.and_then(|c| c.remote_addr()).map(|a| a.to_string()).unwrap_or_else(|| "-".into())
 }
 
 /// The runner id of the request's verified client certificate, if any.
@@ -525,7 +655,8 @@ mod tests {
         let f = dir.path().join("t.yaml");
         for (yaml, field) in [
             ("tokens:\n  - {name: a, role: reader, sha256: xyz}\n", "tokens[0].sha256"),
-            ("tokens:\n  - {name: 'a b', role: reader, sha256: x}\n", "tokens[0].name"),
+            (&format!("tokens:\n  - {{name: 'a b', role: reader, sha256: {}}}\n", token_hash("a")), "tokens[0].name"),
+            (&format!("tokens:\n  - {{name: a, role: runner, runner_id: 'r 1', sha256: {}}}\n", token_hash("a")), "tokens[0].runner_id"),
             (&format!("tokens:\n  - {{name: a, role: runner, sha256: {}}}\n", token_hash("a")), "tokens[0].runner_id"),
             (&format!("tokens:\n  - {{name: a, role: reader, runner_id: r1, sha256: {}}}\n", token_hash("a")), "tokens[0].runner_id"),
             (

@@ -39,7 +39,7 @@ fi
 [ -n "$pc" ] || { echo "make-certs.sh: punchclock not found (give --punchclock PATH)" >&2; exit 2; }
 for r in $runners; do
   case "$r" in
-    *[!A-Za-z0-9.-]*|'') echo "make-certs.sh: runner id $r: use letters, digits, . and - (it is a DNS name in the certificate)" >&2; exit 2 ;;
+    *[!A-Za-z0-9.-]*|''|-*) echo "make-certs.sh: runner id $r: use letters, digits, . and - (it is a DNS name in the certificate)" >&2; exit 2 ;;
   esac
 done
 
@@ -49,37 +49,47 @@ cd "$out"
 
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
 
-# The CA.
-key ca.key
-openssl req -x509 -new -key ca.key -sha256 -days "$days" -subj "/CN=punchclock CA" \
-  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" -out ca.crt
-
-# sign NAME SUBJECT SAN EKU: NAME.key and NAME.crt signed by the CA.
-sign() {
+# Two CAs: ca.crt for the punchclock API (its server certificate and the
+# runners' client certificates), etcd-ca.crt for etcd (its server
+# certificate and the control plane's client certificate). etcd trusts
+# only etcd-ca.crt, so a runner's certificate can never open etcd.
+mkca() {
   key "$1.key"
-  openssl req -new -key "$1.key" -subj "$2" -out "$1.csr"
-  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\nsubjectAltName=%s\n' "$4" "$3" > "$1.ext"
-  openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days "$days" -sha256 -extfile "$1.ext" -out "$1.crt" 2>/dev/null
-  rm -f "$1.csr" "$1.ext"
+  openssl req -x509 -new -key "$1.key" -sha256 -days "$days" -subj "/CN=$2" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" -out "$1.crt"
+}
+mkca ca "punchclock API CA"
+mkca etcd-ca "punchclock etcd CA"
+
+# sign CA NAME SUBJECT SAN EKU: NAME.key and NAME.crt signed by CA.
+sign() {
+  key "$2.key"
+  openssl req -new -key "$2.key" -subj "$3" -out "$2.csr"
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\nsubjectAltName=%s\n' "$5" "$4" > "$2.ext"
+  openssl x509 -req -in "$2.csr" -CA "$1.crt" -CAkey "$1.key" -CAcreateserial -days "$days" -sha256 -extfile "$2.ext" -out "$2.crt" 2>/dev/null
+  rm -f "$2.csr" "$2.ext" "$1.srl"
 }
 
-# The control plane's (and etcd's) server certificate.
-san="DNS:localhost,IP:127.0.0.1"
+# The control plane's server certificate, and etcd's (same names: etcd runs
+# on the control-plane hosts or beside them). Server use only: neither can
+# pose as a runner.
+san="DNS:localhost,IP:127.0.0.1,IP:::1"
 for h in $hosts; do
   case "$h" in
-    *[!0-9.]*) san="$san,DNS:$h" ;;
-    *) san="$san,IP:$h" ;;
+    *:*) san="$san,IP:$h" ;;            # IPv6
+    *[!0-9.]*) san="$san,DNS:$h" ;;      # a name
+    *) san="$san,IP:$h" ;;              # IPv4
   esac
 done
-sign server "/CN=punchclock" "$san" "serverAuth,clientAuth"
-# The control plane's client certificate for etcd (--etcd-cert; etcd maps
-# its CN to the etcd user "punchclock" when auth is on).
-sign etcd-client "/CN=punchclock" "DNS:punchclock" "clientAuth"
+sign ca server "/CN=punchclock" "$san" "serverAuth"
+sign etcd-ca etcd-server "/CN=etcd" "$san" "serverAuth"
+# The control plane's client certificate for etcd (--etcd-cert; with etcd
+# auth on, etcd maps its CN to the etcd user "punchclock").
+sign etcd-ca etcd-client "/CN=punchclock" "DNS:punchclock" "clientAuth"
 # One client certificate per runner: its DNS subjectAltName is the runner id.
 for r in $runners; do
-  sign "runner-$r" "/CN=$r" "DNS:$r" "clientAuth"
+  sign ca "runner-$r" "/CN=$r" "DNS:$r" "clientAuth"
 done
-rm -f ca.srl
 
 # Tokens: one per role for people and scripts, one per runner.
 {
@@ -93,15 +103,18 @@ rm -f ca.srl
   done
 } > tokens.yaml
 
-chmod 0644 ca.crt server.crt etcd-client.crt
+chmod 0644 ca.crt etcd-ca.crt server.crt etcd-server.crt etcd-client.crt
 for r in $runners; do chmod 0644 "runner-$r.crt"; done
 
 cat <<DONE
 Made in $out:
-  ca.crt                      every host (clients: --ca-file; server: --client-ca; etcd: --trusted-ca-file)
-  server.crt, server.key      control-plane hosts: server --tls-cert/--tls-key (and etcd's --cert-file/--key-file)
+  ca.crt                      every punchclock host (clients and runners: --ca-file; server: --client-ca)
+  server.crt, server.key      control-plane hosts: server --tls-cert/--tls-key
+  etcd-ca.crt                 control-plane hosts (server --etcd-ca) and etcd (--trusted-ca-file)
+  etcd-server.crt/.key        etcd members: --cert-file/--key-file
   etcd-client.crt/.key        control-plane hosts: server --etcd-cert/--etcd-key
   runner-ID.crt/.key          runner ID only: runner --tls-cert/--tls-key (mTLS)
   tokens.yaml                 control-plane hosts: server --auth-file (hashes only)
   tokens/NAME.token           the one who uses it: --token-file / PUNCHCLOCK_TOKEN_FILE
+Keep ca.key and etcd-ca.key offline: they sign new certificates.
 DONE

@@ -37,8 +37,8 @@ impl Etcd {
     }
 
     /// [`Etcd::start`] with clients over TLS: `https://` client URLs,
-    /// `pki`'s server certificate, and client certificates required
-    /// (`--client-cert-auth`, signed by `pki`'s CA).
+    /// `pki`'s etcd server certificate, and client certificates required
+    /// (`--client-cert-auth`, signed by `pki`'s etcd CA, not the API's).
     pub async fn start_tls(n: usize, pki: &crate::pki::Pki) -> Etcd {
         Etcd::start_with(n, Some((pki.root.clone(), pki.etcd_security()))).await
     }
@@ -65,9 +65,9 @@ impl Etcd {
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name))).expect("log file");
         let mut cmd = Command::new("etcd");
         if let Some((root, _)) = &self.tls {
-            cmd.arg("--cert-file").arg(root.join("server.crt"));
-            cmd.arg("--key-file").arg(root.join("server.key"));
-            cmd.arg("--trusted-ca-file").arg(root.join("ca.crt"));
+            cmd.arg("--cert-file").arg(root.join("etcd-server.crt"));
+            cmd.arg("--key-file").arg(root.join("etcd-server.key"));
+            cmd.arg("--trusted-ca-file").arg(root.join("etcd-ca.crt"));
             cmd.arg("--client-cert-auth");
         }
         let child = cmd

@@ -60,7 +60,7 @@ impl Pki {
 
     /// `server` arguments for etcd over TLS with a client certificate.
     pub fn etcd_client_args(&self) -> Vec<String> {
-        ["--etcd-ca", "ca.crt", "--etcd-cert", "etcd-client.crt", "--etcd-key", "etcd-client.key"]
+        ["--etcd-ca", "etcd-ca.crt", "--etcd-cert", "etcd-client.crt", "--etcd-key", "etcd-client.key"]
             .chunks(2)
             .flat_map(|kv| [kv[0].to_string(), self.path(kv[1])])
             .collect()
@@ -70,7 +70,7 @@ impl Pki {
     pub fn etcd_security(&self) -> punchclock_control_plane::store::etcd::EtcdSecurity {
         let read = |n: &str| std::fs::read(self.root.join(n)).expect("pem");
         punchclock_control_plane::store::etcd::EtcdSecurity {
-            ca_pem: Some(read("ca.crt")),
+            ca_pem: Some(read("etcd-ca.crt")),
             identity: Some((read("etcd-client.crt"), read("etcd-client.key"))),
             user: None,
         }

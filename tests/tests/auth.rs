@@ -179,9 +179,13 @@ fn runner(dir: &std::path::Path, addr: &str, id: &str, agents: &std::path::Path,
     Proc::start(&args, &dir.join(format!("runner-{id}-{}.log", extra.len())), false)
 }
 
-async fn runner_ids(addr: &str, admin: &str) -> Vec<String> {
-    let out =
-        punchclock_tests::cli_command(addr).env("PUNCHCLOCK_TOKEN", admin).args(["-o", "json", "runners", "list"]).output().expect("cli");
+/// The runners the leader lists (`ca`: the CA file for an https server).
+async fn runner_ids(addr: &str, admin: &str, ca: Option<&str>) -> Vec<String> {
+    let mut cmd = punchclock_tests::cli_command(addr);
+    if let Some(ca) = ca {
+        cmd.env("PUNCHCLOCK_CA_FILE", ca);
+    }
+    let out = cmd.env("PUNCHCLOCK_TOKEN", admin).args(["-o", "json", "runners", "list"]).output().expect("cli");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     v.as_array().expect("array").iter().map(|r| r["runner_id"].as_str().unwrap_or_default().to_string()).collect()
@@ -217,7 +221,7 @@ async fn a_runner_is_who_its_token_or_certificate_says() {
     std::fs::write(pki.root.join("tokens.yaml"), tokens).expect("write tokens");
     let server = token_server(&pki, dir.path(), &pki.server_args()[2..].iter().map(String::as_str).collect::<Vec<_>>());
     assert!(server.addr.starts_with("https://"), "{}", server.addr);
-    punchclock_tests::pki::use_client_credentials(&pki, "admin");
+    // (No process-wide client credentials in this file: its tests run side by side.)
     let admin = pki.token("admin");
     let ca = pki.path("ca.crt");
     let two_agents = dir.path().join("two.yaml");
@@ -261,7 +265,7 @@ async fn a_runner_is_who_its_token_or_certificate_says() {
     let p = runner(dir.path(), &server.addr, "r2", &two_agents, &["--ca-file", &ca, "--tls-cert", &r1_cert, "--tls-key", &r1_key]);
     assert!(wait_log(&p, "which names \\\"r1\\\"", within).await, "{}", p.log_text());
     drop(p);
-    assert!(runner_ids(&server.addr, &admin).await.is_empty(), "no refused runner was registered");
+    assert!(runner_ids(&server.addr, &admin, Some(&ca)).await.is_empty(), "no refused runner was registered");
 
     // Who they say they are: accepted.
     let ok_token = runner(dir.path(), &server.addr, "r1", &two_agents, &["--token-file", &bound, "--ca-file", &ca]);
@@ -269,7 +273,7 @@ async fn a_runner_is_who_its_token_or_certificate_says() {
     drop(ok_token);
     let ok_cert = runner(dir.path(), &server.addr, "r1", &three_agents, &["--ca-file", &ca, "--tls-cert", &r1_cert, "--tls-key", &r1_key]);
     assert!(wait_log(&ok_cert, "connected to the control plane", within).await, "{}", ok_cert.log_text());
-    assert_eq!(runner_ids(&server.addr, &admin).await, vec!["r1".to_string()]);
+    assert_eq!(runner_ids(&server.addr, &admin, Some(&ca)).await, vec!["r1".to_string()]);
     // A client without the CA does not trust the server.
     let out = std::process::Command::new(bin())
         .env("PUNCHCLOCK_ENDPOINT", &server.addr)
@@ -312,4 +316,73 @@ async fn a_server_beyond_loopback_needs_tls_and_tokens_or_insecure() {
     let log = p.log_text();
     assert!(log.contains("--insecure: listening beyond loopback without TLS and tokens"), "{log}");
     assert!(log.contains("authentication is off"), "{log}");
+}
+
+/// SIGHUP after removing tokens: new calls with them are `Unauthenticated`,
+/// and the streams they opened end — the runner's (the leader drops it and
+/// it cannot come back) and a `WatchRuns` — while other tokens go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_token_ends_its_open_streams() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "auth_revoke");
+    let pki = Pki::make(&["r1"]);
+    let server = token_server(&pki, dir.path(), &[]);
+    let (admin, reader) = (pki.token("admin"), pki.token("reader"));
+    let agents = dir.path().join("agents.yaml");
+    std::fs::write(&agents, "agents:\n  light_agent: {type: process, command: [\"true\"]}\n").expect("agents");
+    let r1_token = pki.token_file("runner-r1");
+    let runner = runner(dir.path(), &server.addr, "r1", &agents, &["--token-file", &r1_token]);
+    assert!(wait_log(&runner, "connected to the control plane", Duration::from_secs(20)).await, "{}", runner.log_text());
+    assert_eq!(runner_ids(&server.addr, &admin, None).await, vec!["r1".to_string()]);
+    // A reader's open WatchRuns stream.
+    let ch = endpoint(&server.addr).connect().await.expect("connect");
+    let mut watch_req = tonic::Request::new(pb::WatchRunsRequest::default());
+    watch_req.metadata_mut().insert("authorization", format!("Bearer {reader}").parse().expect("header"));
+    let mut watch = pb::run_service_client::RunServiceClient::new(ch).watch_runs(watch_req).await.expect("watch opens").into_inner();
+
+    // Remove the reader's and r1's tokens; SIGHUP.
+    let tokens = std::fs::read_to_string(pki.root.join("tokens.yaml")).expect("tokens");
+    let kept: Vec<&str> = tokens.split("\n  - ").filter(|e| !e.contains("name: reader") && !e.contains("name: runner-r1")).collect();
+    std::fs::write(pki.root.join("tokens.yaml"), kept.join("\n  - ")).expect("write");
+    server.signal(libc::SIGHUP);
+    assert!(wait_log(&server, "SIGHUP: tokens file reloaded", Duration::from_secs(10)).await, "{}", server.log_text());
+
+    // The watch ends with Unauthenticated.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(s) => return Some(s.code()),
+            }
+        }
+    })
+    .await
+    .expect("the stream ends");
+    assert_eq!(ended, Some(Code::Unauthenticated));
+    // New calls with the removed token are refused; the admin's go on.
+    assert_eq!(call(&server.addr, "/punchclock.v1.TaskService/ListTasks", Some(&reader)).await, Code::Unauthenticated);
+    assert_eq!(call(&server.addr, "/punchclock.v1.TaskService/ListTasks", Some(&admin)).await, Code::Ok);
+    // The runner's stream ends, and it cannot reconnect.
+    assert!(wait_log(&runner, "removed from the tokens file", Duration::from_secs(20)).await, "{}", runner.log_text());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !runner_ids(&server.addr, &admin, None).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the revoked runner is still registered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = server.log_text();
+    assert!(log.contains("denied") && log.contains("Unauthenticated"), "refusals are audited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_server_refuses_a_plaintext_advertise_address() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::make(&[]);
+    let data = format!("embedded:{}", dir.path().join("data").display());
+    let mut args = vec!["server".to_string(), "--store".into(), data, "--listen".into(), "127.0.0.1:0".into()];
+    args.extend(pki.server_args());
+    args.extend(["--advertise".into(), "http://127.0.0.1:7700".into()]);
+    let out = std::process::Command::new(bin()).args(&args).current_dir(punchclock_tests::repo_root()).output().expect("server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--advertise http://127.0.0.1:7700: TLS is on, so it must be https://"), "{err}");
 }

@@ -45,7 +45,7 @@ async fn secrets_appear_in_no_log_and_no_run_record() {
     std::fs::write(
         &agents,
         format!(
-            "agents:\n  secret_agent:\n    type: process\n    command: [\"sh\", \"-c\", \"printf '{{\\\"key_length\\\": %d}}' ${{#API_KEY}} > $PUNCHCLOCK_RESULT_FILE\"]\n    env_from_file: {{API_KEY: {}}}\n",
+            "agents:\n  secret_agent:\n    type: process\n    command: [\"sh\", \"-c\", \"printf '{{\\\"key_length\\\": %d, \\\"runner_credentials\\\": \\\"%s\\\"}}' ${{#API_KEY}} \\\"$PUNCHCLOCK_TOKEN_FILE$PUNCHCLOCK_CA_FILE$PUNCHCLOCK_TOKEN\\\" > $PUNCHCLOCK_RESULT_FILE\"]\n    env_from_file: {{API_KEY: {}}}\n",
             secret_file.display()
         ),
     )
@@ -54,22 +54,10 @@ async fn secrets_appear_in_no_log_and_no_run_record() {
     let runner_token = pki.token_file("runner-r1");
     let ca = pki.path("ca.crt");
     let _runner = Proc::start_with_env(
-        &[
-            "runner",
-            "--control-plane",
-            &server.addr,
-            "--agents",
-            &agents.to_string_lossy(),
-            "--runner-id",
-            "r1",
-            "--work-dir",
-            &work,
-            "--token-file",
-            &runner_token,
-            "--ca-file",
-            &ca,
-        ],
-        &[("PUNCHCLOCK_LOG", "debug")],
+        &["runner", "--control-plane", &server.addr, "--agents", &agents.to_string_lossy(), "--runner-id", "r1", "--work-dir", &work],
+        // The runner's credentials from its environment, as the systemd
+        // unit gives them: the agent must not inherit them.
+        &[("PUNCHCLOCK_LOG", "debug"), ("PUNCHCLOCK_TOKEN_FILE", &runner_token), ("PUNCHCLOCK_CA_FILE", &ca)],
         &dir.path().join("r1.log"),
         false,
     );
@@ -80,6 +68,7 @@ async fn secrets_appear_in_no_log_and_no_run_record() {
         wait_n_runs(&server.addr, "uses_secret", 1, Duration::from_secs(30), |r| status(r) == pb::RunStatus::Succeeded).await.remove(0);
     let result: serde_json::Value = serde_json::from_str(&run.result_json).expect("result");
     assert_eq!(result["key_length"], secret_value.len(), "the agent got the secret from its file");
+    assert_eq!(result["runner_credentials"], "", "the agent does not inherit the runner's token or CA variables");
 
     // Everything written: the processes' logs, and the run records.
     let mut texts: Vec<(String, String)> = Vec::new();

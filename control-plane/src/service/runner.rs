@@ -34,8 +34,10 @@ use crate::error::Error;
 const OUTBOUND_BUFFER: usize = 256;
 /// Upper bound of a runner stream's buffer.
 const MAX_OUTBOUND_BUFFER: usize = 65_536;
-/// Longest runner id.
+/// Longest runner id (and agent id offered in a Hello).
 pub const MAX_RUNNER_ID_LEN: usize = 128;
+/// Most agents one runner may offer.
+const MAX_AGENTS: usize = 1024;
 /// Longest error text and progress message kept from a runner, in bytes.
 const MAX_TEXT_BYTES: usize = 4096;
 /// Longest output tail kept from a runner, in bytes (the runner keeps 64 KiB).
@@ -118,6 +120,17 @@ pub fn hello_from_pb(h: pb::Hello) -> crate::error::Result<RunnerHello> {
     }
     if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || "_-.:@".contains(*c))) {
         return Err(Error::invalid("hello.runner_id", format!("has {c:?}; use letters, digits and _ - . : @")));
+    }
+    // Agent ids appear in logs, metrics labels and refusals: bounded.
+    if h.agents.len() > MAX_AGENTS {
+        return Err(Error::invalid("hello.agents", format!("{} agents; at most {MAX_AGENTS}", h.agents.len())));
+    }
+    if let Some(a) = h.agents.iter().find(|a| a.is_empty() || a.chars().count() > MAX_RUNNER_ID_LEN || a.chars().any(char::is_control)) {
+        let shown: String = a.chars().take(32).collect();
+        return Err(Error::invalid(
+            "hello.agents",
+            format!("{shown:?}: agent ids are 1 to {MAX_RUNNER_ID_LEN} characters, no control characters"),
+        ));
     }
     Ok(RunnerHello {
         runner_id: h.runner_id,
