@@ -224,9 +224,12 @@ pub struct RunnerConfig {
 /// How a runner proves who it is to the control plane.
 #[derive(Clone, Default)]
 pub struct Credentials {
-    /// Bearer token (`--token-file`), sent as `authorization: Bearer …`
-    /// on the runner stream. Bound by the control plane to a runner id.
+    /// Bearer token (`--token`), sent as `authorization: Bearer …` on the
+    /// runner stream. Bound by the control plane to a runner id.
     pub token: Option<String>,
+    /// File holding the token (`--token-file`), read again at every
+    /// connection (rotation without a restart); wins over `token`.
+    pub token_file: Option<PathBuf>,
     /// CA certificate (PEM) that signed the control plane's certificate
     /// (`--ca-file`); `https://` addresses use the webpki roots without it.
     pub ca_pem: Option<Vec<u8>>,
@@ -235,11 +238,33 @@ pub struct Credentials {
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
+impl Credentials {
+    /// The token to send now: the token file's content (trimmed), else
+    /// `token`. An unreadable file keeps `token` and says why.
+    pub fn current_token(&self) -> Option<String> {
+        match &self.token_file {
+            Some(path) => match std::fs::read_to_string(path) {
+                Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+                Ok(_) => {
+                    tracing::warn!(file = %path.display(), "the token file is empty");
+                    self.token.clone()
+                }
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "cannot read the token file");
+                    self.token.clone()
+                }
+            },
+            None => self.token.clone(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the token or the key.
         f.debug_struct("Credentials")
             .field("token", &self.token.is_some())
+            .field("token_file", &self.token_file)
             .field("ca", &self.ca_pem.is_some())
             .field("client_cert", &self.identity.is_some())
             .finish()

@@ -962,7 +962,7 @@ impl Connection {
         // Cannot fail: the queue is empty and its receiver is alive.
         let _ = outbound.try_send(RunnerMessage { msg: Some(Outbound::Hello(hello)) });
         let mut request = tonic::Request::new(ReceiverStream::new(queue));
-        if let Some(token) = &credentials.token {
+        if let Some(token) = &credentials.current_token() {
             // Checked by RunnerConfig::validate: printable ASCII.
             if let Ok(v) = tonic::metadata::AsciiMetadataValue::try_from(format!("Bearer {token}")) {
                 request.metadata_mut().insert("authorization", v);

@@ -102,7 +102,11 @@ pub async fn connect(endpoints: &str) -> Result<Conn, String> {
         };
         match ep.connect().await {
             Ok(ch) => return Ok(InterceptedService::new(ch, bearer)),
-            Err(e) => last = format!("cannot reach the control plane at {url}: {}", innermost(&e)),
+            Err(e) => {
+                let cause = innermost(&e);
+                let hint = if cause.contains("UnknownIssuer") { " (give the CA that signed its certificate: --ca-file)" } else { "" };
+                last = format!("cannot reach the control plane at {url}: {cause}{hint}");
+            }
         }
     }
     Err(last)

@@ -443,7 +443,16 @@ type Res = Result<(), String>;
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
 fn grpc(e: tonic::Status) -> String {
-    format!("{} ({:?})", e.message(), e.code())
+    // The transport's words, with what to do about them.
+    let msg = e.message();
+    let hint = if msg.contains("h2 protocol error") || msg.contains("http2 error") {
+        " (a plaintext client against a TLS server? use https:// and --ca-file)"
+    } else if msg.contains("UnknownIssuer") {
+        " (give the CA that signed the server's certificate: --ca-file or PUNCHCLOCK_CA_FILE)"
+    } else {
+        ""
+    };
+    format!("{msg}{hint} ({:?})", e.code())
 }
 
 /// Dispatches a parsed command line.
@@ -746,6 +755,9 @@ async fn server(a: ServerArgs) -> Res {
         tls: security.tls,
         etcd: security.etcd,
     };
+    if cfg.advertise.is_none() && cfg.listen.ip().is_unspecified() && matches!(cfg.store, StoreSpec::Etcd(_)) {
+        tracing::warn!(listen = %cfg.listen, "no --advertise: runners and clients redirected to this replica would be sent to an unspecified address; give --advertise https://HOST:PORT");
+    }
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
     eprintln!("punchclock server: API on {scheme}://{}", server.addr);
     let r = server.wait().await.map_err(|e| e.to_string());

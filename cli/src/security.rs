@@ -174,6 +174,7 @@ impl RunnerSecurityArgs {
     pub fn load(&self, client: &ClientAuthArgs) -> Result<punchclock_agent_runner::Credentials, String> {
         Ok(punchclock_agent_runner::Credentials {
             token: client.token()?,
+            token_file: client.token_file.clone().filter(|_| client.token.as_deref().is_none_or(|t| t.trim().is_empty())),
             ca_pem: client.ca()?,
             identity: match (&self.tls_cert, &self.tls_key) {
                 (Some(c), Some(k)) => Some((read("tls-cert", c)?, read("tls-key", k)?)),

@@ -76,13 +76,16 @@ sign() {
 san="DNS:localhost,IP:127.0.0.1,IP:::1"
 for h in $hosts; do
   case "$h" in
+    localhost|127.0.0.1|::1) ;;          # already there
     *:*) san="$san,IP:$h" ;;            # IPv6
     *[!0-9.]*) san="$san,DNS:$h" ;;      # a name
     *) san="$san,IP:$h" ;;              # IPv4
   esac
 done
 sign ca server "/CN=punchclock" "$san" "serverAuth"
-sign etcd-ca etcd-server "/CN=etcd" "$san" "serverAuth"
+# etcd's: client use too, for its own gRPC gateway and as its peer
+# certificate (--peer-cert-file); signed by the etcd CA, which no runner has.
+sign etcd-ca etcd-server "/CN=etcd" "$san" "serverAuth,clientAuth"
 # The control plane's client certificate for etcd (--etcd-cert; with etcd
 # auth on, etcd maps its CN to the etcd user "punchclock").
 sign etcd-ca etcd-client "/CN=punchclock" "DNS:punchclock" "clientAuth"
@@ -111,7 +114,7 @@ Made in $out:
   ca.crt                      every punchclock host (clients and runners: --ca-file; server: --client-ca)
   server.crt, server.key      control-plane hosts: server --tls-cert/--tls-key
   etcd-ca.crt                 control-plane hosts (server --etcd-ca) and etcd (--trusted-ca-file)
-  etcd-server.crt/.key        etcd members: --cert-file/--key-file
+  etcd-server.crt/.key        etcd members: --cert-file/--key-file and --peer-cert-file/--peer-key-file
   etcd-client.crt/.key        control-plane hosts: server --etcd-cert/--etcd-key
   runner-ID.crt/.key          runner ID only: runner --tls-cert/--tls-key (mTLS)
   tokens.yaml                 control-plane hosts: server --auth-file (hashes only)

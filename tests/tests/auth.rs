@@ -372,6 +372,26 @@ async fn a_removed_token_ends_its_open_streams() {
     }
     let log = server.log_text();
     assert!(log.contains("denied") && log.contains("Unauthenticated"), "refusals are audited");
+
+    // Rotation: a new token for r1 in the tokens file and in the runner's
+    // token file; the runner, still running, reads it when it reconnects.
+    let fresh = dir.path().join("fresh.token");
+    let entry = std::process::Command::new(bin())
+        .args(["token", "new", "--name", "runner-r1-2", "--role", "runner", "--runner-id", "r1", "--out"])
+        .arg(&fresh)
+        .output()
+        .expect("token new");
+    assert!(entry.status.success(), "{}", String::from_utf8_lossy(&entry.stderr));
+    let tokens = std::fs::read_to_string(pki.root.join("tokens.yaml")).expect("tokens");
+    std::fs::write(pki.root.join("tokens.yaml"), format!("{}\n{}", tokens.trim_end(), String::from_utf8_lossy(&entry.stdout)))
+        .expect("write");
+    std::fs::copy(&fresh, &r1_token).expect("rotate the runner's token file");
+    server.signal(libc::SIGHUP);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while runner_ids(&server.addr, &admin, None).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the runner did not come back with its rotated token: {}", runner.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
