@@ -135,7 +135,15 @@ impl Engine {
         let tasks = cfg.repo.load_tasks().await?;
         let runs = cfg.repo.load_active_runs().await?;
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
-        core.load(cfg.clock.now(), tasks, runs);
+        // Seconds of CPU for a big store: off the async workers (the
+        // election's lease renewals must keep running meanwhile).
+        let now = cfg.clock.now();
+        let core = tokio::task::spawn_blocking(move || {
+            core.load(now, tasks, runs);
+            core
+        })
+        .await
+        .map_err(|e| crate::error::Error::Internal(format!("loading the engine: {e}")))?;
         let retention =
             crate::worker::Worker::spawn(super::retention::run(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone()));
         let notifier = crate::worker::Worker::spawn(crate::notify::deliver::run(cfg.notifier, cfg.leadership.clone()));

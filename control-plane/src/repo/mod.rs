@@ -297,9 +297,23 @@ impl Repo {
     pub async fn load_tasks(&self) -> Result<Vec<(TaskRecord, Option<Cursor>)>> {
         let (task_kvs, _) = self.store.range(&self.keys.tasks()).await?;
         let (cursor_kvs, _) = self.store.range(&self.keys.cursors()).await?;
+        // Decoding tens of thousands of records takes seconds of CPU: off
+        // the async workers, so the election's lease renewals (and every
+        // other task) keep running meanwhile.
+        let keys = self.keys.clone();
+        tokio::task::spawn_blocking(move || decode_tasks(&keys, task_kvs, cursor_kvs))
+            .await
+            .map_err(|e| Error::Internal(format!("decoding tasks: {e}")))
+    }
+}
+
+/// Tasks with their cursors, from the stored key-values; unreadable
+/// records are logged and skipped.
+fn decode_tasks(keys: &Keys, task_kvs: Vec<KeyValue>, cursor_kvs: Vec<KeyValue>) -> Vec<(TaskRecord, Option<Cursor>)> {
+    {
         let mut cursors: HashMap<String, Cursor> = HashMap::new();
         for kv in cursor_kvs {
-            let Some(id) = self.keys.id_after(&self.keys.cursors(), &kv.key) else { continue };
+            let Some(id) = keys.id_after(&keys.cursors(), &kv.key) else { continue };
             match codec::decode::<Cursor>("cursor", &kv.value) {
                 Ok(c) => {
                     cursors.insert(id.to_string(), c);
@@ -317,9 +331,11 @@ impl Repo {
                 Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable task"),
             }
         }
-        Ok(out)
+        out
     }
+}
 
+impl Repo {
     /// One page of tasks by id: at most `limit` (fewer when they pass
     /// 3 MiB) with ids after `after_id`
     /// (`""`: from the first), each with its cursor, and the id to ask
