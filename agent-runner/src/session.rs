@@ -962,11 +962,9 @@ impl Connection {
         // Cannot fail: the queue is empty and its receiver is alive.
         let _ = outbound.try_send(RunnerMessage { msg: Some(Outbound::Hello(hello)) });
         let mut request = tonic::Request::new(ReceiverStream::new(queue));
-        if let Some(token) = &credentials.current_token() {
-            // Checked by RunnerConfig::validate: printable ASCII.
-            if let Ok(v) = tonic::metadata::AsciiMetadataValue::try_from(format!("Bearer {token}")) {
-                request.metadata_mut().insert("authorization", v);
-            }
+        // Checked by RunnerConfig::validate: printable ASCII.
+        if let Some(v) = credentials.current_token().as_deref().and_then(punchclock_proto::bearer::header) {
+            request.metadata_mut().insert("authorization", v);
         }
         let response = RunnerServiceClient::new(channel)
             .connect(request)

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tonic::metadata::AsciiMetadataValue;
+use punchclock_proto::bearer::{self, Bearer};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
@@ -16,19 +16,6 @@ pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7700";
 
 /// A connection: a channel whose calls carry the token.
 pub type Conn = InterceptedService<Channel, Bearer>;
-
-/// Adds the bearer token (if any) to every call.
-#[derive(Clone)]
-pub struct Bearer(Option<AsciiMetadataValue>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
 
 /// How the CLI authenticates: set once at start ([`configure`]).
 #[derive(Default)]
@@ -45,8 +32,10 @@ static OPTIONS: OnceLock<ClientOptions> = OnceLock::new();
 ///
 /// Errors: the token is not a valid header value (a newline, say).
 pub fn configure(opts: ClientOptions) -> Result<(), String> {
-    if let Some(t) = &opts.token {
-        AsciiMetadataValue::try_from(format!("Bearer {t}")).map_err(|_| "--token: not a valid token (printable ASCII only)".to_string())?;
+    if let Some(t) = &opts.token
+        && bearer::header(t).is_none()
+    {
+        return Err("--token/--token-file: not a valid token (printable ASCII only)".to_string());
     }
     let _ = OPTIONS.set(opts);
     Ok(())
@@ -86,7 +75,7 @@ pub fn endpoint(url: &str, ca_pem: Option<&[u8]>) -> Result<Endpoint, String> {
 /// Connects to the first reachable address of a comma-separated list.
 pub async fn connect(endpoints: &str) -> Result<Conn, String> {
     let opts = options();
-    let bearer = Bearer(opts.token.as_ref().and_then(|t| AsciiMetadataValue::try_from(format!("Bearer {t}")).ok()));
+    let bearer = Bearer::new(opts.token.as_deref());
     let mut last = String::from("no endpoint given");
     for addr in endpoints.split(',').filter(|a| !a.trim().is_empty()) {
         let url = normalize(addr);

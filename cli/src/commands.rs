@@ -780,15 +780,9 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
 
 async fn runner(a: RunnerArgs, auth: &ClientAuthArgs) -> Res {
     let credentials = a.security.load(auth)?;
-    // Bare host:port addresses: https when the runner has a CA or a certificate.
-    let tls = credentials.ca_pem.is_some() || credentials.identity.is_some();
-    let cps: Vec<String> = a
-        .control_plane
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| if s.contains("://") || !tls { client::normalize(s) } else { format!("https://{s}") })
-        .collect();
+    // Bare host:port addresses are given a scheme by the runner: https when
+    // it has a CA or a certificate (RunnerConfig::uses_tls).
+    let cps: Vec<String> = a.control_plane.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
     let runner_id = a.runner_id.unwrap_or_else(|| default_id("runner"));
     let work_dir = a.work_dir.unwrap_or_else(|| std::env::temp_dir().join("punchclock-runner").join(&runner_id));
     let mut cfg =

@@ -251,8 +251,8 @@ struct TokenEntry {
 /// Token hash → who.
 type Table = HashMap<[u8; 32], Arc<Principal>>;
 
-/// The server's credentials: the tokens (if any) and whether client
-/// certificates are verified.
+/// The server's tokens (none: auth off) and the reload generation that
+/// ends streams of removed tokens.
 #[derive(Debug)]
 pub struct Auth {
     file: Option<PathBuf>,

@@ -181,3 +181,36 @@ pub mod tracecontext {
         }
     }
 }
+
+/// Bearer tokens on the client side: the `authorization: Bearer TOKEN`
+/// metadata every call to a control plane with an auth file carries (the
+/// CLI, the runner, the tests).
+pub mod bearer {
+    use tonic::metadata::AsciiMetadataValue;
+
+    /// The `authorization` value for `token`; `None` when the token is not
+    /// a valid header value (a newline, non-ASCII).
+    pub fn header(token: &str) -> Option<AsciiMetadataValue> {
+        AsciiMetadataValue::try_from(format!("Bearer {token}")).ok()
+    }
+
+    /// An interceptor adding the header (when there is a token) to every call.
+    #[derive(Clone, Debug, Default)]
+    pub struct Bearer(pub Option<AsciiMetadataValue>);
+
+    impl Bearer {
+        /// The interceptor for `token` (none, or an invalid one: no header).
+        pub fn new(token: Option<&str>) -> Self {
+            Bearer(token.and_then(header))
+        }
+    }
+
+    impl tonic::service::Interceptor for Bearer {
+        fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+            if let Some(v) = &self.0 {
+                req.metadata_mut().insert("authorization", v.clone());
+            }
+            Ok(req)
+        }
+    }
+}

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use pb::run_service_client::RunServiceClient;
 use pb::task_service_client::TaskServiceClient;
+use punchclock_proto::bearer::Bearer;
 use punchclock_proto::v1 as pb;
 use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
@@ -23,19 +24,6 @@ use tonic::transport::{Channel, Endpoint};
 /// A helper's connection: a channel whose calls carry the test binary's
 /// token, if any ([`pki::use_client_credentials`]).
 pub type Conn = InterceptedService<Channel, Bearer>;
-
-/// Adds `authorization: Bearer …` to every call when a token is set.
-#[derive(Clone)]
-pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
 
 /// The endpoint for `addr`, trusting the test CA for `https://`.
 pub fn endpoint(addr: &str) -> Endpoint {
@@ -50,8 +38,7 @@ pub fn endpoint(addr: &str) -> Endpoint {
 
 /// Wraps a channel with the test binary's token.
 pub fn with_token(ch: Channel) -> Conn {
-    let bearer = pki::client_credentials().map(|c| format!("Bearer {}", c.token).parse().expect("token header"));
-    InterceptedService::new(ch, Bearer(bearer))
+    InterceptedService::new(ch, Bearer::new(pki::client_credentials().map(|c| c.token.as_str())))
 }
 
 /// The repository root (where the tests run punchclock, so relative agent
