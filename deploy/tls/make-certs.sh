@@ -37,6 +37,7 @@ if [ -z "$pc" ]; then
   [ -n "$pc" ] || [ ! -x target/debug/punchclock ] || pc=target/debug/punchclock
 fi
 [ -n "$pc" ] || { echo "make-certs.sh: punchclock not found (give --punchclock PATH)" >&2; exit 2; }
+case "$pc" in /*) ;; */*) pc="$PWD/$pc" ;; esac   # the script changes directory below
 for r in $runners; do
   case "$r" in
     *[!A-Za-z0-9.-]*|''|-*) echo "make-certs.sh: runner id $r: use letters, digits, . and - (it is a DNS name in the certificate)" >&2; exit 2 ;;
