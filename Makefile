@@ -1,38 +1,40 @@
 # punchclock — the two commands a new user runs:
 #   make demo   build, start `punchclock dev` with the example agents and tasks, show runs
-#   make test   the whole suite (installs protoc and etcd through apt if missing)
+#   make test   the whole suite (make deps installs what it uses through apt if missing)
 
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps build test demo bench bench-idle bench-engine bench-load bench-spawn bench-apply shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-spawn bench-apply shim-static fmt clippy clean
 
 all: build
 
-# System packages the build and tests need: protoc (tonic codegen), etcd
-# (HA tests), python3 (example agents), prometheus and promtool (the
-# metrics test). Installed through apt when missing.
+# Debian packages the demo and the tests use (etcd, prometheus/promtool,
+# openssl, python3), each checked by what is used from it and installed
+# through apt when missing: scripts/deps.sh lists them. The build itself
+# needs only a Rust toolchain and a C compiler.
 deps:
-	@missing=""; \
-	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
-	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
-	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
-	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
-	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO="sudo"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
+	@./scripts/deps.sh
 
-build: deps
+# What `make demo` needs beyond the build: python3 (the example agents and
+# the demo's webhook receiver).
+deps-demo:
+	@./scripts/deps.sh --demo
+
+# `make bench` also builds older revisions side by side, from before the
+# build compiled its .proto files itself: they need protoc and its
+# well-known types.
+deps-bench:
+	@./scripts/deps.sh --bench
+
+build:
 	$(CARGO) build --workspace --bins
 
-test: build
+test: deps build
 	$(CARGO) test --workspace
 	$(MAKE) bench-idle
 
-demo: build
+demo: deps-demo build
 	./scripts/demo.sh
 
 # Benches that print figures (not part of `make test`): idle cost, engine
@@ -40,14 +42,14 @@ demo: build
 bench: bench-idle bench-engine bench-load bench-spawn bench-apply
 
 # Issue 6: store transactions per run and runs/s, embedded and etcd, before/after.
-bench-engine: build
+bench-engine: deps deps-bench build
 	./scripts/bench-engine.sh
 
 # Issue 7: load rows (N tasks every second, 10,000 on one second) on dev,
 # server + runner and etcd, release builds, this checkout against a
 # revision: `make bench-load REV=<git revision> ARGS="--targets dev"`.
 REV ?= ebf31dc
-bench-load: deps
+bench-load: deps deps-bench
 	./scripts/bench-load.sh $(REV) $(ARGS)
 
 # Issue 8, acceptance 1: a 10,000- and 100,000-task file through the CLI

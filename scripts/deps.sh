@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# make deps: install through apt (with sudo when not root) every Debian
+# package that the build, `make demo` or a test uses and that is missing.
+# Each package is checked by what is actually used from it, not by a
+# command that happens to share its name: a package installed by hand on a
+# development machine and missing on a new one broke the build once
+# (issue 18). The build itself needs no system package beyond a Rust
+# toolchain and a C compiler: the .proto files are compiled by protox.
+#
+#   scripts/deps.sh           install what is missing for `make test`
+#   scripts/deps.sh --demo    only what `make demo` needs (python3)
+#   scripts/deps.sh --check   list what is missing, exit 1 if anything is
+#   scripts/deps.sh --bench   also what `make bench` needs to build older
+#                             revisions side by side (protoc and its
+#                             well-known types, from before protox)
+set -u
+check_only=0; bench=0; demo=0
+for a in "$@"; do
+  case "$a" in
+    --check) check_only=1 ;;
+    --bench) bench=1 ;;
+    --demo) demo=1 ;;
+    *) echo "usage: deps.sh [--check] [--demo | --bench]"; exit 2 ;;
+  esac
+done
+
+# package | probe (a shell test of what the build, the demo or a test uses) | who uses it
+need=(
+  "python3|python3 -c 'import json, hmac, http.server'|the example agents, the demo's webhook receiver"
+)
+[ "$demo" = 1 ] || need+=(
+  "openssl|openssl version|deploy/tls/make-certs.sh (auth and TLS tests)"
+  "etcd-server|etcd --version|the cluster tests (real etcd processes)"
+  "prometheus|prometheus --version && promtool --version|the metrics test (a real Prometheus, promtool check)"
+)
+if [ "$bench" = 1 ]; then
+  need+=(
+    "protobuf-compiler|protoc --version|make bench: building revisions older than protox"
+    "libprotobuf-dev|test -r /usr/include/google/protobuf/timestamp.proto|make bench: protoc's well-known types"
+  )
+fi
+
+missing=()
+for row in "${need[@]}"; do
+  IFS='|' read -r pkg probe why <<<"$row"
+  if ! bash -c "$probe" >/dev/null 2>&1; then
+    missing+=("$pkg")
+    echo "missing: $pkg ($why)"
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+[ "$check_only" = 1 ] && exit 1
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+echo "installing: ${missing[*]}"
+$SUDO apt-get update -qq || exit 1
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || exit 1
+# What was installed must now pass its probe, or the build would fail later
+# with a worse message.
+bad=0
+for row in "${need[@]}"; do
+  IFS='|' read -r pkg probe why <<<"$row"
+  bash -c "$probe" >/dev/null 2>&1 || { echo "still missing after apt-get install: $pkg ($why): $probe"; bad=1; }
+done
+exit $bad
