@@ -3,13 +3,28 @@
 //! Rules (reference: cronie / Vixie cron, `DESIGN.md` "Cron semantics"):
 //! 5 fields are minute-first, 6 seconds-first, 7 add a year; day-of-month and
 //! day-of-week both restricted match if EITHER matches; 0 and 7 are Sunday;
-//! a fixed-time slot in a spring-forward gap fires once at the first instant
-//! after the jump; in a fall-back overlap it fires once, at the first
-//! occurrence; `next_after(t)` is strictly after `t`.
+//! `next_after(t)` is strictly after `t`.
+//!
+//! Daylight saving time, as cronie's `cron.c` runs it (its "time jumped
+//! forward / backward" cases). An expression is **fixed-time** when neither
+//! its minute nor its hour field starts with `*` (cronie's `MIN_STAR` and
+//! `HR_STAR` flags): `30 2 * * *`, `0 2,14 * * *`, `0,30 2 * * *`,
+//! `0-59/20 2 * * *`, `30 1-3 * * *`, `@daily`. Any other (`*/15 2 * * *`,
+//! `15 * * * *`, `@hourly`) is a **wildcard** expression.
+//! - Spring forward: the wall clock times of the gap never happen. Every
+//!   fixed-time slot inside it fires once, at the first instant after the
+//!   jump (slots that land on that instant are one slot: run ids are per
+//!   instant); wildcard slots inside it do not fire.
+//! - Fall back: the wall clock times of the overlap happen twice. A
+//!   fixed-time slot fires at the first occurrence only; a wildcard slot at
+//!   both.
+//!
+//! croner walks the wall clock (naive local times, no zone); this module
+//! maps each wall clock time to instants by the zone's offsets around it.
 
 use std::str::FromStr;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
@@ -25,6 +40,30 @@ pub struct CronSchedule {
     pub expr: String,
     /// Jitter bound in milliseconds.
     pub jitter_ms: u64,
+    /// Neither the minute nor the hour field starts with `*` (see the
+    /// module doc): DST gaps and overlaps fire such slots once.
+    fixed_time: bool,
+}
+
+/// How far an offset change reaches in wall clock time: more than the
+/// largest DST shift in use (2 h, Antarctica/Troll) plus its own width.
+/// Two changes of one zone are never this close.
+const NEAR_SECONDS: i64 = 3 * 3600;
+
+/// cronie's fixed-time test: neither the minute nor the hour field starts
+/// with `*` (`entry.c` sets `MIN_STAR`/`HR_STAR` from the first character).
+/// `@hourly` is `0 * * * *`; the other aliases are fixed.
+fn is_fixed_time(expr: &str) -> bool {
+    let parts: Vec<&str> = expr.split_whitespace().collect();
+    let (minute, hour) = match parts.len() {
+        1 => return !parts[0].eq_ignore_ascii_case("@hourly"),
+        5 => (parts[0], parts[1]),
+        _ => match (parts.get(1), parts.get(2)) {
+            (Some(m), Some(h)) => (*m, *h),
+            _ => return false,
+        },
+    };
+    !minute.starts_with('*') && !hour.starts_with('*')
 }
 
 /// A cron parse error before it knows its field path.
@@ -175,7 +214,7 @@ impl CronSchedule {
         };
         precheck(&normalized)?;
         let cron = parser_for(&normalized).parse(&normalized).map_err(|e| CronError::Expr(blame_field(&normalized, &e.to_string())))?;
-        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), jitter_ms };
+        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), jitter_ms, fixed_time: is_fixed_time(&normalized) };
         // A calendar-impossible schedule (Feb 30, Apr 31) has no slot at all.
         let probe = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single().unwrap_or_default();
         if s.next_after(probe).is_none() {
@@ -189,12 +228,144 @@ impl CronSchedule {
         self.tz
     }
 
-    /// First fire time strictly after `t`, or `None` if there is none
-    /// (before year 5000, croner's search bound).
-    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let local = t.with_timezone(&self.tz);
-        self.cron.find_next_occurrence(&local, false).ok().map(|d| d.with_timezone(&Utc))
+    /// Whether DST gaps and overlaps fire this schedule's slots once (see
+    /// the module doc).
+    pub fn is_fixed_time(&self) -> bool {
+        self.fixed_time
     }
+
+    /// First fire time strictly after `t`, or `None` if there is none
+    /// (before year 5000, croner's search bound). Daylight saving time as
+    /// the module doc says.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let Some(tr) = self.transition_in(t.timestamp() - NEAR_SECONDS, t.timestamp() + NEAR_SECONDS) else {
+            // No offset change near `t`: the next wall clock match after
+            // `t`'s is the next slot.
+            return self.walk(t, wall(t, self.offset_at(t.timestamp())), false);
+        };
+        let Transition { at, before, after } = tr;
+        let at_wall = |o: Duration| wall(at, o);
+        if t < at {
+            // Wall clock before the change: `t + before`.
+            if let Ok(c) = self.cron.find_next_occurrence(&wall(t, before), false)
+                && c < at_wall(before)
+            {
+                return from_wall(c, before);
+            }
+        }
+        let (from, inclusive) = if after > before {
+            // Spring forward: wall clock `[at + before, at + after)` never happens.
+            if t < at {
+                if self.fixed_time
+                    && let Ok(c) = self.cron.find_next_occurrence(&at_wall(before), true)
+                    && c <= at_wall(after)
+                {
+                    // cronie runs the fixed-time slots it skipped at once.
+                    return Some(at);
+                }
+                // `at + after` itself: a fixed-time slot there was the one above.
+                (at_wall(after), !self.fixed_time)
+            } else {
+                (wall(t, after), false)
+            }
+        } else {
+            // Fall back: wall clock `[at + after, at + before)` happens twice;
+            // a fixed-time slot only the first time.
+            let repeat_end = at_wall(before);
+            if t < at {
+                if self.fixed_time { (repeat_end, true) } else { (at_wall(after), true) }
+            } else if self.fixed_time && wall(t, after) < repeat_end {
+                (repeat_end, true)
+            } else {
+                (wall(t, after), false)
+            }
+        };
+        self.walk(t, from, inclusive)
+    }
+
+    /// The first slot after `t` at or after wall clock `from` (strictly
+    /// after with `inclusive` false), mapping each wall clock match to its
+    /// instants: one, the earlier of two in an overlap (both for wildcard
+    /// schedules, the first after `t`), or in a gap the instant the gap
+    /// ends (fixed-time schedules; wildcard ones go on past the gap).
+    fn walk(&self, t: DateTime<Utc>, mut from: NaiveDateTime, mut inclusive: bool) -> Option<DateTime<Utc>> {
+        // Each turn moves past one wall clock match; only matches at or
+        // before `t` (a few, next to an offset change) or inside a far gap
+        // come round again.
+        for _ in 0..100_000 {
+            let c = self.cron.find_next_occurrence(&from, inclusive).ok()?;
+            match self.tz.from_local_datetime(&c) {
+                LocalResult::Single(a) if a.to_utc() > t => return Some(a.to_utc()),
+                LocalResult::Ambiguous(a, b) => {
+                    if a.to_utc() > t {
+                        return Some(a.to_utc());
+                    }
+                    if !self.fixed_time && b.to_utc() > t {
+                        return Some(b.to_utc());
+                    }
+                }
+                LocalResult::None => {
+                    // `c` is in a gap: the change lies within a few hours
+                    // of `c` read with any nearby offset.
+                    let guess = c.and_utc().timestamp() - self.offset_at(c.and_utc().timestamp()).num_seconds();
+                    let tr = self.transition_in(guess - NEAR_SECONDS, guess + NEAR_SECONDS)?;
+                    if self.fixed_time && tr.at > t {
+                        return Some(tr.at);
+                    }
+                    from = wall(tr.at, tr.after);
+                    inclusive = true;
+                    continue;
+                }
+                LocalResult::Single(_) => {}
+            }
+            from = c;
+            inclusive = false;
+        }
+        None
+    }
+
+    /// The zone's offset (local − UTC) at Unix second `s`.
+    fn offset_at(&self, s: i64) -> Duration {
+        let at = DateTime::from_timestamp(s, 0).unwrap_or_default();
+        Duration::seconds(i64::from(self.tz.offset_from_utc_datetime(&at.naive_utc()).fix().local_minus_utc()))
+    }
+
+    /// The offset change in `(lo, hi]` (Unix seconds), if the offsets at
+    /// the two ends differ: the first second with the new offset.
+    fn transition_in(&self, lo: i64, hi: i64) -> Option<Transition> {
+        let before = self.offset_at(lo);
+        if self.offset_at(hi) == before {
+            return None;
+        }
+        let (mut lo, mut hi) = (lo, hi);
+        // offset_at(lo) == before, offset_at(hi) != before.
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.offset_at(mid) == before { lo = mid } else { hi = mid }
+        }
+        Some(Transition { at: DateTime::from_timestamp(hi, 0)?, before, after: self.offset_at(hi) })
+    }
+}
+
+/// One change of a zone's UTC offset.
+#[derive(Debug, Clone, Copy)]
+struct Transition {
+    /// The first instant with the new offset.
+    at: DateTime<Utc>,
+    /// Offset (local − UTC) before `at`.
+    before: Duration,
+    /// Offset from `at` on.
+    after: Duration,
+}
+
+/// The wall clock reading of instant `t` under offset `o`.
+fn wall(t: DateTime<Utc>, o: Duration) -> NaiveDateTime {
+    t.naive_utc() + o
+}
+
+/// The instant whose wall clock reading under offset `o` is `c`.
+fn from_wall(c: NaiveDateTime, o: Duration) -> Option<DateTime<Utc>> {
+    Some((c - o).and_utc())
 }
 
 #[cfg(test)]
@@ -279,5 +450,123 @@ mod tests {
         assert_eq!(y.next_after(t), Some("2028-01-01T00:00:00Z".parse().expect("t")));
         let last = CronSchedule::parse("0 12 L * *", "UTC", 0).expect("L");
         assert_eq!(last.next_after(t), Some("2026-11-30T12:00:00Z".parse().expect("t")));
+    }
+
+    /// cronie's main loop (`cron.c`), minute by minute in real time: the
+    /// reference the DST rules are checked against. Returns the instants
+    /// at which a 5-field expression's job would start in `[from, until)`
+    /// (jobs started at one instant counted once).
+    fn cronie_slots(expr: &str, tz: Tz, from: DateTime<Utc>, until: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+        let c = CronSchedule::parse(expr, &tz.to_string(), 0).expect("parse");
+        let matches = |w: NaiveDateTime| c.cron.is_time_matching(&w).unwrap_or(false);
+        let wall_minute = |i: DateTime<Utc>| i.with_timezone(&tz).naive_local();
+        let mut out = Vec::new();
+        let mut virtual_time = wall_minute(from - Duration::minutes(1));
+        let mut i = from;
+        while i < until {
+            let now = wall_minute(i);
+            let diff = (now - virtual_time).num_minutes();
+            let fire = if diff == 1 {
+                virtual_time = now;
+                matches(now)
+            } else if diff > 1 {
+                // Time jumped forward: wildcard jobs for now, fixed-time
+                // jobs for every minute skipped (and now).
+                let mut fixed = false;
+                while virtual_time < now {
+                    virtual_time += Duration::minutes(1);
+                    fixed |= matches(virtual_time);
+                }
+                if c.fixed_time { fixed } else { matches(now) }
+            } else {
+                // Time went back: wildcard jobs only; virtual time waits.
+                !c.fixed_time && matches(now)
+            };
+            if fire {
+                out.push(i);
+            }
+            i += Duration::minutes(1);
+        }
+        out
+    }
+
+    /// Every shape of expression, in zones that move by an hour and by 30
+    /// minutes, north and south, over both changes of 2026: the slots are
+    /// exactly the instants cronie's loop starts the job.
+    #[test]
+    fn dst_slots_are_cronies_for_every_shape() {
+        let exprs = [
+            "30 2 * * *",
+            "0 2,14 * * *",
+            "0,30 2 * * *",
+            "15,45 1,2 * * *",
+            "0-59/20 2 * * *",
+            "*/20 2 * * *",
+            "30 1-3 * * *",
+            "0 0-4/2 * * *",
+            "0 */2 * * *",
+            "15 * * * *",
+            "*/15 * * * *",
+            "0 3 * * *",
+            "59 1 * * *",
+            "0-30/10 1-2 * * *",
+            "@daily",
+            "@hourly",
+            "45 1 * * 0",
+        ];
+        // (zone, changes of 2026 as UTC instants)
+        let zones = [
+            ("America/New_York", ["2026-03-08T07:00:00Z", "2026-11-01T06:00:00Z"]),
+            ("Europe/Berlin", ["2026-03-29T01:00:00Z", "2026-10-25T01:00:00Z"]),
+            ("Australia/Lord_Howe", ["2026-04-04T15:00:00Z", "2026-10-03T15:30:00Z"]),
+            ("Australia/Sydney", ["2026-04-04T16:00:00Z", "2026-10-03T16:00:00Z"]),
+            ("Antarctica/Troll", ["2026-03-29T01:00:00Z", "2026-10-25T01:00:00Z"]),
+        ];
+        for (zone, changes) in zones {
+            let tz = Tz::from_str(zone).expect("zone");
+            for change in changes {
+                let at: DateTime<Utc> = change.parse().expect("instant");
+                let (from, until) = (at - Duration::hours(30), at + Duration::hours(30));
+                let probe = CronSchedule::parse("@daily", zone, 0).expect("parse");
+                let t = probe.transition_in(from.timestamp(), until.timestamp()).expect("a change in the window");
+                assert_eq!(t.at, at, "{zone}: the change of 2026");
+                for expr in exprs {
+                    let want = cronie_slots(expr, tz, from, until);
+                    assert!(!want.is_empty(), "{expr:?} in {zone}");
+                    let s = CronSchedule::parse(expr, zone, 0).expect("parse");
+                    let mut got = Vec::new();
+                    let mut t = from - Duration::seconds(1);
+                    while let Some(n) = s.next_after(t) {
+                        if n >= until {
+                            break;
+                        }
+                        got.push(n);
+                        t = n;
+                    }
+                    assert_eq!(got, want, "{expr:?} in {zone} around {change}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fixed_time_is_cronies_min_star_and_hr_star() {
+        for (expr, fixed) in [
+            ("30 2 * * *", true),
+            ("0 2,14 * * *", true),
+            ("0-59/20 2 * * *", true),
+            ("0/20 2 * * *", true),
+            ("*/20 2 * * *", false),
+            ("15 * * * *", false),
+            ("0 */2 * * *", false),
+            ("0 30 2 * * *", true),
+            ("* 30 2 * * *", true),
+            ("0 * 2 * * *", false),
+            ("@daily", true),
+            ("@weekly", true),
+            ("@hourly", false),
+        ] {
+            assert_eq!(CronSchedule::parse(expr, "UTC", 0).expect("parse").is_fixed_time(), fixed, "{expr}");
+        }
     }
 }
