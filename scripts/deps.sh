@@ -32,6 +32,7 @@ need=(
   "openssl|openssl version|deploy/tls/make-certs.sh (auth and TLS tests)"
   "etcd-server|etcd --version|the cluster tests (real etcd processes)"
   "prometheus|prometheus --version && promtool --version|the metrics test (a real Prometheus, promtool check)"
+  "faketime|test -r /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1|the clock-step test (libfaketime steps dev's wall clock)"
 )
 if [ "$bench" = 1 ]; then
   need+=(

@@ -160,6 +160,11 @@ impl Proc {
 
     /// [`Proc::dev_with`] offering the agents of `agents` (an agents file).
     pub fn dev_agents(data_dir: &Path, slots: u32, log: &Path, agents: &Path, extra: &[&str]) -> Proc {
+        Proc::dev_env(data_dir, slots, log, agents, extra, &[])
+    }
+
+    /// [`Proc::dev_agents`] with extra environment variables.
+    pub fn dev_env(data_dir: &Path, slots: u32, log: &Path, agents: &Path, extra: &[&str], env: &[(&str, &str)]) -> Proc {
         let d = data_dir.to_string_lossy().to_string();
         let agents = agents.to_string_lossy().to_string();
         let slots = slots.to_string();
@@ -181,7 +186,7 @@ impl Proc {
             &slots,
         ];
         args.extend_from_slice(extra);
-        Proc::start(&args, log, true)
+        Proc::start_with_env(&args, env, log, true)
     }
 
     /// `punchclock server` on etcd: `--listen 127.0.0.1:PORT`, fast

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 
+use crate::clock::{Mono, Now};
+
 /// One runner.
 #[derive(Debug, Clone)]
 pub struct RunnerEntry {
@@ -37,13 +39,16 @@ pub struct RunnerEntry {
     pub running: HashMap<String, String>,
     /// When the current stream was opened (UTC).
     pub connected_at: DateTime<Utc>,
-    /// When a message of it last arrived (UTC).
+    /// When a message of it last arrived (UTC, as shown).
     pub last_seen: DateTime<Utc>,
+    /// When a message of it last arrived, on the monotonic clock: silence
+    /// is elapsed time, whatever the wall clock does.
+    pub last_heard: Mono,
 }
 
 impl RunnerEntry {
     /// A placeholder for a runner known only from stored attempts.
-    pub fn placeholder(runner_id: &str, now: DateTime<Utc>) -> Self {
+    pub fn placeholder(runner_id: &str, now: Now) -> Self {
         RunnerEntry {
             runner_id: runner_id.to_string(),
             session: 0,
@@ -55,8 +60,9 @@ impl RunnerEntry {
             version: String::new(),
             instance_id: String::new(),
             running: HashMap::new(),
-            connected_at: now,
-            last_seen: now,
+            connected_at: now.wall,
+            last_seen: now.wall,
+            last_heard: now.mono,
         }
     }
 
@@ -99,7 +105,7 @@ impl Registry {
     }
 
     /// The runner for `id`, made a placeholder if unknown.
-    pub fn entry_or_placeholder(&mut self, id: &str, now: DateTime<Utc>) -> &mut RunnerEntry {
+    pub fn entry_or_placeholder(&mut self, id: &str, now: Now) -> &mut RunnerEntry {
         self.runners.entry(id.to_string()).or_insert_with(|| RunnerEntry::placeholder(id, now))
     }
 
@@ -161,9 +167,9 @@ impl Registry {
         }
     }
 
-    /// Runners not heard from for longer than `after` at `now`, by id.
-    pub fn silent(&self, now: DateTime<Utc>, after: Duration) -> Vec<String> {
-        let mut ids: Vec<String> = self.runners.values().filter(|r| now - r.last_seen > after).map(|r| r.runner_id.clone()).collect();
+    /// Runners not heard from for longer than `after` (elapsed) at `now`, by id.
+    pub fn silent(&self, now: Mono, after: Duration) -> Vec<String> {
+        let mut ids: Vec<String> = self.runners.values().filter(|r| now.since(r.last_heard) > after).map(|r| r.runner_id.clone()).collect();
         ids.sort();
         ids
     }
@@ -173,9 +179,9 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn entry(id: &str, last_seen: &str) -> RunnerEntry {
-        let t: DateTime<Utc> = last_seen.parse().expect("t");
-        let mut e = RunnerEntry::placeholder(id, t);
+    fn entry(id: &str, last_heard_ms: u64) -> RunnerEntry {
+        let t: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().expect("t");
+        let mut e = RunnerEntry::placeholder(id, Now::new(t, Mono::from_elapsed(std::time::Duration::from_millis(last_heard_ms))));
         e.session = 1;
         e.connected = true;
         e.slots = 1;
@@ -186,20 +192,19 @@ mod tests {
     #[test]
     fn silence_is_strictly_after_the_bound() {
         let mut r = Registry::default();
-        r.insert(entry("a", "2026-01-01T00:00:00Z"));
-        r.insert(entry("b", "2026-01-01T00:00:05Z"));
-        let now: DateTime<Utc> = "2026-01-01T00:00:06Z".parse().expect("t");
-        assert_eq!(r.silent(now, Duration::seconds(6)), Vec::<String>::new());
-        let now: DateTime<Utc> = "2026-01-01T00:00:06.001Z".parse().expect("t");
-        assert_eq!(r.silent(now, Duration::seconds(6)), vec!["a".to_string()]);
+        r.insert(entry("a", 0));
+        r.insert(entry("b", 5000));
+        let ms = |n| Mono::from_elapsed(std::time::Duration::from_millis(n));
+        assert_eq!(r.silent(ms(6000), Duration::seconds(6)), Vec::<String>::new());
+        assert_eq!(r.silent(ms(6001), Duration::seconds(6)), vec!["a".to_string()]);
     }
 
     #[test]
     fn choice_prefers_free_slots_then_id_and_respects_labels() {
         let mut r = Registry::default();
-        let mut a = entry("a", "2026-01-01T00:00:00Z");
+        let mut a = entry("a", 0);
         a.slots = 2;
-        let mut b = entry("b", "2026-01-01T00:00:00Z");
+        let mut b = entry("b", 0);
         b.slots = 2;
         b.labels.insert("zone".into(), "x".into());
         r.insert(a);

@@ -91,7 +91,7 @@ pub struct RunnerSnapshot {
 #[derive(Debug)]
 pub(crate) enum Command {
     RunnerHello { hello: RunnerHello, tx: mpsc::Sender<ToRunner>, kill: oneshot::Sender<()>, reply: oneshot::Sender<Result<u64>> },
-    RunnerMessage { runner_id: String, session: u64, received_at: DateTime<Utc>, msg: FromRunner },
+    RunnerMessage { runner_id: String, session: u64, received_at: crate::clock::Now, msg: FromRunner },
     RunnerGone { runner_id: String, session: u64 },
     Trigger { req: TriggerRequest, reply: oneshot::Sender<Result<self::core::Triggered>> },
     CancelRun { run_id: String, reason: String, reply: oneshot::Sender<Result<RunRecord>> },
@@ -143,7 +143,7 @@ impl EngineHandle {
 
     /// A message on a runner's stream, stamped with its arrival time (UTC).
     /// Waits while the engine's queue is full (backpressure on the stream).
-    pub async fn runner_message(&self, runner_id: String, session: u64, received_at: DateTime<Utc>, msg: FromRunner) -> Result<()> {
+    pub async fn runner_message(&self, runner_id: String, session: u64, received_at: crate::clock::Now, msg: FromRunner) -> Result<()> {
         self.send(Command::RunnerMessage { runner_id, session, received_at, msg }).await
     }
 

@@ -137,7 +137,7 @@ impl Engine {
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
         // Seconds of CPU for a big store: off the async workers (the
         // election's lease renewals must keep running meanwhile).
-        let now = cfg.clock.now();
+        let now = cfg.clock.read();
         let core = tokio::task::spawn_blocking(move || {
             core.load(now, tasks, runs);
             core
@@ -185,11 +185,11 @@ impl Engine {
                 let _ = reply.send(());
                 break EngineExit::Handover;
             }
-            let next = self.core.poll_timeout();
+            let next = self.core.poll_timeout(self.clock.read());
             let clock = self.clock.clone();
             let sleep = async move {
                 match next {
-                    Some(t) => clock.sleep_until(t).await,
+                    Some(t) => clock.sleep_until_mono(t).await,
                     None => futures::future::pending::<()>().await,
                 }
             };
@@ -230,7 +230,7 @@ impl Engine {
                     }
                 },
                 _ = sleep => {
-                    let now = self.clock.now();
+                    let now = self.clock.read();
                     self.core.handle_timeout(now, MAX_TIMERS_PER_TURN);
                     self.queued_commands(MAX_COMMANDS_PER_TURN);
                 }
@@ -259,12 +259,12 @@ impl Engine {
     }
 
     async fn task_change(&mut self, change: TaskChange) -> Result<()> {
-        let now = self.clock.now();
+        let now = self.clock.read();
         match change {
             TaskChange::Put(record) => {
                 let cursor =
                     if self.core.knows_task(&record.spec.task_id) { None } else { self.repo.get_cursor(&record.spec.task_id).await? };
-                self.core.handle(self.clock.now(), Input::TaskPut { record, cursor });
+                self.core.handle(self.clock.read(), Input::TaskPut { record, cursor });
             }
             TaskChange::Deleted(task_id) => self.core.handle(now, Input::TaskDeleted { task_id }),
         }
@@ -274,7 +274,7 @@ impl Engine {
     async fn reload_tasks(&mut self) -> Result<BoxStream<'static, Result<TaskChange>>> {
         let watch = self.repo.watch_tasks().await?;
         let tasks = self.repo.load_tasks().await?;
-        self.core.handle(self.clock.now(), Input::TasksReloaded { tasks });
+        self.core.handle(self.clock.read(), Input::TasksReloaded { tasks });
         Ok(watch)
     }
 
@@ -285,7 +285,7 @@ impl Engine {
     }
 
     fn command(&mut self, cmd: Command) {
-        let now = self.clock.now();
+        let now = self.clock.read();
         match cmd {
             Command::RunnerHello { hello, tx, kill, reply } => {
                 if tx.is_closed() {
@@ -406,7 +406,7 @@ impl Engine {
                 self.links.remove(&runner_id);
             }
         }
-        let now = self.clock.now();
+        let now = self.clock.read();
         for out in fx.sends {
             let failed = match self.links.get(&out.runner_id) {
                 Some(link) if link.session == out.session => match link.tx.try_send(out.msg) {
@@ -442,7 +442,7 @@ impl Engine {
         }
         for (run_id, purpose) in fx.reads {
             match self.repo.get_run(&run_id).await {
-                Ok(run) => self.core.handle(self.clock.now(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
+                Ok(run) => self.core.handle(self.clock.read(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
                 Err(e) => {
                     tracing::error!(error = %e, run_id, "cannot read a run; the engine restarts");
                     return Err(EngineExit::Failed);

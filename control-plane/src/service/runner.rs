@@ -85,7 +85,7 @@ impl RunnerService for RunnerSvc {
                 };
                 match next {
                     Ok(Some(pb::RunnerMessage { msg: Some(msg) })) => {
-                        let received_at = clock.now();
+                        let received_at = clock.read();
                         let Some(msg) = from_pb(msg) else { continue };
                         if engine.runner_message(runner_id.clone(), session, received_at, msg).await.is_err() {
                             break;

@@ -7,13 +7,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 
-use chrono::{DateTime, Utc};
+use crate::clock::Mono;
 
 /// See the module docs.
 #[derive(Debug)]
 pub(super) struct Deadlines<K: Ord + Hash + Clone> {
-    order: BTreeSet<(DateTime<Utc>, K)>,
-    at: HashMap<K, DateTime<Utc>>,
+    order: BTreeSet<(Mono, K)>,
+    at: HashMap<K, Mono>,
 }
 
 impl<K: Ord + Hash + Clone> Default for Deadlines<K> {
@@ -24,7 +24,7 @@ impl<K: Ord + Hash + Clone> Default for Deadlines<K> {
 
 impl<K: Ord + Hash + Clone> Deadlines<K> {
     /// Sets (or moves) `key`'s deadline.
-    pub(super) fn set(&mut self, key: K, at: DateTime<Utc>) {
+    pub(super) fn set(&mut self, key: K, at: Mono) {
         self.remove(&key);
         self.order.insert((at, key.clone()));
         self.at.insert(key, at);
@@ -38,12 +38,12 @@ impl<K: Ord + Hash + Clone> Deadlines<K> {
     }
 
     /// The earliest deadline.
-    pub(super) fn next(&self) -> Option<DateTime<Utc>> {
+    pub(super) fn next(&self) -> Option<Mono> {
         self.order.first().map(|(at, _)| *at)
     }
 
     /// Takes the earliest key whose deadline is at or before `now`.
-    pub(super) fn pop_due(&mut self, now: DateTime<Utc>) -> Option<K> {
+    pub(super) fn pop_due(&mut self, now: Mono) -> Option<K> {
         let (at, _) = self.order.first()?;
         if *at > now {
             return None;

@@ -37,6 +37,7 @@ use chrono::{DateTime, Utc};
 use super::lifecycle::Lifecycle;
 use super::protocol::{FinishedReport, FromRunner, ToRunner};
 use super::{RunnerSnapshot, TriggerRequest};
+use crate::clock::{Mono, Now};
 use crate::dispatch::queue::AgentQueues;
 use crate::dispatch::registry::Registry;
 use crate::error::Result;
@@ -148,8 +149,8 @@ pub enum Input {
         runner_id: String,
         /// Its session (stream generation).
         session: u64,
-        /// When the message arrived at this replica (UTC), before queueing.
-        received_at: DateTime<Utc>,
+        /// When the message arrived at this replica, before queueing.
+        received_at: Now,
         /// The message.
         msg: FromRunner,
     },
@@ -239,13 +240,16 @@ impl Effects {
     }
 }
 
-/// What a timer does when it fires.
+/// What a timer does when it fires. `Fire` and a delayed run's `RunDue`
+/// wait for the wall clock (a slot, a `not_before` is a time of day);
+/// every other timer waits elapsed time ([`Mono`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     /// Handle the due slots of a task (if `generation` is still current).
     Fire { task_id: String, generation: u64 },
-    /// A delayed or retrying run may be dispatched.
-    RunDue { run_id: String },
+    /// A delayed, retrying or requeued run may be dispatched, if it still
+    /// waits for `at` (its `next_attempt_at`).
+    RunDue { run_id: String, at: DateTime<Utc> },
     /// An attempt whose old runner process may still be alive stops
     /// holding its concurrency slot (that process's fence has passed).
     ReleaseOrphan { run_id: String, execution_id: String },
@@ -295,7 +299,10 @@ pub struct EngineCore {
     by_task: HashMap<String, BTreeSet<String>>,
     ready: AgentQueues,
     registry: Registry,
+    /// Timers on the wall clock (slots, delays).
     timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Timer)>>,
+    /// Timers on elapsed time (backoffs, checks, releases, flushes).
+    mono_timers: BinaryHeap<Reverse<(Mono, u64, Timer)>>,
     /// Start deadlines of runs waiting for dispatch (`start_timeout_seconds`).
     start_by: deadlines::Deadlines<String>,
     /// The control plane's backstop deadline of each open attempt: `(run, execution)`.
@@ -304,8 +311,14 @@ pub struct EngineCore {
     next_session: u64,
     exec_seq: u64,
     /// When this leader took over (UTC): slots due before were missed while
-    /// no leader ran (misfire policy); slots due since are only ever late.
+    /// no leader ran (misfire policy).
     loaded_at: DateTime<Utc>,
+    /// The last reading of the clocks an input came with: a wall clock
+    /// step shows as a difference between the two clocks since then.
+    last_now: Option<Now>,
+    /// The last forward step of the wall clock seen: the wall clock range
+    /// it skipped, `(from, to]` (a slot in it was late because of it).
+    last_step: Option<(DateTime<Utc>, DateTime<Utc>)>,
     runner_check_armed: bool,
     flush_armed: bool,
     dispatch_needed: bool,
@@ -347,12 +360,15 @@ impl EngineCore {
             ready: AgentQueues::default(),
             registry: Registry::default(),
             timers: BinaryHeap::new(),
+            mono_timers: BinaryHeap::new(),
             start_by: deadlines::Deadlines::default(),
             attempt_deadlines: deadlines::Deadlines::default(),
             timer_seq: 0,
             next_session: 0,
             exec_seq: 0,
             loaded_at: DateTime::<Utc>::MIN_UTC,
+            last_now: None,
+            last_step: None,
             runner_check_armed: false,
             flush_armed: false,
             dispatch_needed: false,
@@ -374,8 +390,9 @@ impl EngineCore {
     /// Takes over from the store: tasks with their cursors, and the runs of
     /// the `active/` index. Attempts open at load wait
     /// [`Timing::redeclare_wait`] for their runner to re-declare them.
-    pub fn load(&mut self, now: DateTime<Utc>, tasks: Vec<(TaskRecord, Option<Cursor>)>, runs: Vec<RunRecord>) {
-        self.loaded_at = now;
+    pub fn load(&mut self, now: Now, tasks: Vec<(TaskRecord, Option<Cursor>)>, runs: Vec<RunRecord>) {
+        self.observe(now);
+        self.loaded_at = now.wall;
         self.fx.events.push(Lifecycle::LeadershipGained { token: self.cfg.token });
         // Tasks first (runs need their timeouts), then runs (admission needs
         // them), then the tasks' first decisions.
@@ -397,7 +414,8 @@ impl EngineCore {
     }
 
     /// Handles one input.
-    pub fn handle(&mut self, now: DateTime<Utc>, input: Input) {
+    pub fn handle(&mut self, now: Now, input: Input) {
+        self.observe(now);
         match input {
             Input::TaskPut { record, cursor } => self.task_put(now, *record, cursor),
             Input::TaskDeleted { task_id } => self.task_deleted(now, &task_id),
@@ -412,34 +430,43 @@ impl EngineCore {
         self.after_input(now);
     }
 
-    /// When [`EngineCore::handle_timeout`] should next be called (UTC).
-    pub fn poll_timeout(&self) -> Option<DateTime<Utc>> {
-        [self.timers.peek().map(|Reverse((t, _, _))| *t), self.start_by.next(), self.attempt_deadlines.next()].into_iter().flatten().min()
+    /// When [`EngineCore::handle_timeout`] should next be called, on the
+    /// monotonic clock: wall clock timers are converted with the reading
+    /// `now` (the shell sleeps at most 30 s at a time, so a wall clock step
+    /// is seen within that).
+    pub fn poll_timeout(&self, now: Now) -> Option<Mono> {
+        let wall = self.timers.peek().map(|Reverse((t, _, _))| now.mono_at(*t));
+        [wall, self.mono_timers.peek().map(|Reverse((t, _, _))| *t), self.start_by.next(), self.attempt_deadlines.next()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Fires up to `max` due timers; returns whether more are due (the
     /// shell then serves other inputs before coming back, so a burst of
     /// timers never starves runner messages).
-    pub fn handle_timeout(&mut self, now: DateTime<Utc>, max: usize) -> bool {
+    pub fn handle_timeout(&mut self, now: Now, max: usize) -> bool {
+        self.observe(now);
         let mut fired = 0;
         while fired < max {
             fired += 1;
-            if let Some((run_id, execution_id)) = self.attempt_deadlines.pop_due(now) {
+            if let Some((run_id, execution_id)) = self.attempt_deadlines.pop_due(now.mono) {
                 self.on_deadline(now, &run_id, &execution_id);
                 continue;
             }
-            if let Some(run_id) = self.start_by.pop_due(now) {
+            if let Some(run_id) = self.start_by.pop_due(now.mono) {
                 self.on_start_by(now, &run_id);
                 continue;
             }
-            match self.timers.peek() {
-                Some(Reverse((at, _, _))) if *at <= now => {}
-                _ => break,
-            }
-            let Some(Reverse((_, _, timer))) = self.timers.pop() else { break };
+            let timer = match (self.timers.peek(), self.mono_timers.peek()) {
+                (Some(Reverse((at, _, _))), _) if *at <= now.wall => self.timers.pop().map(|Reverse((_, _, t))| t),
+                (_, Some(Reverse((at, _, _)))) if *at <= now.mono => self.mono_timers.pop().map(|Reverse((_, _, t))| t),
+                _ => None,
+            };
+            let Some(timer) = timer else { break };
             match timer {
                 Timer::Fire { task_id, generation } => self.on_fire(now, &task_id, generation),
-                Timer::RunDue { run_id } => self.on_run_due(now, &run_id),
+                Timer::RunDue { run_id, at } => self.on_run_due(now, &run_id, at),
                 Timer::ReleaseOrphan { run_id, execution_id } => self.release_orphan(now, &run_id, &execution_id),
                 Timer::RunnerCheck => self.on_runner_check(now),
                 Timer::Flush => {
@@ -449,7 +476,7 @@ impl EngineCore {
             }
         }
         self.after_input(now);
-        self.poll_timeout().is_some_and(|at| at <= now)
+        self.poll_timeout(now).is_some_and(|at| at <= now.mono)
     }
 
     /// Writes everything persisted lazily with the next effects (a graceful
@@ -610,9 +637,33 @@ impl EngineCore {
 
     // ------------------------------------------------------------ helpers
 
+    /// A timer for when the wall clock reads `at`.
     fn push_timer(&mut self, at: DateTime<Utc>, t: Timer) {
         self.timer_seq += 1;
         self.timers.push(Reverse((at, self.timer_seq, t)));
+    }
+
+    /// A timer for when the monotonic clock reaches `at`.
+    fn push_mono_timer(&mut self, at: Mono, t: Timer) {
+        self.timer_seq += 1;
+        self.mono_timers.push(Reverse((at, self.timer_seq, t)));
+    }
+
+    /// Notes the clocks an input came with: a wall clock that moved more
+    /// than 2 s further than elapsed time since the last input was stepped
+    /// (NTP, an operator, a VM resumed); slots it skipped are late because
+    /// of it, and the misfire log says so.
+    fn observe(&mut self, now: Now) {
+        if let Some(prev) = self.last_now {
+            let step = now.wall_step_since(prev);
+            if step > WALL_STEP {
+                tracing::warn!(step_ms = step.num_milliseconds(), from = %prev.wall, to = %now.wall, "the wall clock stepped forward: slots it skipped are misfires");
+                self.last_step = Some((now.wall - step, now.wall));
+            } else if step < -WALL_STEP {
+                tracing::warn!(step_ms = step.num_milliseconds(), from = %prev.wall, to = %now.wall, "the wall clock stepped back: slots already handled do not run again");
+            }
+        }
+        self.last_now = Some(now);
     }
 
     fn timing(&self) -> &Timing {
@@ -624,10 +675,10 @@ impl EngineCore {
     }
 
     /// Marks a run changed: stamps it and queues its write.
-    fn touch(&mut self, now: DateTime<Utc>, run_id: &str, urgency: Urgency) {
+    fn touch(&mut self, now: Now, run_id: &str, urgency: Urgency) {
         let token = self.cfg.token;
         let Some(run) = self.runs.get_mut(run_id) else { return };
-        run.updated_at = now;
+        run.updated_at = now.wall;
         run.fencing_token = token;
         if self.created_set.contains(run_id) {
             return;
@@ -645,11 +696,10 @@ impl EngineCore {
     }
 
     /// Asks for a lazy flush within `timing.progress_flush`.
-    fn arm_flush(&mut self, now: DateTime<Utc>) {
+    fn arm_flush(&mut self, now: Now) {
         if !self.flush_armed {
             self.flush_armed = true;
-            let at = now + Self::dur(PROGRESS_FLUSH);
-            self.push_timer(at, Timer::Flush);
+            self.push_mono_timer(now.mono.after(Self::dur(PROGRESS_FLUSH)), Timer::Flush);
         }
     }
 
@@ -706,11 +756,15 @@ impl EngineCore {
 
     /// After every input and timer batch: release deferred fires whose runs
     /// were re-declared or lost, then dispatch if anything could move.
-    fn after_input(&mut self, now: DateTime<Utc>) {
+    fn after_input(&mut self, now: Now) {
         self.release_deferred(now);
         self.dispatch(now);
     }
 }
+
+/// How much further the wall clock must move than elapsed time between two
+/// inputs to count as stepped: 2 s (a busy turn moves both alike).
+const WALL_STEP: chrono::Duration = chrono::Duration::seconds(2);
 
 /// Longest a lazily persisted change (progress, a start) waits for a
 /// transaction to ride with before it is written on its own: 1 s.

@@ -4,7 +4,7 @@
 //! they report (see `poll_effects`). Delivery is the notifier's job
 //! ([`crate::notify`]), outside the core.
 
-use chrono::{DateTime, Utc};
+use crate::clock::Now;
 
 use super::EngineCore;
 use crate::model::breaker::Breaker;
@@ -16,15 +16,16 @@ impl EngineCore {
     /// (none when the task has no sinks for it). `breaker`: for
     /// `on_breaker_open`, the breaker as it opened (the run that opened it
     /// makes each opening's id distinct).
-    pub(super) fn notify(&mut self, now: DateTime<Utc>, run_id: &str, event: NotifyEvent, breaker: Option<&Breaker>) {
+    pub(super) fn notify(&mut self, now: Now, run_id: &str, event: NotifyEvent, breaker: Option<&Breaker>) {
         let Some(run) = self.runs.get(run_id) else { return };
         let Some(spec) = self.tasks.get(&run.task_id).and_then(|e| e.record.spec.notify.as_ref()) else { return };
         let sinks = spec.sinks(event);
         if sinks.is_empty() {
             return;
         }
-        let ops =
-            for_sinks(sinks, event, &notification_base(run), now, run, breaker).into_iter().map(|n| StoreOp::PutNotification(Box::new(n)));
+        let ops = for_sinks(sinks, event, &notification_base(run), now.wall, run, breaker)
+            .into_iter()
+            .map(|n| StoreOp::PutNotification(Box::new(n)));
         self.companions.entry(run_id.to_string()).or_default().extend(ops);
     }
 

@@ -14,6 +14,8 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
+use crate::clock::Now;
+
 use super::runs::AttemptEnd;
 use super::{EngineCore, MAX_LATE_READS_REMEMBERED, ReadPurpose, Timer, Urgency};
 use crate::dispatch::registry::RunnerEntry;
@@ -70,7 +72,8 @@ impl EngineCore {
     ///
     /// Errors: [`Error::InvalidArgument`] for an empty runner id;
     /// [`Error::FailedPrecondition`] when a live runner has this id.
-    pub fn runner_hello(&mut self, now: DateTime<Utc>, hello: RunnerHello) -> Result<u64> {
+    pub fn runner_hello(&mut self, now: Now, hello: RunnerHello) -> Result<u64> {
+        self.observe(now);
         if hello.runner_id.is_empty() {
             return Err(Error::invalid("hello.runner_id", "must not be empty"));
         }
@@ -78,13 +81,13 @@ impl EngineCore {
         let silent_after = Self::dur(self.timing().runner_silent_after());
         if let Some(existing) = self.registry.get(&id)
             && existing.connected
-            && now - existing.last_seen <= silent_after
+            && now.mono.since(existing.last_heard) <= silent_after
         {
             // Two processes with one id would take the session from each
             // other and lose each other's runs.
             return Err(Error::FailedPrecondition(format!(
                 "runner id {id:?} is already connected (last heard {} ms ago); give each runner its own --runner-id",
-                (now - existing.last_seen).num_milliseconds()
+                now.mono.since(existing.last_heard).num_milliseconds()
             )));
         }
         self.next_session += 1;
@@ -119,7 +122,7 @@ impl EngineCore {
                 Whose::Unknown => unknown.push(f),
             }
         }
-        let prev_last_seen = previous.as_ref().map_or(now, |p| p.last_seen);
+        let prev_last_heard = previous.as_ref().map_or(now.mono, |p| p.last_heard);
         let forgotten: Vec<(String, String)> =
             previous.map(|p| p.running.into_iter().filter(|(exec, _)| !running.contains_key(exec)).collect()).unwrap_or_default();
         tracing::info!(runner_id = %id, session, agents = ?hello.agents, slots = hello.slots, redeclared = redeclared.len(), unknown = unknown.len(), "runner connected");
@@ -135,8 +138,9 @@ impl EngineCore {
             version: hello.version,
             instance_id: hello.instance_id.clone(),
             running,
-            connected_at: now,
-            last_seen: now,
+            connected_at: now.wall,
+            last_seen: now.wall,
+            last_heard: now.mono,
         });
         self.send_to(
             &id,
@@ -154,7 +158,7 @@ impl EngineCore {
         for (run_id, exec, started_at) in redeclared {
             self.mark_started(now, &run_id, &exec, started_at);
         }
-        let release_at = prev_last_seen + Self::dur(self.timing().runner_lost_after());
+        let release_at = prev_last_heard.after(Self::dur(self.timing().runner_lost_after()));
         for (exec, run_id) in forgotten {
             self.forgotten(now, &id, &hello.instance_id, &run_id, &exec, release_at);
         }
@@ -171,7 +175,7 @@ impl EngineCore {
     /// process (restarted, or a second one with the id), the old one may
     /// still run the agent until its fence: the attempt holds its task's
     /// slot until `release_at`.
-    fn forgotten(&mut self, now: DateTime<Utc>, runner_id: &str, instance: &str, run_id: &str, exec: &str, release_at: DateTime<Utc>) {
+    fn forgotten(&mut self, now: Now, runner_id: &str, instance: &str, run_id: &str, exec: &str, release_at: crate::clock::Mono) {
         let Some(run) = self.runs.get(run_id) else { return };
         let Some(a) = run.attempts.iter().find(|a| a.execution_id == exec) else { return };
         let same_process = !instance.is_empty() && a.runner_instance == instance;
@@ -191,24 +195,18 @@ impl EngineCore {
         }
         if !same_process {
             self.registry.release(exec);
-            self.push_timer(release_at, Timer::ReleaseOrphan { run_id: run_id.to_string(), execution_id: exec.to_string() });
+            self.push_mono_timer(release_at, Timer::ReleaseOrphan { run_id: run_id.to_string(), execution_id: exec.to_string() });
         }
     }
 
     /// A message on a runner's stream (older sessions are ignored).
-    pub(super) fn on_runner_message(
-        &mut self,
-        now: DateTime<Utc>,
-        runner_id: &str,
-        session: u64,
-        received_at: DateTime<Utc>,
-        msg: FromRunner,
-    ) {
+    pub(super) fn on_runner_message(&mut self, now: Now, runner_id: &str, session: u64, received_at: Now, msg: FromRunner) {
         let Some(r) = self.registry.get_mut(runner_id) else { return };
         if r.session != session {
             return;
         }
-        r.last_seen = r.last_seen.max(received_at);
+        r.last_seen = r.last_seen.max(received_at.wall);
+        r.last_heard = r.last_heard.max(received_at.mono);
         if matches!(msg, FromRunner::Heartbeat { draining: true, .. }) && !r.draining {
             r.draining = true;
             tracing::info!(runner_id, "runner shutting down: no new work for it");
@@ -239,7 +237,7 @@ impl EngineCore {
                     Whose::Current => {
                         let Some(run) = self.runs.get_mut(&run_id) else { return };
                         let checkpoint = checkpoint.or_else(|| run.progress.as_ref().and_then(|p| p.checkpoint.clone()));
-                        run.progress = Some(Progress { percent, message, checkpoint, updated_at: now });
+                        run.progress = Some(Progress { percent, message, checkpoint, updated_at: now.wall });
                         self.touch(now, &run_id, Urgency::Lazy);
                         self.arm_flush(now);
                         if let Some(r) = self.event_run(&run_id) {
@@ -254,13 +252,13 @@ impl EngineCore {
         }
     }
 
-    fn mark_started(&mut self, now: DateTime<Utc>, run_id: &str, exec: &str, at: Option<DateTime<Utc>>) {
+    fn mark_started(&mut self, now: Now, run_id: &str, exec: &str, at: Option<DateTime<Utc>>) {
         let Some(run) = self.runs.get_mut(run_id) else { return };
         let Some(a) = run.current_attempt_mut().filter(|a| a.execution_id == exec) else { return };
         if a.started_at.is_some() {
             return;
         }
-        let t = at.unwrap_or(now);
+        let t = at.unwrap_or(now.wall);
         a.started_at = Some(t);
         run.actual_started_at.get_or_insert(t);
         run.start_by = None;
@@ -271,7 +269,7 @@ impl EngineCore {
     }
 
     /// A runner's `Finished`, acknowledged once what it changes is stored.
-    fn on_finished(&mut self, now: DateTime<Utc>, runner_id: &str, session: u64, f: FinishedReport) {
+    fn on_finished(&mut self, now: Now, runner_id: &str, session: u64, f: FinishedReport) {
         let ack = ToRunner::FinishedAck { run_id: f.run_id.clone(), execution_id: f.execution_id.clone() };
         match self.whose(runner_id, &f.run_id, &f.execution_id) {
             Whose::Current => {
@@ -327,7 +325,7 @@ impl EngineCore {
 
     /// Keeps a late report on its attempt as evidence; the agent is gone,
     /// so the attempt stops holding its slots.
-    fn record_late(&mut self, now: DateTime<Utc>, f: &FinishedReport) {
+    fn record_late(&mut self, now: Now, f: &FinishedReport) {
         let Some(run) = self.runs.get_mut(&f.run_id) else { return };
         let Some(a) = run.attempt_mut(&f.execution_id) else { return };
         let mut changed = false;
@@ -341,7 +339,7 @@ impl EngineCore {
                 error: (!f.error.is_empty()).then(|| f.error.clone()),
                 exit_code: f.exit_code,
                 result: f.result.clone(),
-                finished_at: f.finished_at.unwrap_or(now),
+                finished_at: f.finished_at.unwrap_or(now.wall),
             });
             changed = true;
             tracing::info!(run_id = %f.run_id, execution_id = %f.execution_id, "late report kept as evidence; the run does not change");
@@ -357,14 +355,7 @@ impl EngineCore {
     }
 
     /// The stored run a late `Finished` named.
-    pub(super) fn late_report_loaded(
-        &mut self,
-        now: DateTime<Utc>,
-        runner_id: &str,
-        session: u64,
-        stored: Option<RunRecord>,
-        f: FinishedReport,
-    ) {
+    pub(super) fn late_report_loaded(&mut self, now: Now, runner_id: &str, session: u64, stored: Option<RunRecord>, f: FinishedReport) {
         let ack = ToRunner::FinishedAck { run_id: f.run_id.clone(), execution_id: f.execution_id.clone() };
         if self.runs.contains_key(&f.run_id) {
             // Loaded meanwhile (a new run with this id cannot be; a run
@@ -408,31 +399,31 @@ impl EngineCore {
         }
     }
 
-    pub(super) fn arm_runner_check(&mut self, now: DateTime<Utc>) {
+    pub(super) fn arm_runner_check(&mut self, now: Now) {
         if !self.runner_check_armed && !self.registry.is_empty() {
             self.runner_check_armed = true;
-            let at = now + Self::dur(self.timing().heartbeat_interval);
-            self.push_timer(at, Timer::RunnerCheck);
+            let at = now.mono.after(Self::dur(self.timing().heartbeat_interval));
+            self.push_mono_timer(at, Timer::RunnerCheck);
         }
     }
 
     /// Silent runners get no new work and their stream is closed; runners
     /// silent past the fence deadline are lost: their attempts end `lost`
     /// (their agents were stopped by the runner's self-fence).
-    pub(super) fn on_runner_check(&mut self, now: DateTime<Utc>) {
+    pub(super) fn on_runner_check(&mut self, now: Now) {
         self.runner_check_armed = false;
         let silent_after = Self::dur(self.timing().runner_silent_after());
         let lost_after = Self::dur(self.timing().runner_lost_after());
-        for id in self.registry.silent(now, silent_after) {
+        for id in self.registry.silent(now.mono, silent_after) {
             if let Some(r) = self.registry.get_mut(&id)
                 && r.connected
             {
                 r.connected = false;
-                tracing::warn!(runner_id = %id, silent_ms = (now - r.last_seen).num_milliseconds(), "runner silent; no new work, closing its stream");
+                tracing::warn!(runner_id = %id, silent_ms = now.mono.since(r.last_heard).num_milliseconds(), "runner silent; no new work, closing its stream");
                 self.fx.disconnects.push((id.clone(), r.session));
             }
         }
-        for id in self.registry.silent(now, lost_after) {
+        for id in self.registry.silent(now.mono, lost_after) {
             let Some(r) = self.registry.remove(&id) else { continue };
             tracing::warn!(runner_id = %id, running = r.running.len(), "runner lost");
             for (exec, run_id) in r.running {

@@ -11,6 +11,8 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
+use crate::clock::Now;
+
 use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
 use crate::dispatch::queue::ReadyKey;
 use crate::dispatch::retry::{self, RetryDecision};
@@ -69,11 +71,11 @@ impl EngineCore {
     }
 
     /// Adds a new record to memory and to this turn's creations.
-    pub(super) fn create(&mut self, now: DateTime<Utc>, mut run: RunRecord) {
+    pub(super) fn create(&mut self, now: Now, mut run: RunRecord) {
         run.fencing_token = self.cfg.token;
-        run.updated_at = now;
+        run.updated_at = now.wall;
         if run.span_id.is_empty() {
-            let (trace_id, span_id) = crate::model::trace::run_ids(&run.run_id, now.timestamp_nanos_opt().unwrap_or_default());
+            let (trace_id, span_id) = crate::model::trace::run_ids(&run.run_id, now.wall.timestamp_nanos_opt().unwrap_or_default());
             if run.trace_id.is_empty() {
                 run.trace_id = trace_id;
             }
@@ -85,28 +87,31 @@ impl EngineCore {
         self.created_set.insert(id);
     }
 
-    /// Makes a PENDING run (no open attempt) wait for dispatch: in the ready
-    /// queue if due, else a timer; with its start deadline.
-    fn make_ready(&mut self, now: DateTime<Utc>, run_id: &str) {
+    /// Makes a PENDING run (no open attempt) wait for dispatch: a timer
+    /// while its `next_attempt_at` is ahead — on the wall clock for a
+    /// delay the caller named (`elapsed` false: a `not_before` is a time of
+    /// day), on elapsed time for a pause (`elapsed` true) — else the ready
+    /// queue, with its start deadline. The start timeout counts from when
+    /// the run may first be dispatched, on elapsed time; `start_by` shows
+    /// it on the wall clock.
+    fn make_ready(&mut self, now: Now, run_id: &str, elapsed: bool) {
         let start_timeout =
             self.run_task(run_id).map(|t| self.start_timeout(&t)).unwrap_or(chrono::Duration::seconds(DEFAULT_START_TIMEOUT_SECONDS));
         let Some(run) = self.runs.get_mut(run_id) else { return };
-        let due = run.next_attempt_at.filter(|t| *t > now);
-        let eligible = due.unwrap_or(now);
-        if run.start_by.is_none() {
-            run.start_by = Some(eligible.checked_add_signed(start_timeout).unwrap_or(DateTime::<Utc>::MAX_UTC));
-        }
-        let (priority, scheduled_at, start_by, agent_id) = (run.priority, run.scheduled_at, run.start_by, run.agent_id.clone());
-        match due {
-            Some(at) => self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() }),
-            None => {
-                self.ready.insert(run_id, &agent_id, priority, scheduled_at);
-                self.dispatch_needed = true;
+        if let Some(at) = run.next_attempt_at.filter(|t| *t > now.wall) {
+            let timer = Timer::RunDue { run_id: run_id.to_string(), at };
+            if elapsed {
+                self.push_mono_timer(now.mono_at(at), timer)
+            } else {
+                self.push_timer(at, timer)
             }
+            return;
         }
-        if let Some(at) = start_by {
-            self.start_by.set(run_id.to_string(), at);
-        }
+        let start_by = *run.start_by.get_or_insert_with(|| now.wall.checked_add_signed(start_timeout).unwrap_or(DateTime::<Utc>::MAX_UTC));
+        let (priority, scheduled_at, agent_id) = (run.priority, run.scheduled_at, run.agent_id.clone());
+        self.ready.insert(run_id, &agent_id, priority, scheduled_at);
+        self.dispatch_needed = true;
+        self.start_by.set(run_id.to_string(), now.mono_at(start_by));
     }
 
     fn run_task(&self, run_id: &str) -> Option<String> {
@@ -116,7 +121,7 @@ impl EngineCore {
     /// Creates a run under its task's overlap policy. `batch`: runs of the
     /// same `run_all` catch-up, which the new run queues behind instead of
     /// counting them as overlap. Returns false when the run exists already.
-    pub(super) fn admit(&mut self, now: DateTime<Utc>, mut run: RunRecord, ex: &ExecutionSpec, batch: &HashSet<String>) -> bool {
+    pub(super) fn admit(&mut self, now: Now, mut run: RunRecord, ex: &ExecutionSpec, batch: &HashSet<String>) -> bool {
         if self.runs.contains_key(&run.run_id) {
             return false;
         }
@@ -137,7 +142,7 @@ impl EngineCore {
                     .filter(|id| !batch.contains(*id))
                     .filter_map(|id| self.runs.get(id))
                     // A manual run waiting out its delay does not hold a slot.
-                    .filter(|r| if r.status.is_terminal() { r.holds_agent() } else { !r.is_delayed(now) })
+                    .filter(|r| if r.status.is_terminal() { r.holds_agent() } else { !r.is_delayed(now.wall) })
                     .map(|r| (r.scheduled_at, r.run_id.clone(), r.status.is_terminal()))
                     .collect()
             })
@@ -178,14 +183,15 @@ impl EngineCore {
         if let Some(r) = self.event_run(&run_id) {
             self.fx.events.push(Lifecycle::RunCreated(r));
         }
-        self.make_ready(now, &run_id);
+        self.make_ready(now, &run_id, false);
         true
     }
 
     /// Records `run` (not yet created) as SKIPPED for `reason`: one slot.
-    fn skip_one(&mut self, now: DateTime<Utc>, run: &RunRecord, reason: SkipReason, why: String) {
+    fn skip_one(&mut self, now: Now, run: &RunRecord, reason: SkipReason, why: String) {
         let slot = run.scheduled_at;
-        let skipped = RunRecord::skipped(run.run_id.clone(), &run.task_id, &run.agent_id, run.trigger, reason, (1, slot, slot), why, now);
+        let skipped =
+            RunRecord::skipped(run.run_id.clone(), &run.task_id, &run.agent_id, run.trigger, reason, (1, slot, slot), why, now.wall);
         let run_id = skipped.run_id.clone();
         self.create(now, skipped);
         tracing::info!(run_id = %run_id, reason = reason.as_str(), "slot skipped");
@@ -196,14 +202,14 @@ impl EngineCore {
     }
 
     /// Manual `TriggerTask`.
-    pub(super) fn trigger(&mut self, now: DateTime<Utc>, reply: ReplyId, req: TriggerRequest, explicit_key: bool) {
+    pub(super) fn trigger(&mut self, now: Now, reply: ReplyId, req: TriggerRequest, explicit_key: bool) {
         let r = self.trigger_checked(now, reply, req, explicit_key);
         if let Err(e) = r {
             self.fx.replies.push((reply, Reply::Trigger(Err(e))));
         }
     }
 
-    fn trigger_checked(&mut self, now: DateTime<Utc>, reply: ReplyId, req: TriggerRequest, explicit_key: bool) -> Result<()> {
+    fn trigger_checked(&mut self, now: Now, reply: ReplyId, req: TriggerRequest, explicit_key: bool) -> Result<()> {
         let e =
             self.tasks.get(&req.task_id).filter(|e| !e.deleted).ok_or_else(|| Error::NotFound { kind: "task", id: req.task_id.clone() })?;
         let key = req.idempotency_key.clone().unwrap_or_default();
@@ -211,8 +217,8 @@ impl EngineCore {
         if req.delay_seconds > MAX_DELAY_SECONDS {
             return Err(Error::invalid("delay_seconds", format!("must be at most {MAX_DELAY_SECONDS} (1 year)")));
         }
-        let at = req.not_before.unwrap_or_else(|| now + chrono::Duration::seconds(req.delay_seconds as i64));
-        if at > now + chrono::Duration::seconds(MAX_DELAY_SECONDS as i64) {
+        let at = req.not_before.unwrap_or_else(|| now.wall + chrono::Duration::seconds(req.delay_seconds as i64));
+        if at > now.wall + chrono::Duration::seconds(MAX_DELAY_SECONDS as i64) {
             return Err(Error::invalid("not_before", "must be within 1 year from now"));
         }
         let run_id = manual_run_id(&req.task_id, &key);
@@ -227,7 +233,7 @@ impl EngineCore {
             return Ok(());
         }
         let spec = e.record.spec.clone();
-        let mut run = RunRecord::pending(run_id.clone(), &req.task_id, &spec.agent_id, TriggerKind::Manual, at, now);
+        let mut run = RunRecord::pending(run_id.clone(), &req.task_id, &spec.agent_id, TriggerKind::Manual, at, now.wall);
         let mut params = spec.params();
         params.extend(req.params);
         run.params = params;
@@ -239,7 +245,7 @@ impl EngineCore {
             run.trace_state = caller.trace_state;
         }
         run.baggage = req.baggage;
-        if at > now {
+        if at > now.wall {
             run.next_attempt_at = Some(at);
             run.pending_reason = Some(format!("delayed until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
         }
@@ -249,7 +255,7 @@ impl EngineCore {
     }
 
     /// The answer to a read the core asked for.
-    pub(super) fn on_run_loaded(&mut self, now: DateTime<Utc>, run_id: &str, stored: Option<RunRecord>, purpose: ReadPurpose) {
+    pub(super) fn on_run_loaded(&mut self, now: Now, run_id: &str, stored: Option<RunRecord>, purpose: ReadPurpose) {
         match purpose {
             ReadPurpose::Trigger { reply, req } => match stored {
                 Some(run) => {
@@ -276,7 +282,7 @@ impl EngineCore {
     /// oldest slot, walked only while some runner serving the agent has a
     /// free slot. Runs that cannot go get a pending reason (persisted
     /// lazily); with no free runner, only the first few are looked at.
-    pub(super) fn dispatch(&mut self, now: DateTime<Utc>) {
+    pub(super) fn dispatch(&mut self, now: Now) {
         if !self.dispatch_needed {
             return;
         }
@@ -287,7 +293,7 @@ impl EngineCore {
         }
     }
 
-    fn dispatch_agent(&mut self, now: DateTime<Utc>, agent_id: &str, live: &mut HashMap<String, usize>) {
+    fn dispatch_agent(&mut self, now: Now, agent_id: &str, live: &mut HashMap<String, usize>) {
         let mut no_runner: HashSet<Vec<(String, String)>> = HashSet::new();
         let mut cursor: Option<ReadyKey> = None;
         let mut looked_without_runner = 0;
@@ -362,22 +368,23 @@ impl EngineCore {
 
     /// A new attempt of `run_id` on `runner_id`: RUNNING from here (the
     /// runner's `Started` only adds the start time).
-    fn assign(&mut self, now: DateTime<Utc>, run_id: &str, runner_id: &str) {
+    fn assign(&mut self, now: Now, run_id: &str, runner_id: &str) {
         let Some(run) = self.runs.get(run_id) else { return };
         let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds.max(1));
         self.exec_seq += 1;
-        let execution_id = execution_id(run_id, run.attempts.len(), self.cfg.token, now, self.exec_seq);
+        let execution_id = execution_id(run_id, run.attempts.len(), self.cfg.token, now.wall, self.exec_seq);
         let attempt = u32::try_from(run.attempts.len()).unwrap_or(u32::MAX - 1) + 1;
         let context_json = self.context_json(run, &execution_id, attempt);
         let instance = self.registry.get(runner_id).map(|r| r.instance_id.clone()).unwrap_or_default();
-        let deadline = now.checked_add_signed(chrono::Duration::seconds(timeout_s)).unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let timeout = chrono::Duration::seconds(timeout_s);
+        let deadline = now.wall.checked_add_signed(timeout).unwrap_or(DateTime::<Utc>::MAX_UTC);
         let Some(run) = self.runs.get_mut(run_id) else { return };
         run.attempts.push(Attempt {
             attempt,
             execution_id: execution_id.clone(),
             runner_id: runner_id.to_string(),
             runner_instance: instance,
-            dispatched_at: now,
+            dispatched_at: now.wall,
             started_at: None,
             finished_at: None,
             outcome: None,
@@ -388,7 +395,7 @@ impl EngineCore {
             usage: None,
         });
         run.status = RunStatus::Running;
-        run.dispatched_at = Some(now);
+        run.dispatched_at = Some(now.wall);
         run.pending_reason = None;
         run.next_attempt_at = None;
         // `start_by` stays until the agent starts: a refused assignment
@@ -417,8 +424,8 @@ impl EngineCore {
         }
         self.touch(now, run_id, Urgency::Now);
         let slack = Self::dur(self.timing().deadline_slack());
-        self.attempt_deadlines
-            .set((run_id.to_string(), execution_id.clone()), deadline.checked_add_signed(slack).unwrap_or(DateTime::<Utc>::MAX_UTC));
+        // The backstop counts elapsed time from the dispatch.
+        self.attempt_deadlines.set((run_id.to_string(), execution_id.clone()), now.mono.after(timeout + slack));
         self.send(runner_id, ToRunner::Assign(Box::new(assignment)));
         tracing::info!(run_id, runner_id, execution_id = %execution_id, attempt, "assigned");
         if let Some(r) = self.event_run(run_id) {
@@ -429,7 +436,7 @@ impl EngineCore {
     /// Ends the open attempt `execution_id` of a run and moves the run on:
     /// SUCCEEDED, CANCELLED, PENDING again (interrupted), RETRYING (with
     /// backoff) or FAILED/TIMEOUT. No-op if that attempt is not open.
-    pub(super) fn end_attempt(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str, end: AttemptEnd) {
+    pub(super) fn end_attempt(&mut self, now: Now, run_id: &str, execution_id: &str, end: AttemptEnd) {
         let Some(run) = self.runs.get(run_id) else { return };
         if run.current_execution() != Some(execution_id) {
             return;
@@ -449,7 +456,7 @@ impl EngineCore {
         // reports it only with Finished) is announced here.
         let start_learned = end.started_at.is_some() && run.current_attempt().is_some_and(|a| a.started_at.is_none());
         if let Some(a) = run.current_attempt_mut() {
-            a.finished_at = Some(now);
+            a.finished_at = Some(now.wall);
             a.outcome = Some(outcome);
             a.error = end.error.clone();
             a.exit_code = end.exit_code;
@@ -503,11 +510,11 @@ impl EngineCore {
                 run.pending_reason = Some(format!("interrupted ({n} of {MAX_FREE_INTERRUPTIONS} free); waiting for dispatch"));
                 self.touch(now, run_id, Urgency::Now);
                 self.attempt_event(run_id, execution_id, outcome);
-                self.make_ready(now, run_id);
+                self.make_ready(now, run_id, true);
             }
             _ => {
                 let counted = run.counted_attempts();
-                match retry::decide(now, counted, max_retries, &backoff, run_id) {
+                match retry::decide(now.wall, counted, max_retries, &backoff, run_id) {
                     RetryDecision::RetryAt(at) => {
                         run.status = RunStatus::Retrying;
                         run.next_attempt_at = Some(at);
@@ -515,7 +522,8 @@ impl EngineCore {
                         tracing::info!(run_id, outcome = outcome.as_str(), attempt = counted, retry_at = %at, "attempt failed; retrying");
                         self.touch(now, run_id, Urgency::Now);
                         self.attempt_event(run_id, execution_id, outcome);
-                        self.push_timer(at, Timer::RunDue { run_id: run_id.to_string() });
+                        // The backoff is elapsed time.
+                        self.push_mono_timer(now.mono_at(at), Timer::RunDue { run_id: run_id.to_string(), at });
                     }
                     RetryDecision::GiveUp => {
                         let status = if outcome == Outcome::Timeout { RunStatus::Timeout } else { RunStatus::Failed };
@@ -536,14 +544,14 @@ impl EngineCore {
 
     /// Ends a run: the one place a run becomes SUCCEEDED, FAILED, TIMEOUT or
     /// CANCELLED. Terminal is final: a run already terminal is left as it is.
-    pub(super) fn finish(&mut self, now: DateTime<Utc>, run_id: &str, status: RunStatus, error: String) {
+    pub(super) fn finish(&mut self, now: Now, run_id: &str, status: RunStatus, error: String) {
         debug_assert!(status.is_terminal() && status != RunStatus::Skipped);
         let Some(run) = self.runs.get_mut(run_id) else { return };
         if run.status.is_terminal() {
             return;
         }
         run.status = status;
-        run.finished_at = Some(now);
+        run.finished_at = Some(now.wall);
         run.next_attempt_at = None;
         run.pending_reason = None;
         run.start_by = None;
@@ -569,45 +577,46 @@ impl EngineCore {
     /// runner refused it, or the same runner process reconnected without
     /// it): no attempt ran, so none is spent. PENDING again after a short
     /// pause. Returns false, changing nothing, when it started.
-    pub(super) fn requeue_unstarted(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str, why: String) -> bool {
+    pub(super) fn requeue_unstarted(&mut self, now: Now, run_id: &str, execution_id: &str, why: String) -> bool {
         let Some(run) = self.runs.get_mut(run_id) else { return false };
         if !run.current_attempt().is_some_and(|a| a.execution_id == execution_id && a.started_at.is_none()) {
             return false;
         }
         run.attempts.pop();
         run.status = RunStatus::Pending;
-        run.next_attempt_at = Some(now + REQUEUE_PAUSE);
+        run.next_attempt_at = Some(now.wall + REQUEUE_PAUSE);
         run.pending_reason = Some(why);
         if run.attempts.is_empty() {
             run.dispatched_at = None;
         }
         self.registry.release(execution_id);
         self.touch(now, run_id, Urgency::Now);
-        self.make_ready(now, run_id);
+        self.make_ready(now, run_id, true);
         true
     }
 
-    /// A retry's backoff elapsed, or a delayed or requeued run's time came.
-    pub(super) fn on_run_due(&mut self, now: DateTime<Utc>, run_id: &str) {
-        let start_timeout = self.run_task(run_id).map(|t| self.start_timeout(&t)).unwrap_or_default();
+    /// A retry's backoff elapsed, or a delayed or requeued run's time
+    /// came: the run is ready if it still waits for `at` (a timer of an
+    /// earlier wait is stale).
+    pub(super) fn on_run_due(&mut self, now: Now, run_id: &str, at: DateTime<Utc>) {
         let Some(run) = self.runs.get_mut(run_id) else { return };
-        if run.status.is_terminal() || run.current_attempt().is_some() || run.next_attempt_at.is_some_and(|t| t > now) {
+        if run.status.is_terminal() || run.current_attempt().is_some() || run.next_attempt_at != Some(at) {
             return;
         }
         if run.status == RunStatus::Retrying {
             run.status = RunStatus::Pending;
-            run.start_by = Some(now.checked_add_signed(start_timeout).unwrap_or(DateTime::<Utc>::MAX_UTC));
         }
         run.next_attempt_at = None;
         self.touch(now, run_id, Urgency::Lazy);
-        self.make_ready(now, run_id);
+        self.make_ready(now, run_id, true);
     }
 
     /// `execution.start_timeout_seconds`: a run not dispatched by its
     /// `start_by` ends TIMEOUT, freeing its slot; retries do not apply.
-    pub(super) fn on_start_by(&mut self, now: DateTime<Utc>, run_id: &str) {
+    pub(super) fn on_start_by(&mut self, now: Now, run_id: &str) {
         let Some(run) = self.runs.get(run_id) else { return };
-        let due = run.status == RunStatus::Pending && run.current_attempt().is_none() && run.start_by.is_some_and(|t| t <= now);
+        // The deadline (elapsed time) passed: `start_by` is its wall clock view.
+        let due = run.status == RunStatus::Pending && run.current_attempt().is_none() && run.start_by.is_some();
         if !due {
             return;
         }
@@ -620,7 +629,7 @@ impl EngineCore {
     /// The control plane's own deadline for an attempt passed without a
     /// result: TIMEOUT, and the attempt holds its slots until the runner
     /// reports the agent gone or is lost.
-    pub(super) fn on_deadline(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str) {
+    pub(super) fn on_deadline(&mut self, now: Now, run_id: &str, execution_id: &str) {
         let Some(run) = self.runs.get(run_id) else { return };
         if run.current_execution() != Some(execution_id) {
             return;
@@ -636,7 +645,7 @@ impl EngineCore {
     }
 
     /// `CancelRun` from the API.
-    pub(super) fn cancel_command(&mut self, now: DateTime<Utc>, reply: ReplyId, run_id: &str, reason: &str) {
+    pub(super) fn cancel_command(&mut self, now: Now, reply: ReplyId, run_id: &str, reason: &str) {
         let reason = if reason.is_empty() { "cancelled by user" } else { reason };
         if self.runs.get(run_id).is_some_and(|r| !r.status.is_terminal()) {
             let r = self.cancel(now, run_id, reason).map(Box::new);
@@ -649,7 +658,7 @@ impl EngineCore {
     /// Cancels a run: at once if it has no open attempt; else its runner is
     /// told to stop the agent, and the attempt holds its slots until the
     /// runner reports it gone (the agent may take the kill grace to exit).
-    pub(super) fn cancel(&mut self, now: DateTime<Utc>, run_id: &str, reason: &str) -> Result<RunRecord> {
+    pub(super) fn cancel(&mut self, now: Now, run_id: &str, reason: &str) -> Result<RunRecord> {
         let Some(run) = self.runs.get(run_id) else { return Err(Error::NotFound { kind: "run", id: run_id.to_string() }) };
         if run.status.is_terminal() {
             return Err(Error::FailedPrecondition(format!("run {run_id} is already {}", run.status.as_str())));
@@ -668,7 +677,7 @@ impl EngineCore {
     /// An attempt whose runner process may have been replaced by another
     /// (same runner id, new instance): once the old process's fence has
     /// passed, its agent is gone and the attempt stops holding a slot.
-    pub(super) fn release_orphan(&mut self, now: DateTime<Utc>, run_id: &str, execution_id: &str) {
+    pub(super) fn release_orphan(&mut self, now: Now, run_id: &str, execution_id: &str) {
         let Some(run) = self.runs.get_mut(run_id) else { return };
         let Some(a) = run.attempt_mut(execution_id) else { return };
         if !a.awaiting_runner {
@@ -683,7 +692,7 @@ impl EngineCore {
     /// Recovery at load: runs from the `active/` index get their timers;
     /// open attempts wait for their runner (a placeholder entry) to
     /// re-declare them.
-    pub(super) fn recover_runs(&mut self, now: DateTime<Utc>, runs: Vec<RunRecord>) {
+    pub(super) fn recover_runs(&mut self, now: Now, runs: Vec<RunRecord>) {
         let slack = Self::dur(self.timing().deadline_slack());
         let wait = Self::dur(self.timing().redeclare_wait());
         for run in runs {
@@ -711,16 +720,18 @@ impl EngineCore {
                     .checked_add_signed(chrono::Duration::seconds(timeout_s.min(i64::MAX / 1000)) + slack)
                     .unwrap_or(DateTime::<Utc>::MAX_UTC);
                 // Never before the runner had its chance to re-declare and report.
-                let at = std::cmp::max(deadline, now + wait);
+                let at = std::cmp::max(now.mono_at(deadline), now.mono.after(wait));
                 self.attempt_deadlines.set((run_id, exec), at);
             } else if next.is_some() || pending {
-                if next.is_none_or(|t| t <= now)
+                let retrying = self.runs.get(&run_id).is_some_and(|r| r.status == RunStatus::Retrying);
+                if next.is_none_or(|t| t <= now.wall)
                     && let Some(r) = self.runs.get_mut(&run_id)
                     && r.status == RunStatus::Retrying
                 {
                     r.status = RunStatus::Pending;
+                    r.next_attempt_at = None;
                 }
-                self.make_ready(now, &run_id);
+                self.make_ready(now, &run_id, retrying);
             }
         }
     }

@@ -12,6 +12,8 @@ use std::collections::{HashSet, VecDeque};
 
 use chrono::{DateTime, Utc};
 
+use crate::clock::Now;
+
 use super::{EngineCore, MAX_RUNS_PER_FIRE, TaskEntry, Timer};
 use crate::engine::lifecycle::Lifecycle;
 use crate::model::run::{SkipReason, TriggerKind, slot_run_id};
@@ -26,6 +28,28 @@ fn schedules(rec: &TaskRecord) -> Vec<Schedule> {
     rec.spec.schedules().unwrap_or_default()
 }
 
+/// Why slots were late when the engine got to them (in the misfire log
+/// and the SKIPPED record's error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LateCause {
+    /// Due before this leader started: no leader ran.
+    NoLeader,
+    /// The wall clock stepped forward over them.
+    ClockStep { seconds: i64 },
+    /// This leader was busy, or its process stopped (SIGSTOP, a pause).
+    Busy,
+}
+
+impl std::fmt::Display for LateCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LateCause::NoLeader => write!(f, "no leader ran"),
+            LateCause::ClockStep { seconds } => write!(f, "the wall clock stepped {seconds} s forward"),
+            LateCause::Busy => write!(f, "this leader was busy or stopped"),
+        }
+    }
+}
+
 impl TaskEntry {
     /// Slots strictly after this instant are still to come.
     fn baseline(&self) -> DateTime<Utc> {
@@ -35,7 +59,7 @@ impl TaskEntry {
 
 impl EngineCore {
     /// A task created or changed.
-    pub(super) fn task_put(&mut self, now: DateTime<Utc>, rec: TaskRecord, cursor: Option<Cursor>) {
+    pub(super) fn task_put(&mut self, now: Now, rec: TaskRecord, cursor: Option<Cursor>) {
         let id = rec.spec.task_id.clone();
         if let Err(e) = rec.spec.schedules() {
             tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");
@@ -49,8 +73,8 @@ impl EngineCore {
                 let baseline = e.baseline();
                 let old = std::mem::replace(&mut e.record, rec);
                 // Slots the old definition made due are settled by it first.
-                if !e.deleted && !old.paused && next_slot(&schedules(&old), baseline).is_some_and(|(s, _)| s <= now) {
-                    e.settle.push_back((old, now));
+                if !e.deleted && !old.paused && next_slot(&schedules(&old), baseline).is_some_and(|(s, _)| s <= now.wall) {
+                    e.settle.push_back((old, now.wall));
                 }
                 e.deleted = false;
             }
@@ -84,7 +108,7 @@ impl EngineCore {
 
     /// The first decisions after a definition arrives: a past `once`, the
     /// slots of a pause, the next fire, pending settlements.
-    pub(super) fn task_started(&mut self, now: DateTime<Utc>, id: &str) {
+    pub(super) fn task_started(&mut self, now: Now, id: &str) {
         self.drop_breaker_if_off(now, id);
         self.run_past_once(now, id);
         self.cover_paused_slots(now, id);
@@ -96,15 +120,15 @@ impl EngineCore {
 
     /// A task deleted: its due slots are settled, then its waiting runs are
     /// cancelled and its cursor deleted. Running runs finish on their own.
-    pub(super) fn task_deleted(&mut self, now: DateTime<Utc>, task_id: &str) {
+    pub(super) fn task_deleted(&mut self, now: Now, task_id: &str) {
         let Some(e) = self.tasks.get_mut(task_id) else { return };
         if e.deleted {
             return;
         }
         let baseline = e.baseline();
-        if !e.record.paused && next_slot(&schedules(&e.record), baseline).is_some_and(|(s, _)| s <= now) {
+        if !e.record.paused && next_slot(&schedules(&e.record), baseline).is_some_and(|(s, _)| s <= now.wall) {
             let rec = e.record.clone();
-            e.settle.push_back((rec, now));
+            e.settle.push_back((rec, now.wall));
         }
         e.deleted = true;
         if e.settle.is_empty() {
@@ -115,7 +139,7 @@ impl EngineCore {
     }
 
     /// The task watch broke: reconcile with every stored task.
-    pub(super) fn tasks_reloaded(&mut self, now: DateTime<Utc>, tasks: Vec<(TaskRecord, Option<Cursor>)>) {
+    pub(super) fn tasks_reloaded(&mut self, now: Now, tasks: Vec<(TaskRecord, Option<Cursor>)>) {
         let mut seen = HashSet::new();
         for (rec, cursor) in tasks {
             seen.insert(rec.spec.task_id.clone());
@@ -128,7 +152,7 @@ impl EngineCore {
         }
     }
 
-    fn remove_task(&mut self, now: DateTime<Utc>, task_id: &str) {
+    fn remove_task(&mut self, now: Now, task_id: &str) {
         if self.tasks.remove(task_id).is_none() {
             return;
         }
@@ -152,7 +176,7 @@ impl EngineCore {
 
     /// A `once` trigger already past when the task was created runs once,
     /// right away (an explicit backfill), unless the task has fired before.
-    fn run_past_once(&mut self, _now: DateTime<Utc>, task_id: &str) {
+    fn run_past_once(&mut self, _now: Now, task_id: &str) {
         let Some(e) = self.tasks.get(task_id) else { return };
         if e.cursor.as_ref().is_some_and(|c| c.last_slot.is_some()) || e.record.paused {
             return;
@@ -174,7 +198,7 @@ impl EngineCore {
 
     /// The stored run of a past `once` slot (see `run_past_once`): run the
     /// slot if it has no record; either way it is handled.
-    pub(super) fn past_once_loaded(&mut self, now: DateTime<Utc>, task_id: &str, at: DateTime<Utc>, exists: bool) {
+    pub(super) fn past_once_loaded(&mut self, now: Now, task_id: &str, at: DateTime<Utc>, exists: bool) {
         let Some(e) = self.tasks.get(task_id) else { return };
         if e.record.paused || e.deleted || e.cursor.as_ref().and_then(|c| c.last_slot).is_some_and(|l| l >= e.record.created_at) {
             return;
@@ -188,7 +212,7 @@ impl EngineCore {
 
     /// On resume: one SKIPPED record (`paused`) covers the slots between the
     /// last handled slot and the resume; the schedule continues from there.
-    fn cover_paused_slots(&mut self, now: DateTime<Utc>, task_id: &str) {
+    fn cover_paused_slots(&mut self, now: Now, task_id: &str) {
         let Some(e) = self.tasks.get(task_id) else { return };
         let Some(resumed_at) = e.record.resumed_at else { return };
         if e.record.paused || resumed_at <= e.baseline() || !e.settle.is_empty() {
@@ -206,7 +230,7 @@ impl EngineCore {
     }
 
     /// Sets the next fire timer of a task (none if paused, deleted or no slot left).
-    pub(super) fn arm(&mut self, _now: DateTime<Utc>, task_id: &str) {
+    pub(super) fn arm(&mut self, _now: Now, task_id: &str) {
         let Some(e) = self.tasks.get_mut(task_id) else { return };
         e.generation += 1;
         if e.record.paused || e.deleted {
@@ -220,15 +244,15 @@ impl EngineCore {
     }
 
     /// A fire at once (settlement, continued catch-up, released deferral).
-    fn fire_now(&mut self, now: DateTime<Utc>, task_id: &str) {
+    fn fire_now(&mut self, now: Now, task_id: &str) {
         if let Some(generation) = self.tasks.get(task_id).map(|e| e.generation) {
-            self.push_timer(now, Timer::Fire { task_id: task_id.to_string(), generation });
+            self.push_timer(now.wall, Timer::Fire { task_id: task_id.to_string(), generation });
         }
     }
 
     /// Handles the slots due for a task: settlements of earlier
     /// definitions first, then the current one.
-    pub(super) fn on_fire(&mut self, now: DateTime<Utc>, task_id: &str, generation: u64) {
+    pub(super) fn on_fire(&mut self, now: Now, task_id: &str, generation: u64) {
         let Some(e) = self.tasks.get_mut(task_id) else { return };
         if e.generation != generation {
             return;
@@ -257,7 +281,7 @@ impl EngineCore {
         }
         if !e.record.paused {
             let def = e.record.clone();
-            if !self.plan_and_admit(now, task_id, &def, now, &mut budget) {
+            if !self.plan_and_admit(now, task_id, &def, now.wall, &mut budget) {
                 self.arm(now, task_id);
                 self.fire_now(now, task_id);
                 return;
@@ -267,18 +291,35 @@ impl EngineCore {
     }
 
     /// Records the slots of `def` in `(cursor, until]`, at most `budget`
-    /// runs, and moves the cursor past them. Slots due before this leader
-    /// started were missed while no leader ran: the misfire policy decides
-    /// them ([`EngineCore::plan_missed`]). Slots due since are on time, or
-    /// late because this leader was busy: each gets its run, late (its lag
-    /// shows), under the overlap policy. Returns false when there is more
-    /// to do than `budget` allowed (the cursor is at the last slot handled).
-    fn plan_and_admit(&mut self, now: DateTime<Utc>, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
+    /// runs, and moves the cursor past them. A slot later than
+    /// `misfire_grace_seconds` when the engine gets to it is a misfire,
+    /// whatever made it late — no leader ran (slots due before this leader
+    /// started), the wall clock stepped, this leader was busy or stopped —
+    /// and the misfire policy decides it and the slots after it
+    /// ([`EngineCore::plan_missed`]): one coalesced SKIPPED record for what
+    /// does not run. Slots within the grace each get their run, late (the
+    /// lag shows), under the overlap policy. Returns false when there is
+    /// more to do than `budget` allowed (the cursor is at the last slot
+    /// handled).
+    fn plan_and_admit(&mut self, now: Now, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
         let Some(e) = self.tasks.get(task_id) else { return true };
-        if self.loaded_at > e.baseline() && !self.plan_missed(now, task_id, def, std::cmp::min(self.loaded_at, until), budget) {
+        if self.loaded_at > e.baseline()
+            && !self.plan_missed(now, task_id, def, std::cmp::min(self.loaded_at, until), budget, LateCause::NoLeader)
+        {
             return false;
         }
         let scheds = schedules(def);
+        let grace = chrono::Duration::seconds(def.spec.execution.misfire_grace_seconds.min(i64::MAX as u64 / 1000) as i64);
+        // A `run_all` catch-up goes on as it began (its runs queue behind
+        // each other).
+        if let Some(e) = self.tasks.get(task_id)
+            && let Some((first, _)) = next_slot(&scheds, e.baseline())
+            && first <= until
+            && (until - first > grace || !e.catchup.is_empty())
+        {
+            let cause = self.late_cause(first);
+            return self.plan_missed(now, task_id, def, until, budget, cause);
+        }
         let mut last = None;
         loop {
             let Some(baseline) = self.tasks.get(task_id).map(|e| last.unwrap_or_else(|| e.baseline())) else { return true };
@@ -292,9 +333,9 @@ impl EngineCore {
                 }
                 return false;
             }
-            let lag = now - slot;
+            let lag = now.wall - slot;
             if lag > chrono::Duration::seconds(1) {
-                tracing::info!(task_id, slot = %slot, lag_ms = lag.num_milliseconds(), "slot runs late: this leader was busy");
+                tracing::info!(task_id, slot = %slot, lag_ms = lag.num_milliseconds(), "slot runs late, within misfire_grace_seconds: this leader was busy");
             }
             self.admit_slot(now, def, slot, sched.kind(), &HashSet::new());
             *budget -= 1;
@@ -306,13 +347,33 @@ impl EngineCore {
         true
     }
 
-    /// Plans the slots of `def` in `(cursor, until]` — missed while no
-    /// leader ran — and records them: one coalesced SKIPPED record for what
-    /// does not run, a run per slot that does (at most `budget`), the cursor
-    /// past them. The grace is counted up to `until` (when this leader
-    /// started). Returns false when a `run_all` catch-up has more to run (the
-    /// cursor is at its last run).
-    fn plan_missed(&mut self, now: DateTime<Utc>, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
+    /// Why slots from `first` on are late now (the engine got to them
+    /// after they were due): the wall clock stepped forward since the first
+    /// was due, else this leader was busy (or stopped: a frozen process
+    /// sees both clocks move alike).
+    fn late_cause(&self, first: DateTime<Utc>) -> LateCause {
+        match self.last_step {
+            Some((from, to)) if to > first => LateCause::ClockStep { seconds: (to - from).num_seconds() },
+            _ => LateCause::Busy,
+        }
+    }
+
+    /// Plans the slots of `def` in `(cursor, until]` — missed (see
+    /// [`EngineCore::plan_and_admit`]; `cause` says why) — and records
+    /// them: one coalesced SKIPPED record for what does not run, a run per
+    /// slot that does (at most `budget`), the cursor past them. The grace
+    /// is counted up to `until` (now, or when this leader started, or when
+    /// the definition changed). Returns false when a `run_all` catch-up has
+    /// more to run (the cursor is at its last run).
+    fn plan_missed(
+        &mut self,
+        now: Now,
+        task_id: &str,
+        def: &TaskRecord,
+        until: DateTime<Utc>,
+        budget: &mut usize,
+        cause: LateCause,
+    ) -> bool {
         let Some(e) = self.tasks.get(task_id) else { return true };
         let ex = &def.spec.execution;
         let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
@@ -321,14 +382,14 @@ impl EngineCore {
         let kind = scheds.first().map_or(TriggerKind::Cron, Schedule::kind);
         if let Some(range) = plan.skipped {
             let why = match policy {
-                MisfirePolicy::Skip => format!("{} slot(s) missed: misfire_policy skip", range.0),
+                MisfirePolicy::Skip => format!("{} slot(s) missed ({cause}): misfire_policy skip", range.0),
                 MisfirePolicy::RunOnce => format!(
-                    "{} slot(s) missed: misfire_policy run_once runs only the latest slot within misfire_grace_seconds ({grace} s)",
+                    "{} slot(s) missed ({cause}): misfire_policy run_once runs only the latest slot within misfire_grace_seconds ({grace} s)",
                     range.0
                 ),
-                MisfirePolicy::RunAll => format!("{} slot(s) missed by more than misfire_grace_seconds ({grace} s)", range.0),
+                MisfirePolicy::RunAll => format!("{} slot(s) missed ({cause}) by more than misfire_grace_seconds ({grace} s)", range.0),
             };
-            tracing::warn!(task_id, missed = range.0, from = %range.1, until = %range.2, "slots missed while no leader ran: coalesced");
+            tracing::warn!(task_id, missed = range.0, from = %range.1, until = %range.2, cause = %cause, "slots missed: coalesced into one SKIPPED record");
             self.skip_record(now, def, kind, SkipReason::Misfired, range, why);
         }
         // A catch-up's runs queue behind each other (run_all), whatever the
@@ -356,14 +417,14 @@ impl EngineCore {
     /// `runs.rs`). Returns its id when created.
     fn admit_slot(
         &mut self,
-        now: DateTime<Utc>,
+        now: Now,
         def: &TaskRecord,
         slot: DateTime<Utc>,
         kind: TriggerKind,
         batch: &HashSet<String>,
     ) -> Option<String> {
         let spec = &def.spec;
-        let mut run = RunRecord::pending(slot_run_id(&spec.task_id, slot), &spec.task_id, &spec.agent_id, kind, slot, now);
+        let mut run = RunRecord::pending(slot_run_id(&spec.task_id, slot), &spec.task_id, &spec.agent_id, kind, slot, now.wall);
         run.params = spec.params();
         run.priority = spec.execution.priority;
         let id = run.run_id.clone();
@@ -374,7 +435,7 @@ impl EngineCore {
     /// the first slot's run id.
     fn skip_record(
         &mut self,
-        now: DateTime<Utc>,
+        now: Now,
         def: &TaskRecord,
         kind: TriggerKind,
         reason: SkipReason,
@@ -382,7 +443,8 @@ impl EngineCore {
         why: String,
     ) {
         let spec = &def.spec;
-        let run = RunRecord::skipped(slot_run_id(&spec.task_id, range.1), &spec.task_id, &spec.agent_id, kind, reason, range, why, now);
+        let run =
+            RunRecord::skipped(slot_run_id(&spec.task_id, range.1), &spec.task_id, &spec.agent_id, kind, reason, range, why, now.wall);
         if self.runs.contains_key(&run.run_id) {
             return;
         }
@@ -396,11 +458,11 @@ impl EngineCore {
 
     /// Every slot up to `last` is handled: written with this turn's records
     /// of the task, in the same transaction.
-    fn set_cursor(&mut self, now: DateTime<Utc>, task_id: &str, last: DateTime<Utc>) {
+    fn set_cursor(&mut self, now: Now, task_id: &str, last: DateTime<Utc>) {
         let Some(e) = self.tasks.get_mut(task_id) else { return };
         let cursor = e.cursor.get_or_insert_with(Cursor::default);
         cursor.last_slot = Some(last);
-        cursor.updated_at = Some(now);
+        cursor.updated_at = Some(now.wall);
         let cursor = cursor.clone();
         self.cursors.insert(task_id.to_string(), Some(cursor));
     }
@@ -426,7 +488,7 @@ impl EngineCore {
 
     /// Re-fires deferred tasks whose recovered runs are now re-declared,
     /// finished or lost.
-    pub(super) fn release_deferred(&mut self, now: DateTime<Utc>) {
+    pub(super) fn release_deferred(&mut self, now: Now) {
         if self.deferred.is_empty() {
             return;
         }

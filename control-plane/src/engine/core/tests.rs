@@ -18,10 +18,13 @@ fn t0() -> DateTime<Utc> {
     "2026-12-01T10:00:00Z".parse().expect("t0")
 }
 
-/// A core and its clock.
+/// A core and its clocks.
 struct H {
     core: EngineCore,
+    /// Wall clock.
     now: DateTime<Utc>,
+    /// Monotonic clock: moves with `now` unless the wall clock is stepped.
+    mono: Mono,
     /// Effects drained so far, in order.
     log: Vec<Effects>,
 }
@@ -33,8 +36,8 @@ impl H {
 
     fn at(now: DateTime<Utc>) -> H {
         let mut core = EngineCore::new(CoreConfig { timing: Timing::default(), token: TOKEN, leader_id: "leader".into() });
-        core.load(now, Vec::new(), Vec::new());
-        let mut h = H { core, now, log: Vec::new() };
+        core.load(Now::new(now, Mono::ZERO), Vec::new(), Vec::new());
+        let mut h = H { core, now, mono: Mono::ZERO, log: Vec::new() };
         h.drain();
         h
     }
@@ -42,10 +45,22 @@ impl H {
     /// Loads a core from "the store": tasks with cursors, active runs.
     fn loaded(now: DateTime<Utc>, tasks: Vec<(TaskRecord, Option<Cursor>)>, runs: Vec<RunRecord>) -> H {
         let mut core = EngineCore::new(CoreConfig { timing: Timing::default(), token: TOKEN + 1, leader_id: "leader".into() });
-        core.load(now, tasks, runs);
-        let mut h = H { core, now, log: Vec::new() };
+        core.load(Now::new(now, Mono::ZERO), tasks, runs);
+        let mut h = H { core, now, mono: Mono::ZERO, log: Vec::new() };
         h.drain();
         h
+    }
+
+    /// Both clocks.
+    fn clocks(&self) -> Now {
+        Now::new(self.now, self.mono)
+    }
+
+    /// Steps the wall clock by `d` (NTP, an operator); elapsed time stands
+    /// still. Fires the timers due and drains.
+    fn jump(&mut self, d: Duration) -> Effects {
+        self.now += d;
+        self.advance(Duration::zero())
     }
 
     fn drain(&mut self) -> Effects {
@@ -68,7 +83,7 @@ impl H {
     }
 
     fn put(&mut self, rec: TaskRecord) -> Effects {
-        self.core.handle(self.now, Input::TaskPut { record: Box::new(rec), cursor: None });
+        self.core.handle(self.clocks(), Input::TaskPut { record: Box::new(rec), cursor: None });
         self.drain()
     }
 
@@ -87,7 +102,7 @@ impl H {
             in_flight,
             instance_id: instance.into(),
         };
-        let s = self.core.runner_hello(self.now, hello).expect("hello accepted");
+        let s = self.core.runner_hello(self.clocks(), hello).expect("hello accepted");
         (s, self.drain())
     }
 
@@ -98,9 +113,10 @@ impl H {
     /// Moves the clock and fires every timer due, draining effects.
     fn advance(&mut self, d: Duration) -> Effects {
         self.now += d;
+        self.mono = self.mono.after(d);
         let mut all = Effects::default();
         loop {
-            let more = self.core.handle_timeout(self.now, 16);
+            let more = self.core.handle_timeout(self.clocks(), 16);
             let fx = self.drain();
             all.writes.extend(fx.writes);
             all.disconnects.extend(fx.disconnects);
@@ -133,7 +149,7 @@ impl H {
     }
 
     fn msg(&mut self, runner: &str, session: u64, msg: FromRunner) -> Effects {
-        self.core.handle(self.now, Input::Runner { runner_id: runner.into(), session, received_at: self.now, msg });
+        self.core.handle(self.clocks(), Input::Runner { runner_id: runner.into(), session, received_at: self.clocks(), msg });
         self.drain()
     }
 
@@ -189,7 +205,7 @@ impl H {
             caller_trace: None,
             baggage: String::new(),
         };
-        self.core.handle(self.now, Input::Trigger { reply: 1, req, explicit_key: false });
+        self.core.handle(self.clocks(), Input::Trigger { reply: 1, req, explicit_key: false });
         self.drain()
     }
 }
@@ -496,7 +512,7 @@ fn reports_about_another_runners_execution_change_nothing() {
     // A re-connecting r2 claiming the execution is told it is unknown.
     h.now += Duration::seconds(10);
     h.msg("r1", s1, FromRunner::Heartbeat { seq: 9, draining: false, acked_seq: 9 });
-    h.core.handle(h.now, Input::RunnerGone { runner_id: "r2".into(), session: s2 });
+    h.core.handle(h.clocks(), Input::RunnerGone { runner_id: "r2".into(), session: s2 });
     let (_, fx) = h.hello_with("r2", &["a"], 1, "r2-instance", vec![InFlightExec::new(&a.run_id, &a.execution_id, 1)]);
     let unknown = fx.sends.iter().find_map(|o| if let ToRunner::Welcome { unknown, .. } = &o.msg { Some(unknown.clone()) } else { None });
     assert_eq!(unknown.map(|u| u.len()), Some(1));
@@ -551,7 +567,7 @@ fn a_silent_runner_is_lost_only_past_its_fence_and_late_reports_are_evidence() {
     let fx = h.finished(owner.0, s1b, &a, ReportedOutcome::Succeeded);
     assert!(fx.reads.len() == 1, "the run left memory: the store is asked");
     let (run_id, purpose) = fx.reads[0].clone();
-    h.core.handle(h.now, Input::RunLoaded { run_id, run: Some(Box::new(failed)), purpose });
+    h.core.handle(h.clocks(), Input::RunLoaded { run_id, run: Some(Box::new(failed)), purpose });
     let fx = h.drain();
     assert_eq!(acks(&fx), 1);
     let after = h.stored(&a.run_id).expect("stored");
@@ -597,7 +613,7 @@ fn a_restarted_runner_without_its_execution_frees_the_slot_after_the_old_fence()
     let a = one_assign(&h.trigger("m", "1"));
     h.msg("r1", s, FromRunner::Started { run_id: a.run_id.clone(), execution_id: a.execution_id.clone(), started_at: None });
     h.trigger("m", "2");
-    h.core.handle(h.now, Input::RunnerGone { runner_id: "r1".into(), session: s });
+    h.core.handle(h.clocks(), Input::RunnerGone { runner_id: "r1".into(), session: s });
     h.now += Duration::seconds(1);
     let (s2, fx) = h.hello_with("r1", &["a"], 4, "new-instance", Vec::new());
     assert!(assigns(&fx).is_empty(), "the old process may still run the agent");
@@ -625,7 +641,7 @@ fn the_same_process_reconnecting_without_an_unstarted_assignment_gets_it_again()
     h.task(manual("m"));
     let (s, _) = h.hello("r1", &["a"], 1);
     let a = one_assign(&h.trigger("m", "1"));
-    h.core.handle(h.now, Input::RunnerGone { runner_id: "r1".into(), session: s });
+    h.core.handle(h.clocks(), Input::RunnerGone { runner_id: "r1".into(), session: s });
     let (_, fx) = h.hello("r1", &["a"], 1);
     assert!(assigns(&fx).is_empty());
     assert!(h.run("m.manual-1").attempts.is_empty());
@@ -642,22 +658,22 @@ fn cancel_of_a_pending_run_is_immediate_and_of_a_running_one_waits_for_the_agent
     let (s, _) = h.hello("r1", &["a"], 2);
     let a = one_assign(&h.trigger("m", "1"));
     h.trigger("m", "2");
-    h.core.handle(h.now, Input::Cancel { reply: 9, run_id: "m.manual-2".into(), reason: String::new() });
+    h.core.handle(h.clocks(), Input::Cancel { reply: 9, run_id: "m.manual-2".into(), reason: String::new() });
     let fx = h.drain();
     assert!(matches!(fx.replies.first(), Some((9, Reply::Cancel(Ok(r)))) if r.status == RunStatus::Cancelled));
     h.trigger("m", "3");
-    h.core.handle(h.now, Input::Cancel { reply: 10, run_id: a.run_id.clone(), reason: "stop".into() });
+    h.core.handle(h.clocks(), Input::Cancel { reply: 10, run_id: a.run_id.clone(), reason: "stop".into() });
     let fx = h.drain();
     assert!(fx.sends.iter().any(|o| matches!(o.msg, ToRunner::Cancel { .. })));
     assert!(assigns(&fx).is_empty(), "no replacement while the cancelled agent may live");
     let fx = h.finished("r1", s, &a, ReportedOutcome::Cancelled);
     assert_eq!(one_assign(&fx).run_id, "m.manual-3");
     // Cancelling a finished run: the store is asked, then refused.
-    h.core.handle(h.now, Input::Cancel { reply: 11, run_id: "m.manual-2".into(), reason: String::new() });
+    h.core.handle(h.clocks(), Input::Cancel { reply: 11, run_id: "m.manual-2".into(), reason: String::new() });
     let fx = h.drain();
     let (run_id, purpose) = fx.reads[0].clone();
     let stored = h.stored("m.manual-2").map(Box::new);
-    h.core.handle(h.now, Input::RunLoaded { run_id, run: stored, purpose });
+    h.core.handle(h.clocks(), Input::RunLoaded { run_id, run: stored, purpose });
     assert!(matches!(h.drain().replies.first(), Some((11, Reply::Cancel(Err(Error::FailedPrecondition(_)))))));
 }
 
@@ -674,16 +690,16 @@ fn a_trigger_with_a_known_key_reads_the_store_first() {
         caller_trace: None,
         baggage: String::new(),
     };
-    h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: true });
+    h.core.handle(h.clocks(), Input::Trigger { reply: 1, req, explicit_key: true });
     let fx = h.drain();
     assert!(fx.writes.is_empty() && fx.replies.is_empty());
     let (run_id, purpose) = fx.reads[0].clone();
     let existing = RunRecord::pending(run_id.clone(), "m", "a", TriggerKind::Manual, t0() - Duration::hours(1), t0());
-    h.core.handle(h.now, Input::RunLoaded { run_id: run_id.clone(), run: Some(Box::new(existing)), purpose: purpose.clone() });
+    h.core.handle(h.clocks(), Input::RunLoaded { run_id: run_id.clone(), run: Some(Box::new(existing)), purpose: purpose.clone() });
     let fx = h.drain();
     assert!(matches!(&fx.replies[0].1, Reply::Trigger(Ok(t)) if !t.created && t.scheduled_at == t0() - Duration::hours(1)));
     assert!(fx.writes.is_empty());
-    h.core.handle(h.now, Input::RunLoaded { run_id, run: None, purpose });
+    h.core.handle(h.clocks(), Input::RunLoaded { run_id, run: None, purpose });
     let fx = h.drain();
     assert!(matches!(&fx.replies[0].1, Reply::Trigger(Ok(t)) if t.created));
     assert_eq!(fx.writes.len(), 1);
@@ -757,7 +773,7 @@ fn deleting_a_task_settles_its_due_slots_and_cancels_its_waiting_runs() {
     h.advance(Duration::seconds(10));
     assert_eq!(h.run("t.20261201T100010Z").status, RunStatus::Pending);
     h.now += Duration::seconds(2);
-    h.core.handle(h.now, Input::TaskDeleted { task_id: "t".into() });
+    h.core.handle(h.clocks(), Input::TaskDeleted { task_id: "t".into() });
     let fx = h.drain();
     assert!(fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::DeleteCursor { task_id } if task_id == "t")));
     assert_eq!(h.stored("t.20261201T100010Z").map(|r| r.status), Some(RunStatus::Cancelled));
@@ -784,7 +800,7 @@ fn a_second_live_runner_with_the_same_id_is_refused() {
     let mut h = H::new();
     h.hello("r1", &["a"], 1);
     let hello = RunnerHello { runner_id: "r1".into(), slots: 1, ..Default::default() };
-    assert!(matches!(h.core.runner_hello(h.now, hello), Err(Error::FailedPrecondition(_))));
+    assert!(matches!(h.core.runner_hello(h.clocks(), hello), Err(Error::FailedPrecondition(_))));
 }
 
 /// Progress is persisted lazily: many reports, one write per flush.
@@ -859,7 +875,7 @@ fn a_past_once_slot_is_looked_up_before_it_runs() {
         let (run_id, purpose) = fx.reads[0].clone();
         assert_eq!(run_id, "o.20200101T000000Z");
         let stored = exists.then(|| Box::new(RunRecord::pending(run_id.clone(), "o", "a", TriggerKind::Once, t0(), t0())));
-        h.core.handle(h.now, Input::RunLoaded { run_id: run_id.clone(), run: stored, purpose });
+        h.core.handle(h.clocks(), Input::RunLoaded { run_id: run_id.clone(), run: stored, purpose });
         let fx = h.drain();
         let created = fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::CreateRun(r) if r.run_id == run_id));
         let cursor = fx.writes.iter().flatten().any(|op| matches!(op, StoreOp::PutCursor { .. }));
@@ -867,21 +883,120 @@ fn a_past_once_slot_is_looked_up_before_it_runs() {
     }
 }
 
-/// Issue 7 ("honest misfires"): slots that come due while this leader runs
-/// but is busy are late, not missed: each gets its run (its lag shows); the
-/// misfire policy is for slots due while no leader ran.
+fn created(fx: &Effects) -> Vec<RunRecord> {
+    fx.writes.iter().flatten().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some((**r).clone()) } else { None }).collect()
+}
+
+/// Slots that come due while this leader runs but is busy, within
+/// `misfire_grace_seconds`, are late, not missed: each gets its run (its
+/// lag shows).
 #[test]
-fn slots_late_because_the_leader_was_busy_run_late_and_are_not_misfired() {
+fn slots_late_within_the_grace_run_late() {
     let mut h = H::new();
     h.task(serde_json::json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "interval", "every": "1s"},
-        "execution": {"concurrency_limit": 100, "misfire_grace_seconds": 2}}));
-    // Ten seconds go by before the engine gets to its timers.
+        "execution": {"concurrency_limit": 100, "misfire_grace_seconds": 60}}));
+    // Ten seconds go by (both clocks) before the engine gets to its timers.
     h.now += Duration::seconds(10);
-    let fx = h.advance(Duration::zero());
-    let created: Vec<&RunRecord> =
-        fx.writes.iter().flatten().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some(&**r) } else { None }).collect();
+    h.mono = h.mono.after(Duration::seconds(10));
+    let created = created(&h.advance(Duration::zero()));
     assert_eq!(created.len(), 10, "{created:?}");
     assert!(created.iter().all(|r| r.status == RunStatus::Pending && r.skip_reason.is_none()), "{created:?}");
+}
+
+/// Issue 19: a slot later than `misfire_grace_seconds` when the engine
+/// gets to it is a misfire whatever made it late. A leader stopped (or
+/// busy) for 40 s ran every 1-second slot at once; now `skip` leaves one
+/// coalesced record, and the error says why the slots were late.
+#[test]
+fn a_stopped_leader_s_late_slots_follow_the_misfire_policy() {
+    for (policy, runs) in [("skip", 0), ("run_once", 1), ("run_all", 10)] {
+        let mut h = H::new();
+        h.task(serde_json::json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "interval", "every": "1s"},
+            "execution": {"concurrency_limit": 100, "misfire_policy": policy, "misfire_grace_seconds": 10}}));
+        // SIGSTOP: both clocks go on, the engine does not.
+        h.now += Duration::seconds(40);
+        h.mono = h.mono.after(Duration::seconds(40));
+        let created = created(&h.advance(Duration::zero()));
+        let skipped: Vec<&RunRecord> = created.iter().filter(|r| r.status == RunStatus::Skipped).collect();
+        let ran = created.iter().filter(|r| r.status == RunStatus::Pending).count();
+        assert_eq!((skipped.len(), ran), (1, runs), "{policy}: one coalesced record, {runs} run(s): {created:?}");
+        assert_eq!(skipped[0].skip_reason, Some(SkipReason::Misfired));
+        assert_eq!(skipped[0].missed_count, Some(40 - runs as u64), "{policy}");
+        assert!(skipped[0].error.as_deref().unwrap_or("").contains("this leader was busy or stopped"), "{:?}", skipped[0].error);
+    }
+}
+
+/// Issue 19: the wall clock stepping an hour forward made a `* * * * *`
+/// task with `concurrency_limit: 100` run 60 slots at once; with `skip`
+/// they are one record, whose error names the clock step.
+#[test]
+fn a_wall_clock_step_forward_is_a_misfire_not_a_burst() {
+    for overlap in ["skip", "queue"] {
+        let mut h = H::new();
+        h.task(serde_json::json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "cron", "expr": "* * * * *"},
+            "execution": {"concurrency_limit": 100, "overlap_policy": overlap, "misfire_policy": "skip"}}));
+        let created = created(&h.jump(Duration::hours(1)));
+        assert_eq!(created.len(), 1, "{overlap}: {created:?}");
+        let r = &created[0];
+        assert_eq!((r.status, r.skip_reason, r.missed_count), (RunStatus::Skipped, Some(SkipReason::Misfired), Some(60)));
+        assert!(r.error.as_deref().unwrap_or("").contains("wall clock stepped 3600 s forward"), "{:?}", r.error);
+        // The schedule goes on from the new time: the next slot runs.
+        let next = created_after(&mut h, Duration::seconds(60));
+        assert_eq!(next.iter().filter(|r| r.status == RunStatus::Pending).count(), 1, "{next:?}");
+    }
+}
+
+fn created_after(h: &mut H, d: Duration) -> Vec<RunRecord> {
+    created(&h.advance(d))
+}
+
+/// Issue 19: deadlines and timeouts measure elapsed time. The hour's
+/// step ended a running attempt 17 s into its 600 s timeout, expired a
+/// PENDING run's start timeout and made every runner silent; none of that
+/// happens now, and the timeouts still fire when their time has elapsed.
+#[test]
+fn a_wall_clock_step_ends_no_attempt_runner_or_start_timeout() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "t", "agent_id": "a", "execution": {"timeout_seconds": 600}}));
+    h.task(serde_json::json!({"task_id": "w", "agent_id": "nobody", "execution": {"start_timeout_seconds": 120}}));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let fx = h.trigger("t", "1");
+    let a = one_assign(&fx);
+    h.trigger("w", "1");
+    h.tick(17, &[("r1", s)]);
+    // The wall clock steps an hour forward; the runner keeps heartbeating.
+    let fx = h.jump(Duration::hours(1));
+    assert!(fx.disconnects.is_empty(), "no runner is silent: {:?}", fx.disconnects);
+    h.tick(5, &[("r1", s)]);
+    assert_eq!(h.run(&a.run_id).status, RunStatus::Running, "the attempt is 22 s into its 600 s");
+    assert_eq!(h.run("w.manual-1").status, RunStatus::Pending, "the start timeout is 120 s of elapsed time");
+    // 120 s after the trigger (elapsed), the start timeout fires.
+    h.tick(100, &[("r1", s)]);
+    assert_eq!(h.stored("w.manual-1").map(|r| r.status), Some(RunStatus::Timeout));
+    // A step back does not hold a deadline either: past 600 s + slack of
+    // elapsed time the backstop ends the attempt.
+    h.jump(-Duration::hours(2));
+    let slack = h.core.timing().deadline_slack().as_secs() as i64;
+    h.tick(600 - 122 + slack + 1, &[("r1", s)]);
+    assert_eq!(h.stored(&a.run_id).map(|r| r.status), Some(RunStatus::Timeout), "the backstop counts elapsed time");
+}
+
+/// A backward step does not run a handled slot again.
+#[test]
+fn a_wall_clock_step_back_runs_no_slot_twice() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "interval", "every": "10s"},
+        "execution": {"concurrency_limit": 100}}));
+    let before = created_after(&mut h, Duration::seconds(30));
+    assert_eq!(before.len(), 3);
+    h.jump(-Duration::seconds(30));
+    let after = created_after(&mut h, Duration::seconds(40));
+    let mut ids: Vec<String> = before.iter().chain(after.iter()).map(|r| r.run_id.clone()).collect();
+    let n = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "no slot twice: {ids:?}");
+    assert_eq!(after.len(), 1, "only the slot after the last handled one (10:00:40): {after:?}");
 }
 
 // ------------------------------------------------------------ circuit breaker
@@ -995,7 +1110,7 @@ fn breaker_recovers_a_lost_trial_and_resets_by_hand() {
         .filter(|e| matches!(e, Lifecycle::SlotSkipped { reason: SkipReason::CircuitOpen, .. }))
         .count();
     assert_eq!(skipped, 1, "the second trigger was skipped circuit_open");
-    h.core.handle(h.now, Input::ResetBreaker { reply: 9, task_id: "m".into() });
+    h.core.handle(h.clocks(), Input::ResetBreaker { reply: 9, task_id: "m".into() });
     let fx = h.core.poll_effects();
     let b = breaker_in(&fx, "m").expect("reset written");
     assert_eq!(b.phase, BreakerPhase::Closed);
@@ -1081,7 +1196,7 @@ fn runs_carry_their_trace_and_assignments_the_attempt_span() {
         }),
         baggage: "user=alice".into(),
     };
-    h.core.handle(h.now, Input::Trigger { reply: 1, req, explicit_key: false });
+    h.core.handle(h.clocks(), Input::Trigger { reply: 1, req, explicit_key: false });
     let a = one_assign(&h.drain());
     let run = h.run(&a.run_id);
     assert_eq!(run.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
