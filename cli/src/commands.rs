@@ -1092,7 +1092,8 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             Ok(())
         }
         RunsCmd::Watch { task } => {
-            let mut s = rc.watch_runs(pb::WatchRunsRequest { task_id: task, run_id: String::new() }).await.map_err(grpc)?.into_inner();
+            let mut s =
+                rc.watch_runs(pb::WatchRunsRequest { task_id: task.clone(), run_id: String::new() }).await.map_err(grpc)?.into_inner();
             // A change invisible in the chosen format prints nothing new.
             let mut last: std::collections::HashMap<String, String> = std::collections::HashMap::new();
             // `runs list`'s columns, at fixed widths: rows arrive one by one.
@@ -1113,8 +1114,23 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             if fmt == Format::Table {
                 println!("{}", row(header.iter().map(|h| h.to_string()).collect()));
             }
-            while let Some(r) = s.next().await {
-                let r = r.map_err(grpc)?;
+            loop {
+                let r = match s.next().await {
+                    Some(Ok(r)) => r,
+                    None => break,
+                    // The server ended a watch that fell behind: watch again
+                    // (the listing brings every run up to date).
+                    Some(Err(e)) if e.code() == tonic::Code::Aborted => {
+                        eprintln!("note: {}; watching again", e.message());
+                        s = rc
+                            .watch_runs(pb::WatchRunsRequest { task_id: task.clone(), run_id: String::new() })
+                            .await
+                            .map_err(grpc)?
+                            .into_inner();
+                        continue;
+                    }
+                    Some(Err(e)) => return Err(grpc(e)),
+                };
                 let line = if fmt == Format::Json { run_json(&r).to_string() } else { row(run_row(&r)) };
                 if last.get(&r.run_id) != Some(&line) {
                     println!("{line}");

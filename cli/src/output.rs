@@ -96,6 +96,7 @@ pub fn run_json(r: &pb::Run) -> Value {
         "pending_reason": opt_str(&r.pending_reason),
         "start_by": t(&r.start_by),
         "interruptions": r.interruptions,
+        "elided_attempts": r.elided_attempts,
         "next_attempt_at": t(&r.next_attempt_at),
         "error": opt_str(&r.error),
         "params": params,
@@ -185,7 +186,14 @@ pub fn run_row(r: &pb::Run) -> Vec<String> {
     } else {
         String::new()
     };
-    vec![short(&j["run_id"]), short(&j["status"]), short(&j["scheduled_at"]), r.attempts.len().to_string(), short(&j["finished_at"]), info]
+    vec![
+        short(&j["run_id"]),
+        short(&j["status"]),
+        short(&j["scheduled_at"]),
+        (r.attempts.len() + r.elided_attempts as usize).to_string(),
+        short(&j["finished_at"]),
+        info,
+    ]
 }
 
 /// Prints a JSON value, pretty.

@@ -7,7 +7,6 @@ use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use tokio::sync::broadcast::error::RecvError;
 
 use crate::clock::SharedClock;
 use crate::election::{Election, LeaderInfo};
@@ -148,6 +147,8 @@ pub struct Core {
     /// Notification sinks (`--config`): the leader delivers; every replica
     /// warns on applies naming an undefined `webhook://` sink.
     pub notify: Arc<crate::notify::NotifyConfig>,
+    /// Open run watches (fed from `lifecycle`).
+    pub watchers: crate::watch::RunWatchers,
 }
 
 impl Core {
@@ -523,53 +524,28 @@ impl Core {
         self.engine().await?.cancel_run(run_id.to_string(), reason.to_string()).await
     }
 
-    /// Matching runs now (as stored), then every change as this replica's
-    /// lifecycle bus reports it. A watcher that falls behind the bus gets
-    /// the matching runs again from the store and goes on.
+    /// Matching runs now (as stored, a page at a time as the client reads
+    /// them), then every change as this replica's lifecycle bus reports it,
+    /// through a bounded queue ([`crate::watch`]). A watcher that falls
+    /// behind is ended with [`Error::Aborted`] (the client watches again).
+    ///
+    /// Errors: `Unavailable` when too many watches are open; the stream's
+    /// items: a store read failing, `Aborted`.
     pub async fn watch_runs(&self, task_id: &str, run_id: &str) -> Result<futures::stream::BoxStream<'static, Result<RunRecord>>> {
         let task_id =
             if task_id.is_empty() && !run_id.is_empty() { crate::model::run::task_of_run(run_id).to_string() } else { task_id.to_string() };
-        let run_filter = (!run_id.is_empty()).then(|| run_id.to_string());
-        let matches = move |r: &RunRecord, task: &str, run: &Option<String>| {
-            (task.is_empty() || r.task_id == task) && run.as_ref().is_none_or(|id| &r.run_id == id)
-        };
+        let filter = crate::watch::WatchFilter { task_id, run_id: (!run_id.is_empty()).then(|| run_id.to_string()) };
         // Subscribe first, then read: no change falls in between.
-        let rx = self.lifecycle.subscribe();
-        let (mut initial, _) = self.repo.list_runs(&task_id).await?;
-        // The leader's memory is ahead of the store for what it writes lazily.
-        if let Some(engine) = self.engine.read().ok().and_then(|g| g.clone())
-            && let Ok(active) = engine.active_runs(task_id.clone()).await
-        {
-            let active: std::collections::HashMap<String, RunRecord> = active.into_iter().map(|r| (r.run_id.clone(), r)).collect();
-            for r in &mut initial {
-                if let Some(a) = active.get(&r.run_id) {
-                    *r = a.clone();
-                }
-            }
-        }
-        let initial: Vec<RunRecord> = initial.into_iter().filter(|r| matches(r, &task_id, &run_filter)).collect();
-        let repo = self.repo.clone();
-        let state = (rx, repo, task_id, run_filter, std::collections::VecDeque::from(initial));
-        let stream = futures::stream::unfold(state, move |(mut rx, repo, task_id, run_filter, mut queue)| async move {
-            loop {
-                if let Some(r) = queue.pop_front() {
-                    return Some((Ok(r), (rx, repo, task_id, run_filter, queue)));
-                }
-                match rx.recv().await {
-                    Ok(ev) => {
-                        if let Some(r) = ev.run().filter(|r| matches(r, &task_id, &run_filter)) {
-                            queue.push_back(RunRecord::clone(r));
-                        }
-                    }
-                    Err(RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "run watcher fell behind; re-reading runs");
-                        match repo.list_runs(&task_id).await {
-                            Ok((runs, _)) => queue.extend(runs.into_iter().filter(|r| matches(r, &task_id, &run_filter))),
-                            Err(e) => return Some((Err(e), (rx, repo, task_id, run_filter, queue))),
-                        }
-                    }
-                    Err(RecvError::Closed) => return None,
-                }
+        let sub = self.watchers.subscribe(filter.clone())?;
+        let engine = self.engine.read().ok().and_then(|g| g.clone());
+        let state =
+            Watch { sub, repo: self.repo.clone(), engine, filter, page: std::collections::VecDeque::new(), after: Some(String::new()) };
+        let stream = futures::stream::unfold(Some(state), |state| async move {
+            let mut w = state?;
+            match w.next().await {
+                Ok(Some(r)) => Some((Ok(r), Some(w))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
             }
         });
         Ok(stream.boxed())
@@ -578,6 +554,55 @@ impl Core {
     /// Connected runners (leader).
     pub async fn list_runners(&self) -> Result<Vec<RunnerSnapshot>> {
         self.engine().await?.list_runners().await
+    }
+}
+
+/// One watch's state: the listing's next page, then the live queue.
+struct Watch {
+    sub: crate::watch::Subscription,
+    repo: Repo,
+    engine: Option<EngineHandle>,
+    filter: crate::watch::WatchFilter,
+    /// Runs of the listing read but not yet sent.
+    page: std::collections::VecDeque<RunRecord>,
+    /// Where the listing goes on (`None`: listed).
+    after: Option<String>,
+}
+
+impl Watch {
+    /// The next run to send: the listing's, then live changes. `Ok(None)`:
+    /// the watch ended (the replica stops); `Err(Aborted)`: it fell behind.
+    async fn next(&mut self) -> Result<Option<RunRecord>> {
+        loop {
+            if let Some(r) = self.page.pop_front() {
+                return Ok(Some(r));
+            }
+            let Some(after) = self.after.take() else { break };
+            let (mut runs, next) = match &self.filter.run_id {
+                Some(id) => (self.repo.get_run(id).await?.into_iter().collect(), None),
+                None => self.repo.runs_page(&self.filter.task_id, &after, crate::watch::LISTING_PAGE).await?,
+            };
+            // The leader's memory is ahead of the store for what it writes lazily.
+            if let Some(engine) = &self.engine
+                && let Ok(active) = engine.active_runs_among(runs.iter().map(|r| r.run_id.clone()).collect()).await
+            {
+                for a in active {
+                    if let Some(r) = runs.iter_mut().find(|r| r.run_id == a.run_id) {
+                        *r = a;
+                    }
+                }
+            }
+            self.page.extend(runs.into_iter().filter(|r| self.filter.matches(r)));
+            self.after = next;
+        }
+        match self.sub.rx.recv().await {
+            Some(r) => Ok(Some(RunRecord::clone(&r))),
+            None if self.sub.behind.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Aborted(format!(
+                "this watch fell behind ({} run changes queued and unread); watch again",
+                crate::watch::WATCHER_QUEUE
+            ))),
+            None => Ok(None),
+        }
     }
 }
 

@@ -157,9 +157,12 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         StoreSpec::Etcd(_) => EtcdElection::start(store.clone(), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing),
     };
     let metrics = crate::metrics::Metrics::new();
+    let bus = lifecycle::bus();
+    let watchers = crate::watch::RunWatchers::start(&bus);
     let core = Arc::new(Core {
         repo: Repo::new(store.clone(), keys).with_txn_timer(metrics.store_txn_histogram()),
-        lifecycle: lifecycle::bus(),
+        lifecycle: bus,
+        watchers,
         clock: clock.clone(),
         election: election.clone(),
         engine: RwLock::new(None),

@@ -22,4 +22,5 @@ pub mod service;
 pub mod stats;
 pub mod telemetry;
 pub mod timing;
+pub mod watch;
 pub mod worker;

@@ -104,8 +104,8 @@ impl Acc {
             RunStatus::Cancelled => s.cancelled += 1,
             _ => s.in_progress += 1,
         }
-        s.attempts += run.attempts.len() as u64;
-        if run.attempts.len() > 1 {
+        s.attempts += u64::from(run.attempt_count());
+        if run.attempt_count() > 1 {
             s.retried += 1;
         }
         let ms = |t: DateTime<Utc>| u64::try_from((t - run.scheduled_at).num_milliseconds()).unwrap_or(0);

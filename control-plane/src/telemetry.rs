@@ -193,7 +193,7 @@ fn run_span(run: &RunRecord) {
         KeyValue::new("punchclock.scheduled_at", run.scheduled_at.to_rfc3339()),
         KeyValue::new("punchclock.trigger", run.trigger.as_str()),
         KeyValue::new("punchclock.status", run.status.as_str()),
-        KeyValue::new("punchclock.attempts", run.attempts.len() as i64),
+        KeyValue::new("punchclock.attempts", i64::from(run.attempt_count())),
     ];
     if let Some(a) = run.attempts.first() {
         attrs.push(KeyValue::new("punchclock.dispatch_lag_ms", (a.dispatched_at - run.scheduled_at).num_milliseconds().max(0)));

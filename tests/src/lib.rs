@@ -286,6 +286,17 @@ fn unsafe_kill(pid: i32, sig: i32) {
     }
 }
 
+/// Resident memory of a process in bytes (`VmRSS` of `/proc/PID/status`; 0
+/// when it is gone).
+pub fn rss_bytes(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// Whether a process is gone (no such pid, or a zombie nobody reaped).
 pub fn process_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

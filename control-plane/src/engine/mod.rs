@@ -100,6 +100,7 @@ pub(crate) enum Command {
     Gauges { reply: oneshot::Sender<crate::metrics::EngineGauges> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
+    ActiveRunsAmong { run_ids: Vec<String>, reply: oneshot::Sender<Vec<RunRecord>> },
     ServesAgent { agent_id: String, selector: std::collections::BTreeMap<String, String>, reply: oneshot::Sender<bool> },
     Stop { reply: oneshot::Sender<()> },
 }
@@ -190,6 +191,11 @@ impl EngineHandle {
     /// them now.
     pub async fn active_runs(&self, task_id: String) -> Result<Vec<RunRecord>> {
         self.ask(|reply| Command::ActiveRuns { task_id, reply }).await
+    }
+
+    /// Those of `run_ids` in the leader's memory, as it knows them now.
+    pub async fn active_runs_among(&self, run_ids: Vec<String>) -> Result<Vec<RunRecord>> {
+        self.ask(|reply| Command::ActiveRunsAmong { run_ids, reply }).await
     }
 
     /// Whether a connected runner serves `agent_id` with the labels of `selector`.

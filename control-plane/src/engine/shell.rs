@@ -337,6 +337,9 @@ impl Engine {
             Command::ActiveRuns { task_id, reply } => {
                 let _ = reply.send(self.core.active_runs(&task_id));
             }
+            Command::ActiveRunsAmong { run_ids, reply } => {
+                let _ = reply.send(run_ids.iter().filter_map(|id| self.core.active_run(id)).collect());
+            }
             Command::ServesAgent { agent_id, selector, reply } => {
                 let _ = reply.send(self.core.serves_agent(&agent_id, &selector));
             }

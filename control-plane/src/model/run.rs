@@ -151,6 +151,26 @@ impl Outcome {
 /// interruptions per run, then the attempt counts").
 pub const MAX_FREE_INTERRUPTIONS: u32 = 3;
 
+/// How many of its newest attempts a run keeps when its record must shed
+/// attempts to fit the store (besides its first): 64.
+pub const KEPT_LATEST_ATTEMPTS: usize = 64;
+
+/// Attempts a run no longer lists ([`RunRecord::elide_attempts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElidedAttempts {
+    /// How many.
+    pub total: u32,
+    /// Of those, interrupted ones (they may have been free).
+    pub interrupted: u32,
+}
+
+impl ElidedAttempts {
+    /// None elided.
+    pub fn is_none(&self) -> bool {
+        self.total == 0
+    }
+}
+
 /// A runner's report about an attempt the control plane had already ended
 /// (presumed lost, timed out by the backstop, cancelled). Evidence only:
 /// it never changes the run.
@@ -355,6 +375,12 @@ pub struct RunRecord {
     /// Attempts interrupted by a runner shutdown or self-fence.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub interruptions: u32,
+    /// Earlier attempts no longer in `attempts`: a run with hundreds of
+    /// attempts keeps its first and its newest [`KEPT_LATEST_ATTEMPTS`]
+    /// when its record would not fit the store otherwise
+    /// (`repo::trim_run`); they still count.
+    #[serde(default, skip_serializing_if = "ElidedAttempts::is_none")]
+    pub elided_attempts: ElidedAttempts,
     /// Fencing token of the leader that last wrote the record.
     #[serde(default)]
     pub fencing_token: u64,
@@ -415,6 +441,7 @@ impl RunRecord {
             priority: 0,
             start_by: None,
             interruptions: 0,
+            elided_attempts: ElidedAttempts::default(),
             fencing_token: 0,
             updated_at: now,
             trace_id: String::new(),
@@ -474,13 +501,44 @@ impl RunRecord {
         self.attempts.iter_mut().find(|a| a.execution_id == execution_id)
     }
 
-    /// Attempts that count against `max_retries`: all but the first
-    /// [`MAX_FREE_INTERRUPTIONS`] interrupted ones.
-    pub fn counted_attempts(&self) -> u32 {
-        let mut interrupted = 0;
-        let mut counted = 0;
-        for a in &self.attempts {
+    /// How many attempts the run has had, elided ones included.
+    pub fn attempt_count(&self) -> u32 {
+        u32::try_from(self.attempts.len()).unwrap_or(u32::MAX).saturating_add(self.elided_attempts.total)
+    }
+
+    /// Keeps the first attempt and the newest [`KEPT_LATEST_ATTEMPTS`],
+    /// counting the ones in between in `elided_attempts`. Returns whether
+    /// any was elided.
+    pub fn elide_attempts(&mut self) -> bool {
+        let keep_from = self.attempts.len().saturating_sub(KEPT_LATEST_ATTEMPTS);
+        if keep_from <= 1 {
+            return false;
+        }
+        for a in self.attempts.drain(1..keep_from) {
+            self.elided_attempts.total += 1;
             if a.outcome == Some(Outcome::Interrupted) {
+                self.elided_attempts.interrupted += 1;
+            }
+        }
+        true
+    }
+
+    /// Attempts that count against `max_retries`: all but the first
+    /// [`MAX_FREE_INTERRUPTIONS`] interrupted ones. Elided attempts came
+    /// after the first kept one and before the rest.
+    pub fn counted_attempts(&self) -> u32 {
+        let e = self.elided_attempts;
+        let outcomes = self
+            .attempts
+            .first()
+            .map(|a| a.outcome)
+            .into_iter()
+            .chain(std::iter::repeat_n(Some(Outcome::Interrupted), e.interrupted as usize))
+            .chain(std::iter::repeat_n(Some(Outcome::Failed), e.total.saturating_sub(e.interrupted) as usize))
+            .chain(self.attempts.iter().skip(1).map(|a| a.outcome));
+        let (mut interrupted, mut counted) = (0, 0);
+        for o in outcomes {
+            if o == Some(Outcome::Interrupted) {
                 interrupted += 1;
                 if interrupted <= MAX_FREE_INTERRUPTIONS {
                     continue;

@@ -29,6 +29,35 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 pub const DEFAULT_START_TIMEOUT_SECONDS: i64 = 3600;
 /// Largest task definition, as JSON: 256 KiB (it rides in every run's context).
 pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+/// Largest `context` of a task, as JSON: 128 KiB. The context is given
+/// whole to every attempt; it is an input, never trimmed, so it is
+/// refused beyond this at apply.
+pub const MAX_CONTEXT_BYTES: usize = 128 * 1024;
+/// Largest params of a run, as JSON: 64 KiB — the task's `context.params`,
+/// a `TriggerTask`'s `params`, and the two merged. Params are kept whole
+/// with the run record (at most [`crate::repo::MAX_RUN_RECORD_BYTES`],
+/// 512 KiB) and given to every attempt: an input is never trimmed, so a
+/// larger one is refused, naming the field and this limit.
+pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
+
+/// The encoded JSON size of `v`.
+pub fn json_bytes(v: &serde_json::Value) -> usize {
+    serde_json::to_vec(v).map_or(usize::MAX, |b| b.len())
+}
+
+/// Refuses params over [`MAX_PARAMS_BYTES`], naming `field`.
+///
+/// Errors: [`Error::InvalidArgument`] at `field` with the size and the limit.
+pub fn check_params_size(field: &str, params: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    let n = json_bytes(&serde_json::Value::Object(params.clone()));
+    if n > MAX_PARAMS_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("{n} bytes of JSON; at most {MAX_PARAMS_BYTES} (params are kept whole with every run; pass large inputs by reference)"),
+        ));
+    }
+    Ok(())
+}
 /// Deepest nesting of objects and arrays in a definition. Stored records
 /// wrap a definition in more levels (a task record, a run's params, an
 /// apply journal), and serde_json refuses documents deeper than 128: a
@@ -477,10 +506,16 @@ impl TaskSpec {
                 ));
             }
         }
-        if let Some(params) = self.context.get("params")
-            && !params.is_object()
-        {
-            return Err(Error::invalid("context.params", "must be an object"));
+        if let Some(params) = self.context.get("params") {
+            let Some(params) = params.as_object() else { return Err(Error::invalid("context.params", "must be an object")) };
+            check_params_size("context.params", params)?;
+        }
+        let context_bytes = json_bytes(&serde_json::Value::Object(self.context.clone()));
+        if context_bytes > MAX_CONTEXT_BYTES {
+            return Err(Error::invalid(
+                "context",
+                format!("{context_bytes} bytes of JSON; at most {MAX_CONTEXT_BYTES} (given whole to every attempt)"),
+            ));
         }
         if let Some(n) = &self.notify {
             for (name, list) in [
@@ -642,6 +677,25 @@ mod tests {
         // Brackets inside strings are text, not nesting.
         let text = format!(r#"{{"task_id": "t", "agent_id": "a", "description": "{}"}}"#, "[".repeat(200));
         assert!(TaskSpec::from_json(&text).is_ok());
+    }
+
+    /// Issue 19: params over the record were trimmed and a retry got a
+    /// marker instead. Inputs over their limit are refused, naming the
+    /// field and the limit; at the limit they are accepted.
+    #[test]
+    fn params_and_context_over_their_limits_are_refused() {
+        let with_params =
+            |n: usize| format!(r#"{{"task_id": "t", "agent_id": "a", "context": {{"params": {{"p": "{}"}}}}}}"#, "x".repeat(n));
+        assert!(TaskSpec::from_json(&with_params(MAX_PARAMS_BYTES - 16)).is_ok());
+        match TaskSpec::from_json(&with_params(MAX_PARAMS_BYTES)) {
+            Err(Error::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "context.params");
+                assert!(reason.contains(&format!("at most {MAX_PARAMS_BYTES}")), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let big_context = format!(r#"{{"task_id": "t", "agent_id": "a", "context": {{"doc": "{}"}}}}"#, "x".repeat(MAX_CONTEXT_BYTES));
+        assert_eq!(err_field(&big_context), "context");
     }
 
     const SEED: &str = r#"{ "task_id": "daily_report_001", "agent_id": "report_agent",

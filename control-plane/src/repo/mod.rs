@@ -55,17 +55,33 @@ pub fn encode_run(run: &RunRecord) -> Result<Vec<u8>> {
     codec::encode(&trimmed)
 }
 
+/// A result (or checkpoint) smaller than this is never replaced by a marker.
+pub const MIN_TRIMMED_RESULT_BYTES: usize = 1024;
+
 /// Trims a run record in place until it encodes within
 /// [`MAX_RUN_RECORD_BYTES`] (agents can write megabytes of escaped control
-/// characters): in this order, output tails (to their last 4 KiB, marked
-/// `[trimmed to fit the store]`), the checkpoint, the result, late
-/// reports' results, the params (each replaced by `{"trimmed": true,
-/// "bytes": N}`, N its encoded size), then error texts (to 256 bytes,
-/// marked `[trimmed]`). Returns whether anything was cut.
+/// characters). Inputs are never trimmed: params, trace state and baggage
+/// are bounded when they are accepted (`model::task::MAX_PARAMS_BYTES`),
+/// so that what is below always makes room. In this order:
+/// 1. late reports' results (evidence of attempts already ended), each
+///    replaced by `{"trimmed": true, "bytes": N}`, N its encoded size;
+/// 2. error texts and the progress message, to 256 bytes (marked
+///    `[trimmed]`);
+/// 3. the last resort, largest first among the output tails, the result
+///    and the checkpoint: a tail is cut to its last 4 KiB (marked
+///    `[trimmed to fit the store]`), a result or checkpoint of at least
+///    1 KiB ([`MIN_TRIMMED_RESULT_BYTES`]) is replaced by the marker; until
+///    it fits;
+/// 4. a run with hundreds of attempts keeps its first and its newest 64
+///    (`RunRecord::elide_attempts`; the others are counted in
+///    `elided_attempts`).
+///
+/// Returns whether anything was cut.
 ///
 /// Errors: [`Error::Internal`] if the record cannot be encoded (a bug).
 pub fn trim_run(run: &mut RunRecord) -> Result<bool> {
-    if codec::encode(run)?.len() <= MAX_RUN_RECORD_BYTES {
+    let mut bytes = codec::encode(run)?.len();
+    if bytes <= MAX_RUN_RECORD_BYTES {
         return Ok(false);
     }
     fn marker(v: &serde_json::Value) -> serde_json::Value {
@@ -80,9 +96,9 @@ pub fn trim_run(run: &mut RunRecord) -> Result<bool> {
             *s = format!("[trimmed to fit the store] {}", &s[start..]);
         }
     }
-    fn text(s: &mut String) {
-        if s.len() > TRIMMED_TEXT_BYTES {
-            let mut end = TRIMMED_TEXT_BYTES;
+    fn text(s: &mut String, max: usize) {
+        if s.len() > max {
+            let mut end = max;
             while !s.is_char_boundary(end) {
                 end -= 1;
             }
@@ -90,64 +106,86 @@ pub fn trim_run(run: &mut RunRecord) -> Result<bool> {
             s.push_str(" [trimmed]");
         }
     }
-    type Step = fn(&mut RunRecord);
-    let steps: [Step; 6] = [
-        |r| {
-            tail(&mut r.stdout_tail);
-            tail(&mut r.stderr_tail);
-        },
-        |r| {
-            if let Some(c) = r.progress.as_mut().and_then(|p| p.checkpoint.as_mut()) {
-                *c = marker(c);
+    let fits = |r: &RunRecord| -> Result<(bool, usize)> {
+        let n = codec::encode(r)?.len();
+        Ok((n <= MAX_RUN_RECORD_BYTES, n))
+    };
+    // 1. Evidence of ended attempts.
+    for rep in run.attempts.iter_mut().filter_map(|a| a.report.as_mut()) {
+        if let Some(v) = rep.result.as_mut() {
+            *v = marker(v);
+        }
+    }
+    // 2. Texts.
+    let (ok, n) = fits(run)?;
+    bytes = n;
+    if !ok {
+        for a in &mut run.attempts {
+            if let Some(e) = a.error.as_mut() {
+                text(e, TRIMMED_TEXT_BYTES);
             }
-            if let Some(p) = r.progress.as_mut() {
-                text(&mut p.message);
+            if let Some(e) = a.report.as_mut().and_then(|rep| rep.error.as_mut()) {
+                text(e, TRIMMED_TEXT_BYTES);
             }
-        },
-        |r| {
-            if let Some(v) = r.result.as_mut() {
-                *v = marker(v);
-            }
-        },
-        |r| {
-            for rep in r.attempts.iter_mut().filter_map(|a| a.report.as_mut()) {
-                if let Some(v) = rep.result.as_mut() {
+        }
+        for e in [run.error.as_mut(), run.pending_reason.as_mut(), run.progress.as_mut().map(|p| &mut p.message)].into_iter().flatten() {
+            text(e, TRIMMED_TEXT_BYTES);
+        }
+        bytes = fits(run)?.1;
+    }
+    // 3. Outputs, largest first.
+    #[derive(Clone, Copy)]
+    enum Part {
+        Stdout,
+        Stderr,
+        Result,
+        Checkpoint,
+    }
+    while bytes > MAX_RUN_RECORD_BYTES {
+        let size = |v: Option<&serde_json::Value>| v.map_or(0, |v| v.to_string().len());
+        // A tail's size as stored (escaped), 0 once it is cut.
+        let tail_size = |s: &str| if s.len() > TRIMMED_TAIL_BYTES + 32 { serde_json::to_string(s).map_or(s.len(), |j| j.len()) } else { 0 };
+        let candidates = [
+            (Part::Stdout, tail_size(&run.stdout_tail)),
+            (Part::Stderr, tail_size(&run.stderr_tail)),
+            (Part::Result, size(run.result.as_ref())),
+            (Part::Checkpoint, size(run.progress.as_ref().and_then(|p| p.checkpoint.as_ref()))),
+        ];
+        let Some((part, _)) = candidates
+            .into_iter()
+            .filter(|(p, n)| match p {
+                Part::Stdout | Part::Stderr => *n > 0,
+                Part::Result | Part::Checkpoint => *n >= MIN_TRIMMED_RESULT_BYTES,
+            })
+            .max_by_key(|(_, n)| *n)
+        else {
+            break;
+        };
+        match part {
+            Part::Stdout => tail(&mut run.stdout_tail),
+            Part::Stderr => tail(&mut run.stderr_tail),
+            Part::Result => {
+                if let Some(v) = run.result.as_mut() {
                     *v = marker(v);
                 }
             }
-        },
-        |r| {
-            if !r.params.is_empty() {
-                let v = serde_json::Value::Object(std::mem::take(&mut r.params));
-                r.params.insert("trimmed".into(), marker(&v));
-            }
-        },
-        |r| {
-            for a in &mut r.attempts {
-                if let Some(e) = a.error.as_mut() {
-                    text(e);
-                }
-                if let Some(e) = a.report.as_mut().and_then(|rep| rep.error.as_mut()) {
-                    text(e);
+            Part::Checkpoint => {
+                if let Some(c) = run.progress.as_mut().and_then(|p| p.checkpoint.as_mut()) {
+                    *c = marker(c);
                 }
             }
-            if let Some(e) = r.error.as_mut() {
-                text(e);
-            }
-            if let Some(e) = r.pending_reason.as_mut() {
-                text(e);
-            }
-        },
-    ];
-    let mut bytes = 0;
-    for step in steps {
-        step(run);
-        bytes = codec::encode(run)?.len();
-        if bytes <= MAX_RUN_RECORD_BYTES {
-            break;
         }
+        bytes = fits(run)?.1;
     }
-    tracing::warn!(run_id = %run.run_id, bytes, "run record trimmed to fit the store");
+    // 4. Hundreds of attempts: the first and the newest 64 are kept.
+    if bytes > MAX_RUN_RECORD_BYTES && run.elide_attempts() {
+        bytes = fits(run)?.1;
+    }
+    if bytes > MAX_RUN_RECORD_BYTES {
+        tracing::error!(run_id = %run.run_id, bytes, "run record does not fit the store even trimmed");
+    } else {
+        tracing::warn!(run_id = %run.run_id, bytes, "run record trimmed to fit the store");
+    }
     Ok(true)
 }
 
@@ -445,6 +483,17 @@ impl Repo {
         }
     }
 
+    /// Up to `limit` runs of one task (`task_id` non-empty) or of all
+    /// tasks, in key order, after the key `after` (the start when empty),
+    /// and the key to continue after (`None`: that was the last page).
+    pub async fn runs_page(&self, task_id: &str, after: &str, limit: usize) -> Result<(Vec<RunRecord>, Option<String>)> {
+        let prefix = if task_id.is_empty() { self.keys.runs() } else { self.keys.runs_of(task_id) };
+        let page = self.store.range_page(&prefix, after, limit, false).await?;
+        let next = if page.len() == limit { page.last().map(|kv| kv.key.clone()) } else { None };
+        let runs = page.iter().map(|kv| codec::decode::<RunRecord>("run", &kv.value)).collect::<Result<_>>()?;
+        Ok((runs, next))
+    }
+
     /// Every run of one task (`task_id` non-empty) or of all tasks, in key
     /// order, and the revision read at.
     pub async fn list_runs(&self, task_id: &str) -> Result<(Vec<RunRecord>, Revision)> {
@@ -699,7 +748,8 @@ mod tests {
 
     /// Found by breaking it: 64 KiB tails of control characters (6 bytes
     /// each once escaped), a big result and checkpoint made a record etcd
-    /// refused, and the engine restarted forever.
+    /// refused, and the engine restarted forever. Params (an input, at most
+    /// 64 KiB) stay whole.
     #[test]
     fn a_huge_run_record_is_trimmed_to_fit() {
         let mut r = run("t.manual-1");
@@ -712,16 +762,95 @@ mod tests {
             checkpoint: Some(serde_json::json!("\u{1}".repeat(40_000))),
             updated_at: r.updated_at,
         });
-        r.params.insert("p".into(), serde_json::json!("x".repeat(200_000)));
+        r.params.insert("p".into(), serde_json::json!("x".repeat(60_000)));
+        let params = r.params.clone();
         assert!(codec::encode(&r).expect("encode").len() > 1_000_000);
         let bytes = encode_run(&r).expect("encode");
         assert!(bytes.len() <= MAX_RUN_RECORD_BYTES, "{}", bytes.len());
         let back: RunRecord = codec::decode("run", &bytes).expect("decode");
         assert!(back.stdout_tail.starts_with("[trimmed to fit the store]"));
         assert_eq!(back.result.as_ref().and_then(|v| v.get("trimmed")), Some(&serde_json::Value::Bool(true)));
+        assert_eq!(back.params, params, "params are never trimmed");
         // A record that fits is stored as it is.
         let small = run("t.manual-2");
         assert_eq!(encode_run(&small).expect("encode"), codec::encode(&small).expect("encode"));
+    }
+
+    /// Issue 19: a 144-byte result was replaced by a marker because the
+    /// result went before the params. The largest output goes first, and a
+    /// result under 1 KiB is never replaced.
+    #[test]
+    fn a_small_result_is_never_replaced() {
+        let mut r = run("t.manual-3");
+        r.result = Some(serde_json::json!({"summary": "x".repeat(120)}));
+        let result = r.result.clone();
+        r.stdout_tail = "\u{1}".repeat(64 * 1024);
+        r.stderr_tail = "\u{1}".repeat(64 * 1024);
+        r.progress = Some(crate::model::Progress {
+            percent: None,
+            message: String::new(),
+            checkpoint: Some(serde_json::json!("c".repeat(600_000))),
+            updated_at: r.updated_at,
+        });
+        r.params.insert("p".into(), serde_json::json!("\u{1}".repeat(10_000)));
+        let params = r.params.clone();
+        let back: RunRecord = codec::decode("run", &encode_run(&r).expect("encode")).expect("decode");
+        assert_eq!(back.result, result, "a 144-byte result stays");
+        assert_eq!(back.params, params);
+        assert_eq!(back.progress.and_then(|p| p.checkpoint).and_then(|c| c.get("trimmed").cloned()), Some(serde_json::json!(true)));
+    }
+
+    /// The worst a run record can hold, every input at its limit — 64 KiB
+    /// of params escaped six times over, 8 KiB of baggage, 512 bytes of
+    /// trace state, 1,004 attempts (max_retries 1,000 and three free
+    /// interruptions) from 128-character runner ids with long errors and
+    /// late reports, and outputs of megabytes — fits the store without
+    /// touching an input.
+    #[test]
+    fn the_largest_possible_record_fits_with_its_inputs_whole() {
+        let mut r = run("t.manual-4");
+        let mut n = 0;
+        while crate::model::task::json_bytes(&serde_json::Value::Object(r.params.clone())) < crate::model::task::MAX_PARAMS_BYTES - 64 {
+            r.params.insert(format!("k{n}"), serde_json::json!("\u{1}".repeat(100)));
+            n += 1;
+        }
+        r.baggage = "b".repeat(8192);
+        r.trace_state = "s".repeat(512);
+        let t = r.updated_at;
+        for i in 0..1004u32 {
+            r.attempts.push(crate::model::Attempt {
+                attempt: i + 1,
+                execution_id: uuid::Uuid::new_v4().to_string(),
+                runner_id: "r".repeat(128),
+                runner_instance: uuid::Uuid::new_v4().to_string(),
+                dispatched_at: t,
+                started_at: Some(t),
+                finished_at: Some(t),
+                outcome: Some(crate::model::run::Outcome::Failed),
+                error: Some("e".repeat(4000)),
+                exit_code: Some(1),
+                awaiting_runner: false,
+                report: Some(crate::model::run::AttemptReport {
+                    outcome: crate::model::run::Outcome::Failed,
+                    error: Some("e".repeat(4000)),
+                    exit_code: Some(1),
+                    result: Some(serde_json::json!("x".repeat(2000))),
+                    finished_at: t,
+                }),
+                usage: None,
+            });
+        }
+        r.stdout_tail = "\u{1}".repeat(64 * 1024);
+        r.stderr_tail = "\u{1}".repeat(64 * 1024);
+        r.result = Some(serde_json::json!("\u{1}".repeat(500_000)));
+        let (params, baggage, trace_state) = (r.params.clone(), r.baggage.clone(), r.trace_state.clone());
+        let bytes = encode_run(&r).expect("encode");
+        assert!(bytes.len() <= MAX_RUN_RECORD_BYTES, "{} bytes", bytes.len());
+        let back: RunRecord = codec::decode("run", &bytes).expect("decode");
+        assert_eq!((&back.params, &back.baggage, &back.trace_state), (&params, &baggage, &trace_state));
+        assert_eq!(back.attempt_count(), 1004, "elided attempts still count");
+        assert_eq!(back.attempts.len(), 1 + crate::model::run::KEPT_LATEST_ATTEMPTS);
+        assert_eq!(back.counted_attempts(), r.counted_attempts());
     }
 
     /// An embedded store that says it takes at most `ops` operations per

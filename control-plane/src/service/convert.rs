@@ -145,6 +145,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
         skip: skip_to_pb(r.skip_reason) as i32,
         start_by: ots(r.start_by),
         interruptions: r.interruptions,
+        elided_attempts: r.elided_attempts.total,
         trace_id: r.trace_id.clone(),
         span_id: r.span_id.clone(),
     }

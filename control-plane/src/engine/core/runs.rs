@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::model::breaker::Admission;
 use crate::model::notification::NotifyEvent;
 use crate::model::run::{MAX_FREE_INTERRUPTIONS, Outcome, SkipReason, TriggerKind, manual_run_id};
-use crate::model::task::{DEFAULT_START_TIMEOUT_SECONDS, ExecutionSpec, OverlapPolicy};
+use crate::model::task::{DEFAULT_START_TIMEOUT_SECONDS, ExecutionSpec, MAX_PARAMS_BYTES, OverlapPolicy};
 use crate::model::{Attempt, RunRecord, RunStatus};
 
 /// Longest manual-trigger delay: one year.
@@ -234,8 +234,18 @@ impl EngineCore {
         }
         let spec = e.record.spec.clone();
         let mut run = RunRecord::pending(run_id.clone(), &req.task_id, &spec.agent_id, TriggerKind::Manual, at, now.wall);
+        crate::model::task::check_params_size("params", &req.params)?;
         let mut params = spec.params();
         params.extend(req.params);
+        let merged = crate::model::task::json_bytes(&serde_json::Value::Object(params.clone()));
+        if merged > MAX_PARAMS_BYTES {
+            return Err(Error::invalid(
+                "params",
+                format!(
+                    "merged with the task's context.params: {merged} bytes of JSON; at most {MAX_PARAMS_BYTES} (params are kept whole with every run)"
+                ),
+            ));
+        }
         run.params = params;
         run.priority = spec.execution.priority;
         // The caller's trace: the run's span is a child of its span.
@@ -372,8 +382,8 @@ impl EngineCore {
         let Some(run) = self.runs.get(run_id) else { return };
         let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds.max(1));
         self.exec_seq += 1;
-        let execution_id = execution_id(run_id, run.attempts.len(), self.cfg.token, now.wall, self.exec_seq);
-        let attempt = u32::try_from(run.attempts.len()).unwrap_or(u32::MAX - 1) + 1;
+        let execution_id = execution_id(run_id, run.attempt_count() as usize, self.cfg.token, now.wall, self.exec_seq);
+        let attempt = run.attempt_count().saturating_add(1);
         let context_json = self.context_json(run, &execution_id, attempt);
         let instance = self.registry.get(runner_id).map(|r| r.instance_id.clone()).unwrap_or_default();
         let timeout = chrono::Duration::seconds(timeout_s);

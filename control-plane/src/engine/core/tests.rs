@@ -883,6 +883,38 @@ fn a_past_once_slot_is_looked_up_before_it_runs() {
     }
 }
 
+/// Issue 19: `TriggerTask` params over the limit (alone, or merged with
+/// the task's) are refused naming `params` and the limit; nothing is created.
+#[test]
+fn trigger_params_over_the_limit_are_refused() {
+    use crate::model::task::MAX_PARAMS_BYTES;
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "m", "agent_id": "a", "context": {"params": {"base": "y".repeat(40_000)}}}));
+    for (key, n) in [("alone", 700_000), ("merged", 30_000)] {
+        let mut params = serde_json::Map::new();
+        params.insert("p".into(), serde_json::json!("x".repeat(n)));
+        let req = TriggerRequest {
+            task_id: "m".into(),
+            params,
+            not_before: None,
+            delay_seconds: 0,
+            idempotency_key: Some(key.into()),
+            caller_trace: None,
+            baggage: String::new(),
+        };
+        h.core.handle(h.clocks(), Input::Trigger { reply: 5, req, explicit_key: false });
+        let fx = h.core.poll_effects();
+        assert!(fx.writes.is_empty(), "{key}: nothing written");
+        match fx.replies.as_slice() {
+            [(5, Reply::Trigger(Err(Error::InvalidArgument { field, reason })))] => {
+                assert_eq!(field, "params", "{key}");
+                assert!(reason.contains(&format!("at most {MAX_PARAMS_BYTES}")), "{key}: {reason}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+}
+
 fn created(fx: &Effects) -> Vec<RunRecord> {
     fx.writes.iter().flatten().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some((**r).clone()) } else { None }).collect()
 }
