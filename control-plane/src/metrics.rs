@@ -134,6 +134,7 @@ pub struct Metrics {
     notify_delivered: Family<SinkLabel, Counter>,
     notify_failed: Family<SinkLabel, Counter>,
     notify_dead: Family<SinkLabel, Counter>,
+    notify_pending: Family<SinkLabel, Gauge>,
     /// Agents that had pending runs (their gauge then reads 0, not nothing).
     pending_agents: std::sync::Mutex<std::collections::BTreeSet<AgentLabel>>,
     spans_dropped: Counter,
@@ -184,6 +185,7 @@ impl Metrics {
             notify_delivered: Family::default(),
             notify_failed: Family::default(),
             notify_dead: Family::default(),
+            notify_pending: Family::default(),
             pending_agents: std::sync::Mutex::default(),
             spans_dropped: Counter::default(),
             spans_dropped_seen: AtomicU64::new(0),
@@ -240,7 +242,16 @@ impl Metrics {
             "Notification delivery attempts that failed (error, timeout, non-2xx), per sink",
             m.notify_failed.clone(),
         );
-        r.register("notifications_dead", "Notifications dead-lettered after max_attempts, per sink", m.notify_dead.clone());
+        r.register(
+            "notifications_dead",
+            "Notifications dead-lettered (after max_attempts, or at once past max_pending_per_sink), per sink",
+            m.notify_dead.clone(),
+        );
+        r.register(
+            "notifications_pending",
+            "Notifications waiting for delivery in the leader's outbox, per sink",
+            m.notify_pending.clone(),
+        );
         r.register(
             "trace_spans_dropped",
             "Trace spans lost: their OTLP export failed, or the exporter fell behind",
@@ -262,6 +273,11 @@ impl Metrics {
     /// A delivery attempt to `sink` failed.
     pub fn notification_failed(&self, sink: &str) {
         self.notify_failed.get_or_create(&SinkLabel { sink: sink.into() }).inc();
+    }
+
+    /// `n` notifications wait for delivery to `sink` (leader).
+    pub fn notifications_pending(&self, sink: &str, n: usize) {
+        self.notify_pending.get_or_create(&SinkLabel { sink: sink.into() }).set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// A notification to `sink` was dead-lettered.

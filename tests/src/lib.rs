@@ -259,6 +259,15 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The HTTP (health, metrics) address (`host:port`) the process printed
+    /// in its log (`dev`, or a `server` with `--http-listen`).
+    pub fn http_addr(&self) -> String {
+        let log = self.log_text();
+        let line = log.lines().find(|l| l.contains("health on http://")).unwrap_or_else(|| panic!("no health address in the log: {log}"));
+        let start = line.find("health on http://").expect("health address") + "health on http://".len();
+        line[start..].split(['/', ' ', '"']).next().expect("host:port").to_string()
+    }
+
     /// Process id.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32

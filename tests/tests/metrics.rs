@@ -17,14 +17,6 @@ use punchclock_tests::etcd::free_port;
 use punchclock_tests::{KeepLogsOnPanic, Proc, apply, cli, http_get, repo_root, status, wait_n_runs};
 use serde_json::{Value, json};
 
-/// The HTTP (health, metrics) address `dev` printed in its log.
-fn http_addr(dev: &Proc) -> String {
-    let log = dev.log_text();
-    let line = log.lines().find(|l| l.contains("health on http://")).unwrap_or_else(|| panic!("no health address in the log: {log}"));
-    let start = line.find("health on http://").expect("health address") + "health on http://".len();
-    line[start..].split(['/', ' ', '"']).next().expect("host:port").to_string()
-}
-
 fn encode_query(q: &str) -> String {
     q.bytes()
         .map(|b| match b {
@@ -83,7 +75,7 @@ async fn prometheus_scrapes_dev_and_counts_every_started_run() {
     let cfg = dir.path().join("punchclock.yaml");
     std::fs::write(&cfg, "notifications:\n  max_attempts: 1\nsinks:\n  nowhere:\n    url: http://127.0.0.1:1/hook\n").expect("config");
     let dev = Proc::dev_with(&dir.path().join("data"), 8, &dir.path().join("dev.log"), &["--config", &cfg.to_string_lossy()]);
-    let target = http_addr(&dev);
+    let target = dev.http_addr();
 
     // A real Prometheus scraping it every second.
     let prom_port = free_port();

@@ -88,9 +88,13 @@ struct Book {
     /// Requests in flight per sink: a slow sink holds at most
     /// `per_sink_concurrency` of them, so it cannot delay the others.
     sink_inflight: HashMap<String, usize>,
+    /// Pending notifications per sink (the cap and the gauge).
+    pending: HashMap<String, usize>,
 }
 
 impl Book {
+    /// Adds or replaces a notification (unless the book has this revision
+    /// or a newer one).
     fn put(&mut self, n: Notification, rev: Revision) {
         if let Some((old, old_rev)) = self.items.get(&n.id) {
             if *old_rev >= rev {
@@ -98,15 +102,43 @@ impl Book {
             }
             self.due.remove(&(old.next_attempt_at, old.id.clone()));
         }
+        if let Some((old, _)) = self.items.insert(n.id.clone(), (n.clone(), rev))
+            && old.status == DeliveryStatus::Pending
+        {
+            self.count(&old.sink, -1);
+        }
         if n.status == DeliveryStatus::Pending {
             self.due.insert((n.next_attempt_at, n.id.clone()));
+            self.count(&n.sink, 1);
         }
-        self.items.insert(n.id.clone(), (n, rev));
     }
 
     fn remove(&mut self, id: &str) {
         if let Some((n, _)) = self.items.remove(id) {
-            self.due.remove(&(n.next_attempt_at, n.id));
+            self.due.remove(&(n.next_attempt_at, n.id.clone()));
+            if n.status == DeliveryStatus::Pending {
+                self.count(&n.sink, -1);
+            }
+        }
+    }
+
+    fn count(&mut self, sink: &str, d: isize) {
+        let c = self.pending.entry(sink.to_string()).or_default();
+        *c = c.saturating_add_signed(d);
+    }
+
+    fn pending_of(&self, sink: &str) -> usize {
+        self.pending.get(sink).copied().unwrap_or(0)
+    }
+
+    /// The pending gauge, per metrics label (direct URLs share `url`).
+    fn publish(&self, metrics: &Metrics) {
+        let mut by_label: HashMap<String, usize> = HashMap::new();
+        for (sink, n) in &self.pending {
+            *by_label.entry(sink_label(sink)).or_default() += n;
+        }
+        for (label, n) in by_label {
+            metrics.notifications_pending(&label, n);
         }
     }
 }
@@ -117,8 +149,9 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
     let mut watch = n.repo.watch_outbox().await?;
     let mut book = Book::default();
     for (note, rev) in n.repo.outbox().await? {
-        book.put(note, rev);
+        admit(n, lead, &mut book, note, rev).await?;
     }
+    book.publish(&n.metrics);
     tracing::info!(pending = book.due.len(), stored = book.items.len(), "notifier: outbox read");
     let mut inflight: JoinSet<(Notification, Revision, std::result::Result<(), String>)> = JoinSet::new();
     loop {
@@ -165,7 +198,10 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
         tokio::select! {
             ev = watch.next() => match ev {
                 Some(Ok(WatchEvent::Put(kv))) => match crate::repo::codec::decode::<Notification>("notification", &kv.value) {
-                    Ok(note) => book.put(note, kv.mod_revision),
+                    Ok(note) => {
+                        admit(n, lead, &mut book, note, kv.mod_revision).await?;
+                        book.publish(&n.metrics);
+                    }
                     Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable notification; skipped"),
                 },
                 Some(Ok(WatchEvent::Delete { key, .. })) => {
@@ -187,10 +223,35 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
                     *c = c.saturating_sub(1);
                 }
                 record(n, lead, &mut book, note, rev, result).await?;
+                book.publish(&n.metrics);
             }
             _ = wait => {}
         }
     }
+}
+
+/// Takes a notification into the book, unless it is new, pending, and its
+/// sink already has `max_pending_per_sink` waiting: then it is
+/// dead-lettered at once, with the reason (a fenced write conditional on
+/// its revision, like every outcome).
+async fn admit(n: &Notifier, lead: &Leadership, book: &mut Book, mut note: Notification, rev: Revision) -> Result<()> {
+    let cap = n.config.max_pending_per_sink;
+    let new = !book.items.contains_key(&note.id);
+    if !(new && note.status == DeliveryStatus::Pending && book.pending_of(&note.sink) >= cap) {
+        book.put(note, rev);
+        return Ok(());
+    }
+    let kind = sink_label(&note.sink);
+    note.status = DeliveryStatus::Dead;
+    note.updated_at = n.clock.now();
+    note.last_error =
+        Some(format!("{cap} notifications are waiting for this sink (notifications.max_pending_per_sink); dead-lettered without delivery"));
+    n.metrics.notification_dead(&kind);
+    tracing::warn!(id = %note.id, sink = %redact_sink(&note.sink), pending = cap, "sink backlog full: notification dead-lettered at once");
+    if let Some(new_rev) = n.repo.record_delivery(lead, &note, rev).await? {
+        book.put(note, new_rev);
+    }
+    Ok(())
 }
 
 /// Writes one attempt's outcome and updates the book.
@@ -231,7 +292,9 @@ async fn record(
     match n.repo.record_delivery(lead, &note, rev).await? {
         Some(_) if note.status == DeliveryStatus::Delivered => book.remove(&note.id),
         // Known at once (not only when the watch brings it), so it is not sent again before.
-        Some(new_rev) => book.put(note, new_rev),
+        Some(new_rev) => {
+            book.put(note, new_rev);
+        }
         None => {
             // Changed meanwhile (a retry by hand): wait for the watch's version.
             tracing::info!(id = %note.id, "notification changed during its delivery; its outcome is not recorded");
@@ -270,13 +333,30 @@ async fn send(client: &reqwest::Client, config: &NotifyConfig, note: &Notificati
         Ok(resp) if resp.status().is_success() => Ok(()),
         Ok(resp) => {
             let status = resp.status();
-            let text = resp.text().await.unwrap_or_default();
-            let text: String = text.chars().take(200).collect();
+            let text = read_capped(resp, MAX_ERROR_BODY_BYTES).await;
+            let text: String = String::from_utf8_lossy(&text).chars().take(200).collect();
             Err(format!("HTTP {status}: {text}"))
         }
         // Without the URL: it may hold a token.
         Err(e) => Err(error_chain(&e.without_url())),
     }
+}
+
+/// How much of a failed answer's body is read (for the error text): a
+/// sink answering a 300 MB `500` took the leader to 2 GiB when the whole
+/// body was read (issue 19). The rest is never read; the connection closes.
+const MAX_ERROR_BODY_BYTES: usize = 4096;
+
+/// At most `max` bytes of `resp`'s body.
+async fn read_capped(mut resp: reqwest::Response, max: usize) -> Vec<u8> {
+    let mut buf = Vec::new();
+    while buf.len() < max {
+        match resp.chunk().await {
+            Ok(Some(c)) => buf.extend_from_slice(&c[..c.len().min(max - buf.len())]),
+            _ => break,
+        }
+    }
+    buf
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

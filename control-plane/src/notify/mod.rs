@@ -71,6 +71,10 @@ pub struct Settings {
     /// Of those, to one sink; `1..=concurrency`, default 2 (a slow sink
     /// does not hold up the others).
     pub per_sink_concurrency: usize,
+    /// Notifications waiting for one sink before new ones for it are
+    /// dead-lettered at once (a sink that hangs cannot grow the outbox
+    /// without bound); `1..=1,000,000`, default 10,000.
+    pub max_pending_per_sink: usize,
     /// Signs requests to direct `http(s)://` sinks.
     pub secret: Option<String>,
     /// The same, read from a file (trailing newline dropped).
@@ -86,6 +90,7 @@ impl Default for Settings {
             timeout_seconds: 10,
             concurrency: 8,
             per_sink_concurrency: 2,
+            max_pending_per_sink: 10_000,
             secret: None,
             secret_file: None,
         }
@@ -138,6 +143,8 @@ pub struct NotifyConfig {
     pub concurrency: usize,
     /// Requests in flight to one sink.
     pub per_sink_concurrency: usize,
+    /// Pending notifications per sink before new ones are dead-lettered.
+    pub max_pending_per_sink: usize,
     default_timeout: Duration,
     default_secret: Option<String>,
     sinks: BTreeMap<String, Target>,
@@ -231,6 +238,9 @@ impl NotifyConfig {
         if !(1..=n.concurrency).contains(&n.per_sink_concurrency) {
             return Err(Error::invalid("notifications.per_sink_concurrency", format!("must be in 1..={} (concurrency)", n.concurrency)));
         }
+        if !(1..=1_000_000).contains(&n.max_pending_per_sink) {
+            return Err(Error::invalid("notifications.max_pending_per_sink", "must be in 1..=1000000"));
+        }
         let default_secret = read_secret("notifications.secret", &n.secret, &n.secret_file)?;
         let default_timeout = Duration::from_secs(n.timeout_seconds);
         let mut sinks = BTreeMap::new();
@@ -266,6 +276,7 @@ impl NotifyConfig {
             retry_cap: Duration::from_secs_f64(n.retry_cap_seconds),
             concurrency: n.concurrency,
             per_sink_concurrency: n.per_sink_concurrency,
+            max_pending_per_sink: n.max_pending_per_sink,
             default_timeout,
             default_secret,
             sinks,
