@@ -38,7 +38,7 @@ pub enum Error {
     /// Another live runner process holds this work directory's lock: two
     /// processes with one `--runner-id` on one host would take each other's
     /// runs and delete each other's execution directories.
-    #[error("work directory {} is in use by another runner process (same --runner-id on this host?)", path.display())]
+    #[error("work directory {} is in use by another runner process (same --runner-id on this host?); waited 30 s for it to exit", path.display())]
     WorkDirInUse {
         /// The work directory.
         path: PathBuf,

@@ -95,7 +95,7 @@ pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Re
     config.validate()?;
     raise_open_files_limit();
     // Held until this function returns; the kernel drops it if the process dies.
-    let _lock = lock_work_dir(&config.work_dir)?;
+    let _lock = lock_work_dir_waiting(&config.work_dir, WORK_DIR_LOCK_WAIT).await?;
     remove_stale_execution_dirs(&config.work_dir).await;
     match &config.shim {
         Some(shim) if !shim.args.is_empty() => warn!(
@@ -113,8 +113,39 @@ pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Re
     Ok(())
 }
 
+/// How long a starting runner waits for its work directory's lock: a
+/// runner restarted at once finds the previous process still stopping its
+/// agents (up to the kill grace, 5 s by default), and waits for it rather
+/// than exiting (issue 19: 2 of 146 immediate restarts exited).
+pub const WORK_DIR_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// [`lock_work_dir`], waiting up to `wait` for a previous process to let
+/// go, and saying once who holds it.
+///
+/// # Errors
+///
+/// [`Error::WorkDirInUse`] if it is still held after `wait`.
+pub async fn lock_work_dir_waiting(work_dir: &std::path::Path, wait: std::time::Duration) -> Result<std::fs::File, Error> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match lock_work_dir(work_dir) {
+            Err(Error::WorkDirInUse { .. }) if tokio::time::Instant::now() < deadline => {
+                if !said {
+                    let holder = std::fs::read_to_string(work_dir.join(".lock")).unwrap_or_default();
+                    info!(work_dir = %work_dir.display(), holder = %holder.trim(), wait_s = wait.as_secs(), "work directory locked by another runner process; waiting for it to exit");
+                    said = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Takes an exclusive `flock(2)` on `<work_dir>/.lock` (created if missing),
-/// without waiting. The file is opened close-on-exec, so agents do not
+/// without waiting, and writes this process's id into it (for the message
+/// of the next one that waits). The file is opened close-on-exec, so agents do not
 /// inherit (and outlive the runner with) the lock.
 pub fn lock_work_dir(work_dir: &std::path::Path) -> Result<std::fs::File, Error> {
     use std::os::fd::AsRawFd;
@@ -125,6 +156,11 @@ pub fn lock_work_dir(work_dir: &std::path::Path) -> Result<std::fs::File, Error>
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
         return Err(if e.kind() == std::io::ErrorKind::WouldBlock { Error::WorkDirInUse { path: work_dir.to_path_buf() } } else { io(e) });
+    }
+    {
+        use std::io::Write;
+        let _ = file.set_len(0);
+        let _ = writeln!(&file, "pid {}", std::process::id());
     }
     Ok(file)
 }
@@ -1122,6 +1158,33 @@ mod tests {
         assert!(matches!(lock_work_dir(&work), Err(Error::WorkDirInUse { .. })), "a second holder is refused");
         drop(held);
         lock_work_dir(&work).expect("free again once the holder is gone");
+    }
+
+    /// Issue 19: a runner restarted at once exited because the previous
+    /// process still held the lock while stopping its agents; it waits.
+    #[tokio::test]
+    async fn a_restarted_runner_waits_for_the_previous_process_to_let_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let work = dir.path().join("r1");
+        let held = lock_work_dir(&work).expect("first lock");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let release = tokio::spawn(async move {
+            let _ = rx.await;
+            drop(held);
+        });
+        let waiter = tokio::spawn({
+            let work = work.clone();
+            async move { lock_work_dir_waiting(&work, Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "it waits while the lock is held");
+        let _ = tx.send(());
+        release.await.expect("released");
+        waiter.await.expect("task").expect("it takes the lock once the holder is gone");
+        // A holder that never lets go: refused after the wait.
+        let _held = lock_work_dir(&dir.path().join("r2")).expect("lock");
+        let r = lock_work_dir_waiting(&dir.path().join("r2"), Duration::from_millis(200)).await;
+        assert!(matches!(r, Err(Error::WorkDirInUse { .. })));
     }
 
     #[test]

@@ -759,7 +759,12 @@ async fn server(a: ServerArgs) -> Res {
         tracing::warn!(listen = %cfg.listen, "no --advertise: runners and clients redirected to this replica would be sent to an unspecified address; give --advertise https://HOST:PORT");
     }
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
-    eprintln!("punchclock server: API on {scheme}://{}", server.addr);
+    match server.http_addr {
+        Some(h) => {
+            eprintln!("punchclock server: API on {scheme}://{} (health on http://{h}/healthz, metrics on http://{h}/metrics)", server.addr)
+        }
+        None => eprintln!("punchclock server: API on {scheme}://{} (no HTTP port: give --http-listen for health and metrics)", server.addr),
+    }
     let r = server.wait().await.map_err(|e| e.to_string());
     if let Some(t) = telemetry {
         let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
@@ -767,7 +772,7 @@ async fn server(a: ServerArgs) -> Res {
     r
 }
 
-fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+pub(crate) fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())
         .map(|p| {
@@ -1085,9 +1090,12 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
         RunsCmd::Prune { task } => {
             let r = rc.prune_runs(pb::PruneRunsRequest { task_id: task }).await.map_err(grpc)?.into_inner();
             if fmt == Format::Json {
-                print_json(&serde_json::json!({"deleted": r.deleted, "kept": r.kept}));
+                print_json(&serde_json::json!({"deleted": r.deleted, "kept": r.kept, "note": r.note}));
             } else {
                 println!("{} finished runs deleted, {} runs kept", r.deleted, r.kept);
+                if !r.note.is_empty() {
+                    eprintln!("note: {}", r.note);
+                }
             }
             Ok(())
         }

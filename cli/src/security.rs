@@ -250,6 +250,10 @@ pub enum TokenCmd {
         /// runner tokens: the agents it may offer, comma-separated (default: any).
         #[arg(long)]
         agents: Option<String>,
+        /// runner tokens: the labels it may claim, `k=v,...` (default: none;
+        /// a runner claiming a label its token does not bind is refused).
+        #[arg(long)]
+        labels: Option<String>,
     },
     /// Print the SHA-256 (the tokens file's `sha256`) of the token read
     /// from stdin.
@@ -278,7 +282,7 @@ pub fn token(cmd: TokenCmd) -> Result<(), String> {
             println!("{}", auth::token_hash(t));
             Ok(())
         }
-        TokenCmd::New { name, role, out, runner_id, runner_id_prefix, agents } => {
+        TokenCmd::New { name, role, out, runner_id, runner_id_prefix, agents, labels } => {
             let role_name = format!("{role:?}").to_lowercase();
             let role = match role {
                 RoleArg::Admin => auth::Role::Admin,
@@ -288,9 +292,13 @@ pub fn token(cmd: TokenCmd) -> Result<(), String> {
             };
             let agent_list: Option<Vec<String>> =
                 agents.as_deref().map(|a| a.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect());
+            let label_map = match labels.as_deref() {
+                None => None,
+                Some(l) => Some(crate::commands::parse_labels(l).map_err(|e| format!("--labels: {e}"))?),
+            };
             // The entry the server would refuse is refused here, before a token exists.
             if let Err(punchclock_control_plane::Error::InvalidArgument { field, reason }) =
-                auth::principal(name.clone(), role, runner_id.clone(), runner_id_prefix.clone(), agent_list.clone())
+                auth::principal(name.clone(), role, runner_id.clone(), runner_id_prefix.clone(), agent_list.clone(), label_map.clone())
             {
                 return Err(format!("--{}: {reason}", field.replace('_', "-")));
             }
@@ -320,6 +328,10 @@ pub fn token(cmd: TokenCmd) -> Result<(), String> {
             if let Some(list) = agent_list {
                 let list: Vec<String> = list.iter().map(|s| format!("{s:?}")).collect();
                 entry += &format!("    agents: [{}]\n", list.join(", "));
+            }
+            if let Some(map) = label_map {
+                let pairs: Vec<String> = map.iter().map(|(k, v)| format!("{k:?}: {v:?}")).collect();
+                entry += &format!("    labels: {{{}}}\n", pairs.join(", "));
             }
             print!("{entry}");
             Ok(())

@@ -158,6 +158,12 @@ impl Core {
             return Ok(e);
         }
         let leader = self.election.leader().await.map(|l| l.advertise_address).filter(|a| !a.is_empty());
+        // With no leader at all, a store alarm is the likely reason: say so.
+        if leader.is_none()
+            && let Some(alarm) = self.repo.store().alarms().await.ok().and_then(|a| a.into_iter().next())
+        {
+            return Err(Error::Unavailable { reason: format!("no leader: {}", alarm_reason(&alarm)), leader: None });
+        }
         Err(Error::Unavailable { reason: "this replica is not the leader".into(), leader })
     }
 
@@ -174,6 +180,9 @@ impl Core {
         let mut why = Vec::new();
         if let Err(e) = self.repo.store().ready().await {
             why.push(format!("store not writable: {e}"));
+        }
+        for alarm in self.repo.store().alarms().await.unwrap_or_default() {
+            why.push(alarm_reason(&alarm));
         }
         let leading = self.election.leadership().borrow().is_some();
         let engine = self.engine.read().map(|g| g.is_some()).unwrap_or(false);
@@ -512,9 +521,31 @@ impl Core {
     /// task or all (leader).
     ///
     /// Errors: `Unavailable` naming the leader on a follower; store errors.
+    ///
+    /// While the store has its `NOSPACE` alarm raised (etcd full: no leader
+    /// can be elected or write), any replica prunes without a leader: the
+    /// deletes are each conditional on the run being unchanged since it was
+    /// listed and not active, so they are safe unfenced; the store's
+    /// history is then compacted. Freeing the space also takes etcd's own
+    /// defragmentation and disarming the alarm, which the answer says.
     pub async fn prune_runs(&self, task_id: &str) -> Result<crate::engine::retention::PruneReport> {
-        let engine = self.engine().await?;
-        let report = crate::engine::retention::prune(&self.repo, engine.leadership(), &self.retention, self.clock.now(), task_id).await?;
+        let engine = match self.engine().await {
+            Ok(e) => Some(e),
+            Err(e) if self.repo.store().alarms().await.unwrap_or_default().iter().any(|a| a == "NOSPACE") => {
+                tracing::warn!(error = %e, "pruning without a leader: the store's NOSPACE alarm is raised");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let unfenced = crate::election::Leadership { token: 0, fence: Vec::new() };
+        let lead = engine.as_ref().map_or(&unfenced, |e| e.leadership());
+        let mut report = crate::engine::retention::prune(&self.repo, lead, &self.retention, self.clock.now(), task_id).await?;
+        if self.repo.store().alarms().await.unwrap_or_default().iter().any(|a| a == "NOSPACE") {
+            // The deletes free space only once compacted and defragmented.
+            self.repo.store().compact(report.revision).await?;
+            let how = if engine.is_none() { "pruned without a leader" } else { "pruned" };
+            report.note = Some(format!("{how} while the store's NOSPACE alarm is raised; {}", crate::store::etcd::NOSPACE_HELP));
+        }
         tracing::info!(task_id, deleted = report.deleted, kept = report.kept, "runs pruned on request");
         Ok(report)
     }
@@ -554,6 +585,14 @@ impl Core {
     /// Connected runners (leader).
     pub async fn list_runners(&self) -> Result<Vec<RunnerSnapshot>> {
         self.engine().await?.list_runners().await
+    }
+}
+
+/// What a raised store alarm means, for readiness and errors.
+fn alarm_reason(alarm: &str) -> String {
+    match alarm {
+        "NOSPACE" => format!("store alarm NOSPACE: {}", crate::store::etcd::NOSPACE_HELP),
+        other => format!("store alarm {other}: etcd refuses writes until the alarm is resolved and disarmed (etcdctl alarm list)"),
     }
 }
 

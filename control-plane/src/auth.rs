@@ -14,6 +14,7 @@
 //!     sha256: …
 //!     runner_id_prefix: "gpu-"    # or runner_id: gpu-1 (exactly one of them, runner tokens only)
 //!     agents: [report_agent]      # optional: the agents it may offer
+//!     labels: {zone: secure}      # the labels it may claim (none without this)
 //! ```
 //!
 //! Tokens are random (`punchclock token new` makes 256-bit ones), so a
@@ -155,6 +156,10 @@ pub struct RunnerBinding {
     pub id: IdRule,
     /// The agents it may offer; `None` = any.
     pub agents: Option<BTreeSet<String>>,
+    /// The labels it may claim in Hello (key and value); any other label
+    /// is refused. Labels route tasks (selectors), and with them their
+    /// params: a runner must not give itself one.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A runner id rule.
@@ -186,11 +191,20 @@ pub struct Principal {
 
 impl Principal {
     /// Checks a runner's Hello against the token's binding and the client
-    /// certificate.
+    /// certificate: its id, its agents, and its labels — a runner token
+    /// may claim only the labels it binds, a certificate without a token
+    /// none (issue 19: a runner started with `--labels zone=secure` got the
+    /// tasks, and the params, meant for secure runners).
     ///
-    /// Errors: `PermissionDenied` naming the id or the agents refused and why.
+    /// Errors: `PermissionDenied` naming the id, the agents or the labels
+    /// refused and why.
     #[allow(clippy::result_large_err)]
-    pub fn check_hello(&self, runner_id: &str, agents: &[String]) -> std::result::Result<(), Status> {
+    pub fn check_hello(
+        &self,
+        runner_id: &str,
+        agents: &[String],
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> std::result::Result<(), Status> {
         if let Some(cert_id) = &self.cert_runner_id
             && cert_id != runner_id
         {
@@ -198,7 +212,25 @@ impl Principal {
                 "runner id {runner_id:?} does not match the client certificate, which names {cert_id:?}"
             )));
         }
-        let Some(b) = &self.binding else { return Ok(()) };
+        let Some(b) = &self.binding else {
+            if self.cert_runner_id.is_some()
+                && let Some((k, v)) = labels.iter().next()
+            {
+                return Err(Status::permission_denied(format!(
+                    "runner {runner_id:?} may not claim label {k}={v}: a client certificate binds no labels; connect with a runner token whose tokens-file entry binds them (labels:)"
+                )));
+            }
+            return Ok(());
+        };
+        let unbound: Vec<String> =
+            labels.iter().filter(|(k, v)| b.labels.get(*k) != Some(*v)).take(5).map(|(k, v)| format!("{k}={v}")).collect();
+        if !unbound.is_empty() {
+            return Err(Status::permission_denied(format!(
+                "token {:?} may not claim labels {unbound:?} (it binds {:?}); bind them with labels: in its tokens-file entry",
+                self.name,
+                b.labels.iter().take(20).map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>()
+            )));
+        }
         match &b.id {
             IdRule::Exact(id) if id != runner_id => {
                 return Err(Status::permission_denied(format!("token {:?} is bound to runner id {id:?}, not {runner_id:?}", self.name)));
@@ -246,6 +278,8 @@ struct TokenEntry {
     runner_id_prefix: Option<String>,
     #[serde(default)]
     agents: Option<Vec<String>>,
+    #[serde(default)]
+    labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Token hash → who.
@@ -415,7 +449,7 @@ fn load(file: &Path) -> Result<Table> {
             .ok()
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| Error::invalid(field("sha256"), "expected 64 hex digits (the SHA-256 of the token)"))?;
-        let mut p = principal(t.name, t.role, t.runner_id, t.runner_id_prefix, t.agents).map_err(in_entry)?;
+        let mut p = principal(t.name, t.role, t.runner_id, t.runner_id_prefix, t.agents, t.labels).map_err(in_entry)?;
         p.token_hash = Some(hash);
         if !names.insert(p.name.clone()) {
             return Err(Error::invalid(field("name"), format!("{:?} is used twice", p.name)));
@@ -433,16 +467,18 @@ fn load(file: &Path) -> Result<Table> {
 /// Checks one token's entry (the tokens file's, or `punchclock token
 /// new`'s flags) and makes its principal.
 ///
-/// Errors: [`Error::InvalidArgument`] naming `name`, `runner_id` or
-/// `agents`: a name outside 1–64 of letters, digits, `_ - . @`; a runner
-/// token without exactly one of `runner_id` / `runner_id_prefix`, or with
-/// one outside the runner id rules; a binding or `agents` on another role.
+/// Errors: [`Error::InvalidArgument`] naming `name`, `runner_id`,
+/// `agents` or `labels`: a name outside 1–64 of letters, digits, `_ - .
+/// @`; a runner token without exactly one of `runner_id` /
+/// `runner_id_prefix`, or with one outside the runner id rules; a binding,
+/// `agents` or `labels` on another role.
 pub fn principal(
     name: String,
     role: Role,
     runner_id: Option<String>,
     runner_id_prefix: Option<String>,
     agents: Option<Vec<String>>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
 ) -> Result<Principal> {
     if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.@".contains(c)) {
         return Err(Error::invalid("name", "1 to 64 letters, digits, _ - . @"));
@@ -471,7 +507,11 @@ pub fn principal(
     if binding.is_none() && agents.is_some() {
         return Err(Error::invalid("agents", "only runner tokens are bound to agents"));
     }
-    let binding = binding.map(|id| RunnerBinding { id, agents: agents.map(|a| a.into_iter().collect()) });
+    if binding.is_none() && labels.is_some() {
+        return Err(Error::invalid("labels", "only runner tokens are bound to labels"));
+    }
+    let binding =
+        binding.map(|id| RunnerBinding { id, agents: agents.map(|a| a.into_iter().collect()), labels: labels.unwrap_or_default() });
     Ok(Principal { name, role, binding, cert_runner_id: None, token_hash: None })
 }
 
@@ -684,21 +724,24 @@ mod tests {
             token_hash("t2")
         ));
         let p = a.authorize("/punchclock.v1.RunnerService/Connect", &headers(Some("t1")), None).expect("ok").expect("principal");
-        assert!(p.check_hello("r1", &["x".into()]).is_ok());
-        assert_eq!(p.check_hello("r2", &["x".into()]).map_err(|s| s.code()), Err(tonic::Code::PermissionDenied));
-        assert!(p.check_hello("r1", &["x".into(), "y".into()]).expect_err("y").message().contains("\"y\""));
+        let none = std::collections::BTreeMap::new();
+        assert!(p.check_hello("r1", &["x".into()], &none).is_ok());
+        assert_eq!(p.check_hello("r2", &["x".into()], &none).map_err(|s| s.code()), Err(tonic::Code::PermissionDenied));
+        assert!(p.check_hello("r1", &["x".into(), "y".into()], &none).expect_err("y").message().contains("\"y\""));
         assert_eq!(
             a.authorize("/punchclock.v1.TaskService/GetTask", &headers(Some("t1")), None).map_err(|s| s.code()),
             Err(tonic::Code::PermissionDenied),
             "a runner token reads nothing"
         );
         let g = a.authorize("/punchclock.v1.RunnerService/Connect", &headers(Some("t2")), None).expect("ok").expect("principal");
-        assert!(g.check_hello("gpu-7", &[]).is_ok());
-        assert!(g.check_hello("cpu-7", &[]).is_err());
+        assert!(g.check_hello("gpu-7", &[], &none).is_ok());
+        assert!(g.check_hello("cpu-7", &[], &none).is_err());
         // A certificate binds too, whatever the token says.
         let c = a.authorize("/punchclock.v1.RunnerService/Connect", &headers(Some("t2")), Some("gpu-1".into())).expect("ok").expect("p");
-        assert!(c.check_hello("gpu-1", &[]).is_ok());
-        assert!(c.check_hello("gpu-2", &[]).is_err());
+        assert!(c.check_hello("gpu-1", &[], &none).is_ok());
+        assert!(c.check_hello("gpu-2", &[], &none).is_err());
+        let secure: std::collections::BTreeMap<String, String> = [("zone".to_string(), "secure".to_string())].into();
+        assert!(c.check_hello("gpu-1", &[], &secure).expect_err("a certificate binds no labels").message().contains("zone=secure"));
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct Etcd {
     initial_cluster: String,
     /// Client TLS: the pki directory (server cert, CA for client certs).
     tls: Option<(PathBuf, EtcdSecurity)>,
+    /// More arguments for every member.
+    extra: Vec<String>,
 }
 
 impl Etcd {
@@ -43,12 +45,22 @@ impl Etcd {
         Etcd::start_with(n, Some((pki.root.clone(), pki.etcd_security()))).await
     }
 
+    /// [`Etcd::start`] with more arguments for every member (e.g.
+    /// `--quota-backend-bytes`).
+    pub async fn start_args(n: usize, extra: &[&str]) -> Etcd {
+        Etcd::start_full(n, None, extra).await
+    }
+
     async fn start_with(n: usize, tls: Option<(PathBuf, EtcdSecurity)>) -> Etcd {
+        Etcd::start_full(n, tls, &[]).await
+    }
+
+    async fn start_full(n: usize, tls: Option<(PathBuf, EtcdSecurity)>, extra: &[&str]) -> Etcd {
         let dir = tempfile::tempdir().expect("tempdir");
         let members: Vec<Member> =
             (0..n).map(|i| Member { name: format!("m{i}"), client_port: free_port(), peer_port: free_port(), child: None }).collect();
         let initial_cluster = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port)).collect::<Vec<_>>().join(",");
-        let mut etcd = Etcd { members, dir, initial_cluster, tls };
+        let mut etcd = Etcd { members, dir, initial_cluster, tls, extra: extra.iter().map(|s| s.to_string()).collect() };
         for i in 0..n {
             etcd.spawn(i, "new");
         }
@@ -84,6 +96,7 @@ impl Etcd {
                 "punchclock-test",
             ])
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -406,3 +406,93 @@ async fn a_tls_server_refuses_a_plaintext_advertise_address() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--advertise http://127.0.0.1:7700: TLS is on, so it must be https://"), "{err}");
 }
+
+/// Issue 19: runner labels were self-declared — a runner token bound to
+/// r2, its runner started with `--labels zone=secure`, received a
+/// `selector: {labels: {zone: secure}}` task and its params. A runner may
+/// claim only the labels its token binds; the one whose token binds
+/// `zone=secure` gets the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_claims_only_the_labels_its_token_binds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "auth_labels");
+    let pki = Pki::make(&["r2"]);
+    let secure_token = dir.path().join("secure.token");
+    let entry = std::process::Command::new(bin())
+        .args(["token", "new", "--name", "secure-1", "--role", "runner", "--runner-id", "secure-1", "--labels", "zone=secure", "--out"])
+        .arg(&secure_token)
+        .output()
+        .expect("token new");
+    assert!(entry.status.success(), "{}", String::from_utf8_lossy(&entry.stderr));
+    assert!(
+        String::from_utf8_lossy(&entry.stdout).contains("labels: {\"zone\": \"secure\"}"),
+        "{}",
+        String::from_utf8_lossy(&entry.stdout)
+    );
+    let tokens =
+        format!("{}{}", std::fs::read_to_string(pki.root.join("tokens.yaml")).expect("tokens"), String::from_utf8_lossy(&entry.stdout));
+    std::fs::write(pki.root.join("tokens.yaml"), tokens).expect("write tokens");
+    let server = token_server(&pki, dir.path(), &pki.server_args()[2..].iter().map(String::as_str).collect::<Vec<_>>());
+    let (admin, ca) = (pki.token("admin"), pki.path("ca.crt"));
+    let agents = dir.path().join("agents.yaml");
+    std::fs::write(&agents, "agents:\n  light_agent: {type: process, command: [\"true\"]}\n").expect("agents");
+    let within = Duration::from_secs(20);
+
+    // r2's token binds no label: claiming zone=secure is refused.
+    let r2_token = pki.token_file("runner-r2");
+    let p = runner(dir.path(), &server.addr, "r2", &agents, &["--token-file", &r2_token, "--ca-file", &ca, "--labels", "zone=secure"]);
+    assert!(wait_log(&p, "may not claim labels [\\\"zone=secure\\\"]", within).await, "{}", p.log_text());
+    drop(p);
+    assert!(runner_ids(&server.addr, &admin, Some(&ca)).await.is_empty());
+
+    // The token that binds it: accepted, and the secure task runs there.
+    let secure_token = secure_token.to_string_lossy().into_owned();
+    let ok = runner(
+        dir.path(),
+        &server.addr,
+        "secure-1",
+        &agents,
+        &["--token-file", &secure_token, "--ca-file", &ca, "--labels", "zone=secure"],
+    );
+    assert!(wait_log(&ok, "connected to the control plane", within).await, "{}", ok.log_text());
+    let mut cmd = punchclock_tests::cli_command(&server.addr);
+    let spec = dir.path().join("secure.json");
+    std::fs::write(
+        &spec,
+        serde_json::json!({"task_id": "secure", "agent_id": "light_agent", "execution": {"selector": {"labels": {"zone": "secure"}}},
+                           "context": {"params": {"secret": "for secure runners"}}})
+        .to_string(),
+    )
+    .expect("spec");
+    let out = cmd
+        .env("PUNCHCLOCK_TOKEN", &admin)
+        .env("PUNCHCLOCK_CA_FILE", &ca)
+        .args(["task", "apply", "-f"])
+        .arg(&spec)
+        .output()
+        .expect("apply");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = punchclock_tests::cli_command(&server.addr)
+        .env("PUNCHCLOCK_TOKEN", &admin)
+        .env("PUNCHCLOCK_CA_FILE", &ca)
+        .args(["task", "trigger", "secure", "--key", "one"])
+        .output()
+        .expect("trigger");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = punchclock_tests::cli_command(&server.addr)
+            .env("PUNCHCLOCK_TOKEN", &admin)
+            .env("PUNCHCLOCK_CA_FILE", &ca)
+            .args(["-o", "json", "runs", "get", "secure.manual-one"])
+            .output()
+            .expect("runs get");
+        let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if run["status"] == "SUCCEEDED" {
+            assert_eq!(run["attempts"][0]["runner_id"], "secure-1", "{run}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the secure task did not run: {run}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

@@ -46,7 +46,7 @@ impl Default for RetentionConfig {
 }
 
 /// What a pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PruneReport {
     /// Runs deleted.
     pub deleted: usize,
@@ -54,6 +54,8 @@ pub struct PruneReport {
     pub kept: usize,
     /// The store's revision when the pass started.
     pub revision: Revision,
+    /// What the operator should know (a prune made without a leader).
+    pub note: Option<String>,
 }
 
 /// A task's retention: its `history` over the defaults.
@@ -121,7 +123,7 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
     }
     let deleted = repo.delete_runs(lead, &doomed).await?;
     kept += doomed.len() - deleted;
-    Ok(PruneReport { deleted, kept, revision })
+    Ok(PruneReport { deleted, kept, revision, note: None })
 }
 
 /// Passes every `cfg.interval` while `lead` holds, compacting after each;

@@ -55,7 +55,11 @@ impl RunService for RunSvc {
 
     async fn prune_runs(&self, req: Request<pb::PruneRunsRequest>) -> Result<Response<pb::PruneRunsResponse>, Status> {
         let report = self.0.prune_runs(&req.into_inner().task_id).await.map_err(status)?;
-        Ok(Response::new(pb::PruneRunsResponse { deleted: report.deleted as u64, kept: report.kept as u64 }))
+        Ok(Response::new(pb::PruneRunsResponse {
+            deleted: report.deleted as u64,
+            kept: report.kept as u64,
+            note: report.note.unwrap_or_default(),
+        }))
     }
 
     async fn get_scheduling_stats(&self, req: Request<pb::GetSchedulingStatsRequest>) -> Result<Response<pb::SchedulingStats>, Status> {

@@ -64,7 +64,7 @@ impl RunnerService for RunnerSvc {
         };
         // The runner is who its token (or client certificate) says.
         if let Some(p) = &principal {
-            if let Err(refused) = p.check_hello(&hello.runner_id, &hello.agents) {
+            if let Err(refused) = p.check_hello(&hello.runner_id, &hello.agents, &hello.labels) {
                 tracing::warn!(target: "punchclock::audit", token = %p.name, runner_id = %hello.runner_id, reason = %refused.message(), "runner refused");
                 return Err(refused);
             }

@@ -40,8 +40,21 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn err(e: etcd_client::Error) -> Error {
-    Error::Store(format!("etcd: {e}"))
+    let text = e.to_string();
+    if text.contains("database space exceeded") {
+        return Error::Store(format!("etcd: {text} ({NOSPACE_HELP})"));
+    }
+    Error::Store(format!("etcd: {text}"))
 }
+
+/// What to do when etcd's database reached its quota (its `NOSPACE`
+/// alarm): etcd then takes only reads and deletes, so no leader can be
+/// elected or write.
+pub const NOSPACE_HELP: &str = "etcd's database reached its quota (--quota-backend-bytes) and it raised the NOSPACE alarm: \
+it takes only reads and deletes, so nothing is scheduled. Free space: `punchclock runs prune` deletes finished runs beyond \
+their history even without a leader while the alarm is on; then defragment every member and disarm the alarm \
+(`etcdctl --endpoints=... defrag --cluster && etcdctl --endpoints=... alarm disarm`, etcdctl from Debian's etcd-client); \
+then raise --quota-backend-bytes or shorten the history (--history-max-age, a task's history.keep_last)";
 
 fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
     KeyValue {
@@ -328,6 +341,15 @@ impl KvStore for EtcdStore {
 
     async fn ready(&self) -> Result<()> {
         self.get("/punchclock-probe").await.map(|_| ())
+    }
+
+    async fn alarms(&self) -> Result<Vec<String>> {
+        let r =
+            self.client.maintenance_client().alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.map_err(err)?;
+        let mut names: Vec<String> = r.alarms().iter().map(|a| a.alarm().as_str_name().to_string()).collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {

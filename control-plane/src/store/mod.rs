@@ -258,6 +258,11 @@ pub trait KvStore: Send + Sync + 'static {
     async fn ready(&self) -> Result<()> {
         Ok(())
     }
+    /// The store's raised alarms (etcd: `NOSPACE`, `CORRUPT`; none for a
+    /// store without alarms). A store with an alarm refuses writes.
+    async fn alarms(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
     /// Human description (`embedded:/path`, `etcd://h1:2379`).
     fn describe(&self) -> String;
     /// Most operations (and compares) one transaction may hold: etcd's

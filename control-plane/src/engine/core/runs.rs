@@ -218,8 +218,14 @@ impl EngineCore {
             return Err(Error::invalid("delay_seconds", format!("must be at most {MAX_DELAY_SECONDS} (1 year)")));
         }
         let at = req.not_before.unwrap_or_else(|| now.wall + chrono::Duration::seconds(req.delay_seconds as i64));
-        if at > now.wall + chrono::Duration::seconds(MAX_DELAY_SECONDS as i64) {
+        let year = chrono::Duration::seconds(MAX_DELAY_SECONDS as i64);
+        if at > now.wall + year {
             return Err(Error::invalid("not_before", "must be within 1 year from now"));
+        }
+        // A past `not_before` runs now, as of that slot; bounded like the
+        // future (year 0001 was accepted and made a run of that year).
+        if at < now.wall - year {
+            return Err(Error::invalid("not_before", "must be at most 1 year in the past"));
         }
         let run_id = manual_run_id(&req.task_id, &key);
         if let Some(existing) = self.runs.get(&run_id) {

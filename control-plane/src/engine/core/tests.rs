@@ -915,6 +915,34 @@ fn trigger_params_over_the_limit_are_refused() {
     }
 }
 
+/// Issue 19: `not_before` in year 0001 was accepted. It is bounded like
+/// the future: within a year either way.
+#[test]
+fn not_before_is_bounded_in_the_past_too() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    for (key, at, ok) in
+        [("ancient", "0001-01-01T00:00:00Z", false), ("far", "2200-01-01T00:00:00Z", false), ("yesterday", "2026-11-30T10:00:00Z", true)]
+    {
+        let req = TriggerRequest {
+            task_id: "m".into(),
+            params: Default::default(),
+            not_before: Some(at.parse().expect("t")),
+            delay_seconds: 0,
+            idempotency_key: Some(key.into()),
+            caller_trace: None,
+            baggage: String::new(),
+        };
+        h.core.handle(h.clocks(), Input::Trigger { reply: 7, req, explicit_key: false });
+        let fx = h.core.poll_effects();
+        match (ok, fx.replies.as_slice()) {
+            (true, [(7, Reply::Trigger(Ok(_)))]) => {}
+            (false, [(7, Reply::Trigger(Err(Error::InvalidArgument { field, .. })))]) => assert_eq!(field, "not_before", "{key}"),
+            (_, other) => panic!("{key}: {other:?}"),
+        }
+    }
+}
+
 fn created(fx: &Effects) -> Vec<RunRecord> {
     fx.writes.iter().flatten().filter_map(|op| if let StoreOp::CreateRun(r) = op { Some((**r).clone()) } else { None }).collect()
 }
