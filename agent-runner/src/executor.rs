@@ -974,7 +974,7 @@ impl Supervisor {
             let at = |ts: prost_types::Timestamp| {
                 clock::from_timestamp(&ts).map(std::time::SystemTime::from).unwrap_or_else(std::time::SystemTime::now)
             };
-            span.end(at(self.started_at), std::time::SystemTime::now(), outcome.as_str_name(), exit_code, &result_json, &error);
+            span.end(at(self.started_at), std::time::SystemTime::now(), &outcome_label(outcome), exit_code, &result_json, &error);
         }
 
         Finished {
@@ -1369,4 +1369,10 @@ mod tests {
         assert_eq!(json, r#""oops""#);
         assert!(problem.is_some_and(|p| p.contains("not valid JSON")));
     }
+}
+
+/// An outcome as the control plane's spans name it (`failed`, not
+/// `OUTCOME_FAILED`): one vocabulary across a run's trace.
+fn outcome_label(o: Outcome) -> String {
+    o.as_str_name().trim_start_matches("OUTCOME_").to_ascii_lowercase()
 }

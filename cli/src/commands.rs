@@ -874,13 +874,13 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             let (mut chunk, mut bytes) = (Vec::new(), 0);
             for spec in specs {
                 if bytes + spec.len() > CHUNK_BYTES && !chunk.is_empty() {
-                    messages.push(pb::ApplyTasksRequest { spec_json: std::mem::take(&mut chunk), dry_run });
+                    messages.push(pb::ApplyTasksRequest { spec_json: std::mem::take(&mut chunk), dry_run, tasks: Vec::new() });
                     bytes = 0;
                 }
                 bytes += spec.len();
                 chunk.push(spec);
             }
-            messages.push(pb::ApplyTasksRequest { spec_json: chunk, dry_run });
+            messages.push(pb::ApplyTasksRequest { spec_json: chunk, dry_run, tasks: Vec::new() });
             // A leader change or a broken connection after the apply began:
             // it may well have been finished (a journaled apply is).
             let maybe_done = |e: tonic::Status| {
@@ -1100,8 +1100,7 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             Ok(())
         }
         RunsCmd::Watch { task } => {
-            let mut s =
-                rc.watch_runs(pb::WatchRunsRequest { task_id: task.clone(), run_id: String::new() }).await.map_err(grpc)?.into_inner();
+            let mut s = rc.watch_runs(pb::WatchRunsRequest { task_id: task, run_id: String::new() }).await.map_err(grpc)?.into_inner();
             // A change invisible in the chosen format prints nothing new.
             let mut last: std::collections::HashMap<String, String> = std::collections::HashMap::new();
             // `runs list`'s columns, at fixed widths: rows arrive one by one.
@@ -1122,23 +1121,8 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             if fmt == Format::Table {
                 println!("{}", row(header.iter().map(|h| h.to_string()).collect()));
             }
-            loop {
-                let r = match s.next().await {
-                    Some(Ok(r)) => r,
-                    None => break,
-                    // The server ended a watch that fell behind: watch again
-                    // (the listing brings every run up to date).
-                    Some(Err(e)) if e.code() == tonic::Code::Aborted => {
-                        eprintln!("note: {}; watching again", e.message());
-                        s = rc
-                            .watch_runs(pb::WatchRunsRequest { task_id: task.clone(), run_id: String::new() })
-                            .await
-                            .map_err(grpc)?
-                            .into_inner();
-                        continue;
-                    }
-                    Some(Err(e)) => return Err(grpc(e)),
-                };
+            while let Some(r) = s.next().await {
+                let r = r.map_err(grpc)?;
                 let line = if fmt == Format::Json { run_json(&r).to_string() } else { row(run_row(&r)) };
                 if last.get(&r.run_id) != Some(&line) {
                     println!("{line}");

@@ -125,24 +125,35 @@ impl<'de> Deserialize<'de> for Documents {
     }
 }
 
-/// Reads a task file. Returns each task as a JSON document, in file order.
+/// Reads a task file (`-`: standard input). Returns each task as a JSON
+/// document, in file order. A file named `*.json` is JSON; standard input
+/// is JSON when it starts with `{` or `[`; anything else is YAML.
 ///
-/// Errors (prefixed with the path): unreadable file, syntax, a duplicate key
-/// (with its path, e.g. `[0].execution: duplicate key `max_retries``), no
-/// task in the file.
+/// Errors (prefixed with the path, or `<stdin>`): unreadable file, syntax,
+/// a duplicate key (with its path, e.g. `[0].execution: duplicate key
+/// `max_retries``), no task in the file.
 pub fn read(path: &Path) -> Result<Vec<String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let stdin = path == Path::new("-");
+    let shown = if stdin { "<stdin>".to_string() } else { path.display().to_string() };
+    let text = if stdin {
+        let mut t = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut t).map_err(|e| format!("{shown}: {e}"))?;
+        t
+    } else {
+        std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?
+    };
     // Editors on Windows may start a UTF-8 file with a byte-order mark.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let json = if stdin { text.trim_start().starts_with(['{', '[']) } else { path.extension().is_some_and(|e| e == "json") };
     let fail = |e: &dyn fmt::Display| {
         let msg = e.to_string();
         // libyaml's words for a tab in indentation do not say "tab".
         let tab =
             if msg.contains("cannot start any token") && text.contains('\t') { " (a tab: YAML indents with spaces only)" } else { "" };
-        format!("{}: {msg}{tab}", path.display())
+        format!("{shown}: {msg}{tab}")
     };
     let mut out: Vec<String> = Vec::new();
-    if path.extension().is_some_and(|e| e == "json") {
+    if json {
         let mut de = serde_json::Deserializer::from_str(text);
         let Documents(docs) = serde_path_to_error::deserialize(&mut de).map_err(|e| fail(&located(&e)))?;
         // One JSON value per file (an array for several tasks): trailing
@@ -156,7 +167,7 @@ pub fn read(path: &Path) -> Result<Vec<String>, String> {
         }
     }
     if out.is_empty() {
-        return Err(format!("{}: no task in the file", path.display()));
+        return Err(format!("{shown}: no task in the file"));
     }
     Ok(out)
 }

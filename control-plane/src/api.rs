@@ -86,7 +86,8 @@ fn validate_all(spec_jsons: &[String], now: DateTime<Utc>) -> Result<Vec<TaskSpe
                     .ok()
                     .and_then(|v| v.get("task_id").and_then(|id| id.as_str()).map(str::to_string))
                     .unwrap_or_else(|| "?".into());
-                problems.push(format!("task #{} ({id}): {e}", i + 1));
+                // A definition's own list of problems, indented under it.
+                problems.push(format!("task #{} ({id}): {}", i + 1, e.to_string().replace('\n', "\n    ")));
             }
         }
     }
@@ -149,6 +150,9 @@ pub struct Core {
     pub notify: Arc<crate::notify::NotifyConfig>,
     /// Open run watches (fed from `lifecycle`).
     pub watchers: crate::watch::RunWatchers,
+    /// Traces are exported (a new leader then emits again the spans of
+    /// runs that ended just before its term).
+    pub traces: bool,
 }
 
 impl Core {
@@ -558,10 +562,11 @@ impl Core {
     /// Matching runs now (as stored, a page at a time as the client reads
     /// them), then every change as this replica's lifecycle bus reports it,
     /// through a bounded queue ([`crate::watch`]). A watcher that falls
-    /// behind is ended with [`Error::Aborted`] (the client watches again).
+    /// behind loses its queue and catches up with a new listing, a page at
+    /// a time (it may see a run twice, never misses a change).
     ///
     /// Errors: `Unavailable` when too many watches are open; the stream's
-    /// items: a store read failing, `Aborted`.
+    /// items: a store read failing.
     pub async fn watch_runs(&self, task_id: &str, run_id: &str) -> Result<futures::stream::BoxStream<'static, Result<RunRecord>>> {
         let task_id =
             if task_id.is_empty() && !run_id.is_empty() { crate::model::run::task_of_run(run_id).to_string() } else { task_id.to_string() };
@@ -569,8 +574,15 @@ impl Core {
         // Subscribe first, then read: no change falls in between.
         let sub = self.watchers.subscribe(filter.clone())?;
         let engine = self.engine.read().ok().and_then(|g| g.clone());
-        let state =
-            Watch { sub, repo: self.repo.clone(), engine, filter, page: std::collections::VecDeque::new(), after: Some(String::new()) };
+        let state = Watch {
+            sub,
+            hub: self.watchers.clone(),
+            repo: self.repo.clone(),
+            engine,
+            filter,
+            page: std::collections::VecDeque::new(),
+            after: Some(String::new()),
+        };
         let stream = futures::stream::unfold(Some(state), |state| async move {
             let mut w = state?;
             match w.next().await {
@@ -599,6 +611,7 @@ fn alarm_reason(alarm: &str) -> String {
 /// One watch's state: the listing's next page, then the live queue.
 struct Watch {
     sub: crate::watch::Subscription,
+    hub: crate::watch::RunWatchers,
     repo: Repo,
     engine: Option<EngineHandle>,
     filter: crate::watch::WatchFilter,
@@ -610,7 +623,7 @@ struct Watch {
 
 impl Watch {
     /// The next run to send: the listing's, then live changes. `Ok(None)`:
-    /// the watch ended (the replica stops); `Err(Aborted)`: it fell behind.
+    /// the watch ended (the replica stops).
     async fn next(&mut self) -> Result<Option<RunRecord>> {
         loop {
             if let Some(r) = self.page.pop_front() {
@@ -636,10 +649,16 @@ impl Watch {
         }
         match self.sub.rx.recv().await {
             Some(r) => Ok(Some(RunRecord::clone(&r))),
-            None if self.sub.behind.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Aborted(format!(
-                "this watch fell behind ({} run changes queued and unread); watch again",
-                crate::watch::WATCHER_QUEUE
-            ))),
+            None if self.sub.behind.load(std::sync::atomic::Ordering::Relaxed) => {
+                // Fell behind: its queue is gone. It catches up as a new
+                // watch does — subscribed again, then the listing, a page
+                // at a time — so what it missed comes with the listing and
+                // nothing is held for it meanwhile.
+                self.sub = self.hub.subscribe(self.filter.clone())?;
+                self.after = Some(String::new());
+                tracing::debug!(task_id = %self.filter.task_id, "run watch fell behind; listing again");
+                Box::pin(self.next()).await
+            }
             None => Ok(None),
         }
     }

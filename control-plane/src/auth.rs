@@ -120,6 +120,7 @@ pub const METHODS: &[(&str, Access)] = &[
     ("/grpc.health.v1.Health/Check", Access::Open),
     ("/grpc.health.v1.Health/Watch", Access::Open),
     ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Access::Read),
+    ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", Access::Read),
     ("/punchclock.v1.TaskService/ApplyTask", Access::Operate),
     ("/punchclock.v1.TaskService/ApplyTasks", Access::Operate),
     ("/punchclock.v1.TaskService/GetTask", Access::Read),

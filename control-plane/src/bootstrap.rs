@@ -163,6 +163,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         repo: Repo::new(store.clone(), keys).with_txn_timer(metrics.store_txn_histogram()),
         lifecycle: bus,
         watchers,
+        traces: cfg.traces,
         clock: clock.clone(),
         election: election.clone(),
         engine: RwLock::new(None),
@@ -190,11 +191,15 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     health.set_serving::<RunnerServiceServer<RunnerSvc>>().await;
     health.set_serving::<ClusterServiceServer<ClusterSvc>>().await;
     health.set_serving::<NotificationServiceServer<NotificationSvc>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    // Both reflection versions: grpcurl speaks v1, Python's
+    // grpcio-reflection and older tools only v1alpha.
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder().build_v1().map_err(|e| Error::Internal(e.to_string()))?;
+    let reflection_alpha = reflection_builder().build_v1alpha().map_err(|e| Error::Internal(e.to_string()))?;
 
     let security = (cfg.auth.enabled(), cfg.tls.is_some(), cfg.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some()));
     let mut builder = tonic::transport::Server::builder();
@@ -212,6 +217,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         .layer(AuthLayer(cfg.auth.clone()))
         .add_service(health_svc)
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(TaskServiceServer::new(TaskSvc(core.clone())))
         .add_service(RunServiceServer::new(RunSvc(core.clone())))
         .add_service(RunnerServiceServer::new(RunnerSvc(core.clone())))
@@ -328,6 +334,9 @@ async fn follow_leadership(
                 match started {
                     Ok((handle, join)) => {
                         tracing::info!(token = l.token, "leading: engine started");
+                        if core.traces && token != l.token {
+                            tokio::spawn(crate::telemetry::reemit_recent(core.repo.clone(), core.clock.now()));
+                        }
                         core.set_engine_problem(None);
                         token = l.token;
                         retry_at = None;

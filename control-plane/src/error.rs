@@ -48,10 +48,6 @@ pub enum Error {
     /// fencing token (or the slot was already taken).
     #[error("fenced: {0}")]
     Fenced(String),
-    /// A long-lived call was ended by the server; the client may start
-    /// it again (a run watch that fell behind).
-    #[error("{0}")]
-    Aborted(String),
     /// The KV store failed.
     #[error("store: {0}")]
     Store(String),
@@ -67,14 +63,13 @@ impl Error {
     }
 
     /// Stable code: `invalid_argument`, `not_found`, `already_exists`, `failed_precondition`,
-    /// `aborted`, `unavailable`, `fenced`, `store`, `internal`.
+    /// `unavailable`, `fenced`, `store`, `internal`.
     pub fn code(&self) -> &'static str {
         match self {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::NotFound { .. } => "not_found",
             Error::AlreadyExists { .. } => "already_exists",
             Error::FailedPrecondition(_) => "failed_precondition",
-            Error::Aborted(_) => "aborted",
             Error::Unavailable { .. } => "unavailable",
             Error::Fenced(_) => "fenced",
             Error::Store(_) => "store",
@@ -84,7 +79,7 @@ impl Error {
 
     /// Whether retrying the same request later may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, Error::Unavailable { .. } | Error::Store(_) | Error::Fenced(_) | Error::Aborted(_))
+        matches!(self, Error::Unavailable { .. } | Error::Store(_) | Error::Fenced(_))
     }
 }
 

@@ -229,6 +229,49 @@ fn run_span(run: &RunRecord) {
     span.end_with_timestamp(system_time(run.finished_at.unwrap_or(run.updated_at)));
 }
 
+/// How many of the store's last writes before a new term a new leader
+/// looks through for runs whose spans may not have been exported.
+const REEMIT_REVISIONS: i64 = 10_000;
+/// How long before a new term a run must have ended for its spans to be
+/// emitted again: well past the batch exporter's 5 s delay.
+const REEMIT_WINDOW: chrono::Duration = chrono::Duration::minutes(2);
+
+/// A new leader emits again the run and attempt spans of runs that ended
+/// just before it took over: the previous leader may have died before its
+/// batch exporter sent them (issue 19: 9 runs over two kill -9s left
+/// orphan runner spans). Span ids are derived from run and execution ids,
+/// so a span sent twice is one span to the backend. Looks at the runs
+/// among the store's last [`REEMIT_REVISIONS`] writes (keys only, then
+/// those runs) that ended within [`REEMIT_WINDOW`] of `now`.
+pub async fn reemit_recent(repo: crate::repo::Repo, now: DateTime<Utc>) {
+    let r = async {
+        let top = repo.current_revision().await?;
+        let keys = repo.run_keys("").await?;
+        let ids: Vec<String> = keys.into_iter().filter(|k| k.mod_revision > top - REEMIT_REVISIONS).map(|k| k.run_id).collect();
+        let mut emitted = 0usize;
+        for chunk in ids.chunks(64) {
+            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            for run in repo.get_runs(&refs).await? {
+                let ended = run.finished_at.unwrap_or(run.updated_at);
+                if !run.status.is_terminal() || ended < now - REEMIT_WINDOW {
+                    continue;
+                }
+                for a in run.attempts.iter().filter(|a| a.outcome.is_some()) {
+                    attempt_span(&run, a);
+                }
+                run_span(&run);
+                emitted += 1;
+            }
+        }
+        Ok::<usize, crate::Error>(emitted)
+    };
+    match r.await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(runs = n, "spans of runs that ended before this term emitted again (in case they were not exported)"),
+        Err(e) => tracing::warn!(error = %e, "cannot emit again the spans of runs that ended before this term"),
+    }
+}
+
 /// Emits spans for the leader's lifecycle events until `bus` closes (see
 /// the module docs). Spawn it only when tracing is on.
 pub async fn follow(bus: LifecycleBus) {

@@ -3,12 +3,13 @@
 //! One relay task reads the replica's lifecycle bus and hands each run
 //! change to the watchers it matches, through a bounded queue per watcher
 //! ([`WATCHER_QUEUE`] changes, shared `Arc`s, not copies). A watcher whose
-//! queue is full is ended: its stream says it fell behind
-//! ([`crate::error::Error::Aborted`]) and the client watches again. So a
-//! client that never reads holds at most its queue and one page of the
-//! initial listing, and never makes the bus keep events for it (issue 19:
-//! 100 stalled watchers with 35k runs took the leader from 106 MiB to
-//! 5.4 GiB, each copying every run into its own unbounded queue).
+//! queue is full loses it (`behind`); its stream catches up with a new
+//! listing, read a page at a time as the client reads. So a client that
+//! never reads holds at most its queue and one page of the listing, and
+//! never makes the bus keep events for it (issue 19: 100 stalled watchers
+//! with 35k runs took the leader from 106 MiB to 5.4 GiB, each copying
+//! every run into its own unbounded queue, and a lagging one appending
+//! another full copy).
 //!
 //! The initial listing is read from the store a page at a time as the
 //! client consumes it ([`LISTING_PAGE`] runs), never whole.
@@ -22,8 +23,9 @@ use tokio::sync::mpsc;
 use crate::engine::lifecycle::LifecycleBus;
 use crate::model::RunRecord;
 
-/// Run changes queued for one watcher before it counts as fallen behind.
-pub const WATCHER_QUEUE: usize = 256;
+/// Run changes queued for one watcher before it counts as fallen behind
+/// (a reader at network speed keeps up with a burst of 10,000 runs).
+pub const WATCHER_QUEUE: usize = 1024;
 /// Runs read from the store per page of a watch's initial listing.
 pub const LISTING_PAGE: usize = 32;
 /// Most watches open at once on one replica; more are refused
@@ -68,7 +70,7 @@ struct Inner {
 pub struct Subscription {
     /// Matching changes.
     pub rx: mpsc::Receiver<Arc<RunRecord>>,
-    /// Set when it was ended for falling behind (its queue was full).
+    /// Set when its queue was dropped for falling behind (it lists again).
     pub behind: Arc<AtomicBool>,
     id: u64,
     hub: RunWatchers,
@@ -97,7 +99,7 @@ impl RunWatchers {
                     // The relay itself fell behind the bus (the replica is
                     // overloaded): every watcher may have missed a change.
                     Err(RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "run watch relay fell behind; ending every watch");
+                        tracing::warn!(missed = n, "run watch relay fell behind; every watch lists again");
                         relay.end_all();
                     }
                     Err(RecvError::Closed) => {
@@ -150,7 +152,7 @@ impl RunWatchers {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     w.behind.store(true, Ordering::Relaxed);
-                    tracing::info!(watcher = w.id, queued = WATCHER_QUEUE, "run watcher does not keep up; ending its watch");
+                    tracing::info!(watcher = w.id, queued = WATCHER_QUEUE, "run watcher does not keep up; it lists again when it reads");
                     false
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => false,

@@ -344,7 +344,10 @@ pub async fn apply_all(client: &TaskServiceClient<Conn>, specs: impl Iterator<It
     let applies = Futures::map(futures::stream::iter(specs), |spec| {
         let mut c = client.clone();
         async move {
-            c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false }).await.map(|_| ()).map_err(|e| e.to_string())
+            c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None })
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         }
     });
     let failed: Vec<String> =
@@ -361,7 +364,7 @@ pub async fn runs(addr: &str) -> RunServiceClient<Conn> {
 pub async fn apply(addr: &str, spec: serde_json::Value) -> pb::Task {
     tasks(addr)
         .await
-        .apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false })
+        .apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None })
         .await
         .expect("apply task")
         .into_inner()

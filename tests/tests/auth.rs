@@ -40,6 +40,7 @@ const TABLE: &[(&str, Needs)] = &[
     ("/grpc.health.v1.Health/Check", Needs::Open),
     ("/grpc.health.v1.Health/Watch", Needs::Open),
     ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Needs::Read),
+    ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", Needs::Read),
     ("/punchclock.v1.TaskService/ApplyTask", Needs::Operate),
     ("/punchclock.v1.TaskService/ApplyTasks", Needs::Operate),
     ("/punchclock.v1.TaskService/GetTask", Needs::Read),

@@ -47,6 +47,7 @@ async fn params_are_refused_over_the_limit_and_kept_whole_under_it() {
         .apply_task(pb::ApplyTaskRequest {
             spec_json: json!({"task_id": "fat", "agent_id": "a", "context": {"params": {"blob": "x".repeat(100 * 1024)}}}).to_string(),
             dry_run: false,
+            task: None,
         })
         .await
         .expect_err("fat context.params");

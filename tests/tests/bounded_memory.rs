@@ -6,8 +6,8 @@
 //!   its own connection, a reader token would do) that never read, with
 //!   35,000 runs stored: each copied every run into its own queue and the
 //!   control plane went from 106 MiB to 5.4 GiB. Now memory stays within
-//!   50 MiB of idle, a watcher that fell behind is ended with `ABORTED`
-//!   when it reads again, and a reading watcher still sees every change.
+//!   50 MiB of idle, a watcher that fell behind catches up with a new
+//!   listing when it reads again, and a reading watcher sees every change.
 //! - `a_sink_answering_a_huge_error_body_holds_bounded_memory`: six sinks
 //!   answering a failed run's notifications with a 300 MB `500` peaked at
 //!   2,012 MiB (the whole body was read); now within 50 MiB of idle, and
@@ -87,8 +87,9 @@ async fn stalled_watchers_hold_bounded_memory() {
         let s = c.watch_runs(pb::WatchRunsRequest { task_id: String::new(), run_id: String::new() }).await.expect("watch").into_inner();
         stalled.push(s);
     }
-    // Live changes meanwhile: 150 runs (about 600 changes) while they stall.
-    for i in 0..150 {
+    // Live changes meanwhile: 300 runs (about 1,200 changes, more than a
+    // watcher's queue) while they stall.
+    for i in 0..300 {
         cli(&dev.addr, &["task", "trigger", "live", "--key", &format!("k{i}")]);
     }
     let peak = peak_rss(dev.pid(), Duration::from_secs(20)).await;
@@ -98,7 +99,7 @@ async fn stalled_watchers_hold_bounded_memory() {
     // The reading watcher saw every run succeed.
     let mut done = std::collections::HashSet::new();
     tokio::time::timeout(Duration::from_secs(60), async {
-        while done.len() < 150 {
+        while done.len() < 300 {
             let r = reader.next().await.expect("watch open").expect("watch item");
             if status(&r) == pb::RunStatus::Succeeded {
                 done.insert(r.run_id);
@@ -106,25 +107,22 @@ async fn stalled_watchers_hold_bounded_memory() {
         }
     })
     .await
-    .expect("the reading watcher sees all 150 runs succeed");
+    .expect("the reading watcher sees all 300 runs succeed");
 
-    // A stalled watcher that reads again: the listing, what it had queued,
-    // then the end of its watch saying it fell behind.
+    // A stalled watcher that reads again fell behind: it catches up with a
+    // new listing, a page at a time, and sees every live run's end.
     let mut s = stalled.pop().expect("one");
-    let ended = tokio::time::timeout(Duration::from_secs(120), async {
-        loop {
-            match s.next().await {
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Some(e),
-                None => return None,
+    let mut seen = std::collections::HashSet::new();
+    tokio::time::timeout(Duration::from_secs(180), async {
+        while seen.len() < 300 {
+            let r = s.next().await.expect("the watch stays open").expect("watch item");
+            if r.task_id == "live" && status(&r) == pb::RunStatus::Succeeded {
+                seen.insert(r.run_id);
             }
         }
     })
     .await
-    .expect("the watch ends");
-    let e = ended.expect("ended with a status, not silently");
-    assert_eq!(e.code(), tonic::Code::Aborted, "{e}");
-    assert!(e.message().contains("fell behind"), "{}", e.message());
+    .expect("the stalled watcher catches up");
     drop(stalled);
     // The control plane still answers.
     wait_run(&dev.addr, "live", Duration::from_secs(10), |r| status(r) == pb::RunStatus::Succeeded).await;

@@ -100,7 +100,11 @@ async fn every_invalid_cron_case_is_rejected_naming_the_problem() {
         assert!(e.message().contains(field), "{id}: preview error must name {field}: {}", e.message());
 
         let spec = serde_json::json!({"task_id": "bad", "agent_id": "a", "trigger": {"type": "cron", "expr": expr, "timezone": tz}});
-        let e = tasks(&addr).await.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false }).await.expect_err(id);
+        let e = tasks(&addr)
+            .await
+            .apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None })
+            .await
+            .expect_err(id);
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id}: {e}");
         assert!(e.message().starts_with(&format!("trigger.{field}:")), "{id}: apply error must name trigger.{field}: {}", e.message());
     }

@@ -31,7 +31,11 @@ async fn quorum_loss_stops_scheduling_and_regaining_it_resumes() {
     // Without quorum a task write fails, and says it is the store.
     let e = tasks(&addrs[0])
         .await
-        .apply_task(pb::ApplyTaskRequest { spec_json: json!({"task_id": "during", "agent_id": "ok_agent"}).to_string(), dry_run: false })
+        .apply_task(pb::ApplyTaskRequest {
+            spec_json: json!({"task_id": "during", "agent_id": "ok_agent"}).to_string(),
+            dry_run: false,
+            task: None,
+        })
         .await
         .expect_err("no writes without quorum");
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");

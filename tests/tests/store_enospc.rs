@@ -78,6 +78,7 @@ async fn a_full_disk_makes_dev_unready_and_writes_resume_when_space_returns() {
             spec_json: serde_json::json!({"task_id": "late", "agent_id": "ok_agent", "trigger": {"type": "interval", "every": "1h"}})
                 .to_string(),
             dry_run: false,
+            task: None,
         })
         .await
         .expect_err("no write on a full disk");

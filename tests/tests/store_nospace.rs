@@ -70,7 +70,7 @@ async fn a_full_etcd_is_named_in_readiness_and_can_be_pruned_without_a_leader() 
     // A write says so too.
     let e = tasks(&server.addr)
         .await
-        .apply_task(pb::ApplyTaskRequest { spec_json: json!({"task_id": "new", "agent_id": "a"}).to_string(), dry_run: false })
+        .apply_task(pb::ApplyTaskRequest { spec_json: json!({"task_id": "new", "agent_id": "a"}).to_string(), dry_run: false, task: None })
         .await
         .expect_err("etcd is full");
     assert!(e.message().contains("database space exceeded") && e.message().contains("NOSPACE"), "{}", e.message());

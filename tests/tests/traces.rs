@@ -325,6 +325,70 @@ async fn a_leader_kill_mid_run_leaves_one_trace() {
     assert!(elsewhere.is_empty(), "spans of the run in another trace: {elsewhere:?}");
 }
 
+/// Issue 19: the spans of runs a leader finished in its last seconds
+/// before kill -9 were lost with its batch exporter's queue. The new
+/// leader emits them again (same ids): every run that succeeded has its
+/// run span, and the outcome reads the same on the runner's span as on the
+/// control plane's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_of_runs_finished_just_before_a_kill_are_not_lost() {
+    use punchclock_tests::etcd::{Etcd, free_port};
+    use punchclock_tests::{list_runs, wait_leader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "traces_reemit");
+    let (collector, port) = Collector::start().await;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let etcd = Etcd::start(1).await;
+    let ports = [free_port(), free_port()];
+    let start =
+        |i: usize| Proc::server_with(&etcd.store_url(), &format!("cp{i}"), ports[i], dir.path(), &[], &["--otlp-endpoint", &endpoint]);
+    let mut servers = [start(0), start(1)];
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let _runner = Proc::start(
+        &[
+            "runner",
+            "--control-plane",
+            &addrs.join(","),
+            "--agents",
+            "tests/agents.yaml",
+            "--runner-id",
+            "r1",
+            "--work-dir",
+            &dir.path().join("work-r1").to_string_lossy(),
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+        &dir.path().join("r1.log"),
+        false,
+    );
+    let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
+    apply(&first.leader_address, json!({"task_id": "quick", "agent_id": "fail_agent", "execution": {"concurrency_limit": 10}})).await;
+    for i in 0..6 {
+        cli(&first.leader_address, &["task", "trigger", "quick", "--key", &format!("k{i}")]);
+    }
+    wait_n_runs(&first.leader_address, "quick", 6, Duration::from_secs(30), |r| status(r) == pb::RunStatus::Failed).await;
+    // At once, before the 5 s batch export: the leader dies with its queue.
+    let leader = addrs.iter().position(|a| *a == first.leader_address).expect("ours");
+    servers[leader].kill9();
+    let other = addrs[1 - leader].clone();
+    wait_leader(std::slice::from_ref(&other), Duration::from_secs(20), |s| s.leader_id != first.leader_id).await;
+    for run in list_runs(&other, "quick").await {
+        let spans = collector
+            .wait(&run.trace_id, Duration::from_secs(30), |s| {
+                s.iter().any(|(_, x)| x.name == "run quick") && s.iter().any(|(_, x)| x.name.starts_with("attempt "))
+            })
+            .await;
+        assert!(
+            spans.iter().any(|(_, x)| x.name == "run quick"),
+            "run {} has its run span: {:?}",
+            run.run_id,
+            spans.iter().map(|(_, s)| &s.name).collect::<Vec<_>>()
+        );
+        let outcomes: std::collections::BTreeSet<String> = spans.iter().filter_map(|(_, s)| text(s, "punchclock.outcome")).collect();
+        assert_eq!(outcomes, ["failed".to_string()].into(), "one vocabulary for the outcome across spans");
+    }
+}
+
 /// The OpenTelemetry environment carrier beyond `TRACEPARENT`: a
 /// `TriggerTask` caller's `tracestate` and `baggage` reach the agent as
 /// `TRACESTATE` and `BAGGAGE` (and bad ones are refused, naming the field).

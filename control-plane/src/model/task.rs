@@ -406,10 +406,13 @@ impl NotifySpec {
 }
 
 impl TaskSpec {
-    /// Parses one task definition from JSON and validates it.
+    /// Parses one task definition from JSON and validates it, finding
+    /// every problem rather than only the first.
     ///
-    /// Errors: [`Error::InvalidArgument`] naming the field (`execution.timeout_seconds`,
-    /// `trigger.expr`, `trigger.timezone`, an unknown field's path, ...).
+    /// Errors: [`Error::InvalidArgument`] naming the first problem's field
+    /// (`execution.timeout_seconds`, `trigger.expr`, `trigger.timezone`, an
+    /// unknown field's path, ...); its reason lists the others, one per
+    /// line (`also execution.priority: ...`), at most [`MAX_PROBLEMS`].
     pub fn from_json(text: &str) -> Result<TaskSpec> {
         if text.len() > MAX_SPEC_BYTES {
             return Err(Error::invalid("task", format!("definition is {} bytes; at most {MAX_SPEC_BYTES}", text.len())));
@@ -417,19 +420,46 @@ impl TaskSpec {
         if let Some(depth) = nesting_over(text, MAX_SPEC_DEPTH) {
             return Err(Error::invalid("task", format!("nested {depth} levels deep; at most {MAX_SPEC_DEPTH}")));
         }
-        let de = &mut serde_json::Deserializer::from_str(text);
-        let spec: TaskSpec = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." { "task".to_string() } else { path };
-            let msg = clean_serde_message(&e.inner().to_string());
-            // A trigger's own error carries its inner path: `trigger` + `every_seconds`.
-            match msg.strip_prefix(PATH_MARK).and_then(|m| m.split_once(PATH_MARK)) {
-                Some((sub, reason)) => Error::invalid(format!("{field}.{sub}"), reason),
-                None => Error::invalid(field, msg),
+        let mut value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid("task", format!("not a JSON document: {}", clean_serde_message(&e.to_string()))))?;
+        // Structure first: a field serde refuses is noted and taken out,
+        // and the rest read again, to find the next one.
+        let mut problems = Problems::default();
+        loop {
+            match serde_path_to_error::deserialize::<_, TaskSpec>(&value) {
+                Ok(spec) => {
+                    if problems.is_empty() {
+                        spec.check(&mut problems);
+                    }
+                    return problems.into_result().map(|()| spec);
+                }
+                Err(e) => {
+                    let segments: Vec<String> = e
+                        .path()
+                        .iter()
+                        .map(|s| match s {
+                            serde_path_to_error::Segment::Map { key } => key.clone(),
+                            serde_path_to_error::Segment::Seq { index } => format!("[{index}]"),
+                            _ => "?".into(),
+                        })
+                        .collect();
+                    let path = e.path().to_string();
+                    let field = if path == "." { "task".to_string() } else { path };
+                    let msg = clean_serde_message(&e.inner().to_string());
+                    // A trigger's own error carries its inner path: `trigger` + `every_seconds`.
+                    let err = match msg.strip_prefix(PATH_MARK).and_then(|m| m.split_once(PATH_MARK)) {
+                        Some((sub, reason)) => Error::invalid(format!("{field}.{sub}"), reason),
+                        None => Error::invalid(field, msg.clone()),
+                    };
+                    problems.push(err);
+                    // An unknown field is named in the message, under the path.
+                    let unknown = msg.strip_prefix("unknown field `").and_then(|m| m.split('`').next()).map(str::to_string);
+                    if problems.len() >= MAX_PROBLEMS || !remove_at(&mut value, &segments, unknown.as_deref()) {
+                        return problems.into_result().map(|()| unreachable_spec());
+                    }
+                }
             }
-        })?;
-        spec.validate()?;
-        Ok(spec)
+        }
     }
 
     /// All triggers, whichever of `trigger`/`triggers` was used.
@@ -448,71 +478,80 @@ impl TaskSpec {
     }
 
     /// Checks every rule that serde cannot: id syntax, ranges, that each
-    /// trigger parses and can fire. Errors name the field.
+    /// trigger parses and can fire. Errors name the field; the first one
+    /// found is the error, and its reason lists the others.
     pub fn validate(&self) -> Result<()> {
-        validate_id("task_id", &self.task_id)?;
-        validate_id("agent_id", &self.agent_id)?;
+        let mut p = Problems::default();
+        self.check(&mut p);
+        p.into_result()
+    }
+
+    /// [`TaskSpec::validate`]'s checks, each problem added to `p`.
+    fn check(&self, p: &mut Problems) {
+        p.check(validate_id("task_id", &self.task_id));
+        p.check(validate_id("agent_id", &self.agent_id));
         let ex = &self.execution;
         if ex.timeout_seconds <= 0 || ex.timeout_seconds > MAX_TIMEOUT_SECONDS {
-            return Err(Error::invalid(
+            p.push(Error::invalid(
                 "execution.timeout_seconds",
                 format!("must be in 1..={MAX_TIMEOUT_SECONDS} (got {})", ex.timeout_seconds),
             ));
         }
         if ex.start_timeout_seconds <= 0 || ex.start_timeout_seconds > MAX_TIMEOUT_SECONDS {
-            return Err(Error::invalid(
+            p.push(Error::invalid(
                 "execution.start_timeout_seconds",
                 format!("must be in 1..={MAX_TIMEOUT_SECONDS} (got {})", ex.start_timeout_seconds),
             ));
         }
         if !PRIORITY_RANGE.contains(&ex.priority) {
-            return Err(Error::invalid(
+            p.push(Error::invalid(
                 "execution.priority",
                 format!("must be in {}..={} (got {})", PRIORITY_RANGE.start(), PRIORITY_RANGE.end(), ex.priority),
             ));
         }
         if ex.concurrency_limit == 0 || ex.concurrency_limit > MAX_CONCURRENCY {
-            return Err(Error::invalid("execution.concurrency_limit", format!("must be in 1..={MAX_CONCURRENCY}")));
+            p.push(Error::invalid("execution.concurrency_limit", format!("must be in 1..={MAX_CONCURRENCY}")));
         }
         if ex.misfire_grace_seconds > MAX_GRACE_SECONDS {
-            return Err(Error::invalid("execution.misfire_grace_seconds", format!("must be at most {MAX_GRACE_SECONDS} (1 year)")));
+            p.push(Error::invalid("execution.misfire_grace_seconds", format!("must be at most {MAX_GRACE_SECONDS} (1 year)")));
         }
         if ex.max_retries > 1000 {
-            return Err(Error::invalid("execution.max_retries", "must be <= 1000"));
+            p.push(Error::invalid("execution.max_retries", "must be <= 1000"));
         }
         let b = &ex.retry_backoff;
         for (name, v) in [("base_seconds", b.base_seconds), ("cap_seconds", b.cap_seconds), ("jitter_seconds", b.jitter_seconds)] {
             if !v.is_finite() || !(0.0..=MAX_BACKOFF_SECONDS).contains(&v) {
-                return Err(Error::invalid(
+                p.push(Error::invalid(
                     format!("execution.retry_backoff.{name}"),
                     format!("must be a number in 0..={MAX_BACKOFF_SECONDS} (7 days)"),
                 ));
             }
         }
         if b.cap_seconds < b.base_seconds {
-            return Err(Error::invalid("execution.retry_backoff.cap_seconds", "must be >= base_seconds"));
+            p.push(Error::invalid("execution.retry_backoff.cap_seconds", "must be >= base_seconds"));
         }
         if let Some(cb) = &ex.circuit_breaker {
             if !(1..=MAX_FAILURE_THRESHOLD).contains(&cb.failure_threshold) {
-                return Err(Error::invalid(
+                p.push(Error::invalid(
                     "execution.circuit_breaker.failure_threshold",
                     format!("must be in 1..={MAX_FAILURE_THRESHOLD} (got {})", cb.failure_threshold),
                 ));
             }
             if !(1..=MAX_COOLDOWN_SECONDS).contains(&cb.cooldown_seconds) {
-                return Err(Error::invalid(
+                p.push(Error::invalid(
                     "execution.circuit_breaker.cooldown_seconds",
                     format!("must be in 1..={MAX_COOLDOWN_SECONDS} (1 year; got {})", cb.cooldown_seconds),
                 ));
             }
         }
-        if let Some(params) = self.context.get("params") {
-            let Some(params) = params.as_object() else { return Err(Error::invalid("context.params", "must be an object")) };
-            check_params_size("context.params", params)?;
+        match self.context.get("params") {
+            Some(serde_json::Value::Object(params)) => p.check(check_params_size("context.params", params)),
+            Some(_) => p.push(Error::invalid("context.params", "must be an object")),
+            None => {}
         }
         let context_bytes = json_bytes(&serde_json::Value::Object(self.context.clone()));
         if context_bytes > MAX_CONTEXT_BYTES {
-            return Err(Error::invalid(
+            p.push(Error::invalid(
                 "context",
                 format!("{context_bytes} bytes of JSON; at most {MAX_CONTEXT_BYTES} (given whole to every attempt)"),
             ));
@@ -525,26 +564,23 @@ impl TaskSpec {
                 ("on_breaker_open", &n.on_breaker_open),
             ] {
                 if list.len() > MAX_SINKS_PER_EVENT {
-                    return Err(Error::invalid(
-                        format!("notify.{name}"),
-                        format!("at most {MAX_SINKS_PER_EVENT} sinks (got {})", list.len()),
-                    ));
+                    p.push(Error::invalid(format!("notify.{name}"), format!("at most {MAX_SINKS_PER_EVENT} sinks (got {})", list.len())));
                 }
                 for (i, sink) in list.iter().enumerate() {
                     if !(sink.starts_with("http://") || sink.starts_with("https://") || sink.starts_with("webhook://"))
                         || sink.ends_with("://")
                     {
-                        return Err(Error::invalid(
+                        p.push(Error::invalid(
                             format!("notify.{name}[{i}]"),
                             format!("{sink:?} is not an http(s):// URL or webhook://NAME sink"),
                         ));
                     }
                     let field = format!("notify.{name}[{i}]");
                     match sink.strip_prefix("webhook://") {
-                        Some(sink_name) => validate_id(&field, sink_name)?,
+                        Some(sink_name) => p.check(validate_id(&field, sink_name)),
                         None => {
                             if let Err(e) = reqwest::Url::parse(sink) {
-                                return Err(Error::invalid(field, format!("{sink:?} is not a valid URL: {e}")));
+                                p.push(Error::invalid(field, format!("{sink:?} is not a valid URL: {e}")));
                             }
                         }
                     }
@@ -555,27 +591,30 @@ impl TaskSpec {
             if let Some(n) = h.keep_last
                 && !(1..=MAX_KEEP_LAST).contains(&n)
             {
-                return Err(Error::invalid("history.keep_last", format!("must be in 1..={MAX_KEEP_LAST} (got {n})")));
+                p.push(Error::invalid("history.keep_last", format!("must be in 1..={MAX_KEEP_LAST} (got {n})")));
             }
             if let Some(age) = &h.max_age {
-                let secs = crate::schedule::parse_duration(age).map_err(|e| Error::invalid("history.max_age", e))?;
-                if secs < MIN_MAX_AGE_SECONDS {
-                    return Err(Error::invalid("history.max_age", format!("{age:?} is shorter than 1 minute")));
-                }
-                if secs > MAX_MAX_AGE_SECONDS {
-                    return Err(Error::invalid("history.max_age", format!("{age:?} is longer than 36500d (100 years)")));
+                match crate::schedule::parse_duration(age) {
+                    Err(e) => p.push(Error::invalid("history.max_age", e)),
+                    Ok(secs) if secs < MIN_MAX_AGE_SECONDS => {
+                        p.push(Error::invalid("history.max_age", format!("{age:?} is shorter than 1 minute")));
+                    }
+                    Ok(secs) if secs > MAX_MAX_AGE_SECONDS => {
+                        p.push(Error::invalid("history.max_age", format!("{age:?} is longer than 36500d (100 years)")));
+                    }
+                    Ok(_) => {}
                 }
             }
         }
         if self.trigger.is_some() && !self.triggers.is_empty() {
-            return Err(Error::invalid("triggers", "give either trigger or triggers, not both"));
+            p.push(Error::invalid("triggers", "give either trigger or triggers, not both"));
         }
         for (i, t) in self.all_triggers().iter().enumerate() {
             let path = self.trigger_path(i);
             if let TriggerSpec::Once(o) = t
                 && o.at.timestamp_subsec_nanos() >= 1_000_000_000
             {
-                return Err(Error::invalid(
+                p.push(Error::invalid(
                     format!("{path}.at"),
                     "is a leap second (:60), which UTC clocks here never show; use :59 or the next minute",
                 ));
@@ -586,15 +625,16 @@ impl TaskSpec {
                 TriggerSpec::Once(_) => 0,
             };
             if jitter > MAX_JITTER_SECONDS {
-                return Err(Error::invalid(format!("{path}.jitter_seconds"), format!("must be at most {MAX_JITTER_SECONDS} (1 day)")));
+                p.push(Error::invalid(format!("{path}.jitter_seconds"), format!("must be at most {MAX_JITTER_SECONDS} (1 day)")));
             }
-            if let Schedule::Interval { period_ms, .. } = self.compile_trigger(i)?
-                && (jitter as i64) * 1000 >= period_ms
+            let compiled = self.compile_trigger(i);
+            if let Ok(Schedule::Interval { period_ms, .. }) = &compiled
+                && (jitter as i64) * 1000 >= *period_ms
             {
-                return Err(Error::invalid(format!("{path}.jitter_seconds"), "must be shorter than the interval"));
+                p.push(Error::invalid(format!("{path}.jitter_seconds"), "must be shorter than the interval"));
             }
+            p.check(compiled.map(|_| ()));
         }
-        Ok(())
     }
 
     /// Compiles the i-th trigger into a [`Schedule`]; errors name the field.
@@ -614,6 +654,99 @@ impl TaskSpec {
             Some(serde_json::Value::Object(m)) => m.clone(),
             _ => serde_json::Map::new(),
         }
+    }
+}
+
+/// Most problems one definition's error lists.
+pub const MAX_PROBLEMS: usize = 20;
+
+/// The problems found in one definition, in order.
+#[derive(Debug, Default)]
+struct Problems(Vec<Error>);
+
+impl Problems {
+    fn push(&mut self, e: Error) {
+        if self.0.len() < MAX_PROBLEMS {
+            self.0.push(e);
+        }
+    }
+
+    fn check(&mut self, r: Result<()>) {
+        if let Err(e) = r {
+            self.push(e);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The first problem, its reason listing the others (`also FIELD:
+    /// REASON`, one a line).
+    fn into_result(self) -> Result<()> {
+        let mut it = self.0.into_iter();
+        let Some(first) = it.next() else { return Ok(()) };
+        let rest: Vec<String> = it.map(|e| format!("also {e}")).collect();
+        if rest.is_empty() {
+            return Err(first);
+        }
+        Err(match first {
+            Error::InvalidArgument { field, reason } => Error::invalid(field, format!("{reason}\n{}", rest.join("\n"))),
+            other => other,
+        })
+    }
+}
+
+/// Removes from `v` the element at `path` (map keys and `[i]` indexes),
+/// or, with `unknown`, that key of the object at `path`. Returns false when
+/// there is nothing to remove there (the error cannot be stepped over).
+fn remove_at(v: &mut serde_json::Value, path: &[String], unknown: Option<&str>) -> bool {
+    let (target, last) = match unknown {
+        // serde_path_to_error names the unknown key itself, or its parent.
+        Some(k) if path.last().is_none_or(|l| l != k) => (path, Some(k.to_string())),
+        _ => match path.split_last() {
+            Some((last, parent)) => (parent, Some(last.clone())),
+            None => return false,
+        },
+    };
+    let mut cur = v;
+    for seg in target {
+        let next = match (seg.strip_prefix('[').and_then(|s| s.strip_suffix(']')).and_then(|i| i.parse::<usize>().ok()), cur) {
+            (Some(i), serde_json::Value::Array(a)) => a.get_mut(i),
+            (None, serde_json::Value::Object(o)) => o.get_mut(seg),
+            _ => None,
+        };
+        let Some(n) = next else { return false };
+        cur = n;
+    }
+    let Some(last) = last else { return false };
+    match (last.strip_prefix('[').and_then(|s| s.strip_suffix(']')).and_then(|i| i.parse::<usize>().ok()), cur) {
+        (Some(i), serde_json::Value::Array(a)) if i < a.len() => {
+            a.remove(i);
+            true
+        }
+        (None, serde_json::Value::Object(o)) => o.remove(&last).is_some(),
+        _ => false,
+    }
+}
+
+/// Never called: [`Problems::into_result`] is an error whenever problems
+/// were found, which is when this stands in for a spec.
+fn unreachable_spec() -> TaskSpec {
+    TaskSpec {
+        task_id: String::new(),
+        agent_id: String::new(),
+        description: None,
+        trigger: None,
+        triggers: Vec::new(),
+        execution: ExecutionSpec::default(),
+        context: serde_json::Map::new(),
+        notify: None,
+        history: None,
     }
 }
 
@@ -737,6 +870,31 @@ mod tests {
         let e = TaskSpec::from_json(&interval(r#"{"type": "once", "at": "2026-12-31T23:59:60Z"}"#)).expect_err("leap").to_string();
         assert!(e.starts_with("trigger.at: is a leap second"), "{e}");
         assert_eq!(err_field(&interval(r#"{"type": "weekly"}"#)), "trigger.type");
+    }
+
+    /// Issue 19: a definition's error named only its first problem; a
+    /// user fixed one and met the next. Every problem is listed, structural
+    /// (unknown fields, wrong types) and semantic alike; the first is the
+    /// error's field.
+    #[test]
+    fn every_problem_of_a_definition_is_listed() {
+        let j = r#"{"task_id": "bad id", "agent_id": "a", "colour": "blue",
+            "execution": {"timeout_seconds": "ten", "max_retrys": 3},
+            "trigger": {"type": "cron", "expr": "61 * * * *"}}"#;
+        let e = TaskSpec::from_json(j).expect_err("bad");
+        let Error::InvalidArgument { field, reason } = &e else { panic!("{e:?}") };
+        assert_eq!(field, "colour");
+        for want in ["also execution.timeout_seconds:", "also execution.max_retrys:"] {
+            assert!(reason.contains(want), "{want} in {reason}");
+        }
+        // Structure fixed: the semantic problems, all of them.
+        let j = r#"{"task_id": "bad id", "agent_id": "", "execution": {"timeout_seconds": 0, "priority": 5000},
+            "trigger": {"type": "cron", "expr": "61 * * * *"}}"#;
+        let e = TaskSpec::from_json(j).expect_err("bad").to_string();
+        assert!(e.starts_with("task_id: "), "{e}");
+        for want in ["also agent_id:", "also execution.timeout_seconds:", "also execution.priority:", "also trigger.expr:"] {
+            assert!(e.contains(want), "{want} in {e}");
+        }
     }
 
     #[test]

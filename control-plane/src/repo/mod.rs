@@ -483,6 +483,13 @@ impl Repo {
         }
     }
 
+    /// The runs of `ids` that exist, read a few per request (records are
+    /// up to 512 KiB).
+    pub async fn get_runs(&self, ids: &[&str]) -> Result<Vec<RunRecord>> {
+        let gets = self.get_many(ids.iter().map(|id| self.keys.run(id)), 8).await?;
+        gets.into_iter().flatten().map(|kv| codec::decode::<RunRecord>("run", &kv.value)).collect()
+    }
+
     /// Up to `limit` runs of one task (`task_id` non-empty) or of all
     /// tasks, in key order, after the key `after` (the start when empty),
     /// and the key to continue after (`None`: that was the last page).

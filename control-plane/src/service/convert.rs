@@ -157,6 +157,7 @@ pub fn task_to_pb(v: &TaskView) -> pb::Task {
         task_id: v.record.spec.task_id.clone(),
         agent_id: v.record.spec.agent_id.clone(),
         spec_json: serde_json::to_string(&v.record.spec).unwrap_or_default(),
+        definition: Some(super::definition::definition_of(&v.record.spec)),
         paused: v.record.paused,
         created_at: Some(ts(v.record.created_at)),
         updated_at: Some(ts(v.record.updated_at)),

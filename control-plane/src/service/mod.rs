@@ -3,6 +3,7 @@
 
 mod cluster;
 pub mod convert;
+pub mod definition;
 mod notification;
 mod run;
 mod runner;
@@ -53,7 +54,6 @@ pub fn status(e: Error) -> Status {
         Error::NotFound { .. } => Code::NotFound,
         Error::AlreadyExists { .. } => Code::AlreadyExists,
         Error::FailedPrecondition(_) => Code::FailedPrecondition,
-        Error::Aborted(_) => Code::Aborted,
         Error::Unavailable { .. } | Error::Fenced(_) | Error::Store(_) => Code::Unavailable,
         Error::Internal(_) => Code::Internal,
     };

@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 use punchclock_proto::time::{from_timestamp, to_timestamp};
 
 use super::convert::task_to_pb;
+use super::definition::definition_json;
 use super::status;
 use crate::api::{Core, TaskView};
 use crate::engine::{CallerTrace, TriggerRequest};
@@ -38,7 +39,9 @@ impl TaskService for TaskSvc {
         let (mut specs, mut dry_run, mut bytes) = (Vec::new(), false, 0usize);
         while let Some(msg) = incoming.message().await? {
             dry_run |= msg.dry_run;
-            for spec in msg.spec_json {
+            let typed =
+                msg.tasks.iter().map(|d| definition_json(d).map(|v| v.to_string())).collect::<crate::Result<Vec<_>>>().map_err(status)?;
+            for spec in msg.spec_json.into_iter().chain(typed) {
                 // Refused as they arrive: nothing unbounded is held.
                 if spec.len() > MAX_SPEC_BYTES {
                     let n = specs.len() + 1;
@@ -78,7 +81,12 @@ impl TaskService for TaskSvc {
 
     async fn apply_task(&self, req: Request<pb::ApplyTaskRequest>) -> Result<Response<pb::ApplyTaskResponse>, Status> {
         let r = req.into_inner();
-        let applied = self.0.apply_task(&r.spec_json, r.dry_run).await.map_err(status)?;
+        let spec_json = match (&r.task, r.spec_json.is_empty()) {
+            (Some(_), false) => return Err(status(Error::invalid("task", "give exactly one of spec_json and task"))),
+            (Some(d), true) => definition_json(d).map_err(status)?.to_string(),
+            (None, _) => r.spec_json,
+        };
+        let applied = self.0.apply_task(&spec_json, r.dry_run).await.map_err(status)?;
         let task_id = applied.record.spec.task_id.clone();
         let task =
             if r.dry_run { task_to_pb(&view(applied.record)) } else { task_to_pb(&self.0.get_task(&task_id).await.map_err(status)?) };

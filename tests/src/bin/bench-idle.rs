@@ -48,7 +48,7 @@ async fn main() {
                 "agent_id": "bench_agent",
                 "trigger": {"type": "cron", "expr": format!("{} {} {} * * *", i % 60, (i / 60) % 60, (hour + (i / 3600) as u32 % 6) % 24), "timezone": "Asia/Shanghai"},
             });
-            async move { c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false }).await.map(|_| ()).map_err(|e| e.to_string()) }
+            async move { c.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None }).await.map(|_| ()).map_err(|e| e.to_string()) }
         })
         .buffer_unordered(16)
         .collect()

@@ -384,7 +384,7 @@ async fn get_task_latency(binary: &Path, kind: &str) -> (u128, u128) {
     let t = start(binary, kind, 1).await;
     let mut client = tasks(&t.addr).await;
     let spec = serde_json::json!({"task_id": "probe", "agent_id": "true_agent", "trigger": {"type": "cron", "expr": "0 0 0 1 1 *"}});
-    client.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false }).await.expect("apply");
+    client.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None }).await.expect("apply");
     let mut micros = Vec::with_capacity(1000);
     for i in 0..1100 {
         let sent = Instant::now();

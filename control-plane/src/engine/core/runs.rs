@@ -411,7 +411,10 @@ impl EngineCore {
             usage: None,
         });
         run.status = RunStatus::Running;
-        run.dispatched_at = Some(now.wall);
+        // The run's first dispatch (each attempt keeps its own), as
+        // `actual_started_at` is its first start (issue 19: a retried run
+        // showed the last attempt's dispatch beside the first's start).
+        run.dispatched_at.get_or_insert(now.wall);
         run.pending_reason = None;
         run.next_attempt_at = None;
         // `start_by` stays until the agent starts: a refused assignment

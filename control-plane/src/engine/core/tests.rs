@@ -420,6 +420,10 @@ fn failed_attempts_retry_with_backoff_then_fail() {
     let stored = h.stored("m.manual-1").expect("stored");
     assert_eq!(stored.status, RunStatus::Timeout, "the last attempt's outcome names the end");
     assert_eq!(stored.attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(), vec![Some(Outcome::Failed), Some(Outcome::Timeout)]);
+    // Issue 19: the run's dispatched_at is its first dispatch, as its
+    // actual_started_at is its first start; each attempt has its own.
+    assert_eq!(stored.dispatched_at, Some(stored.attempts[0].dispatched_at));
+    assert!(stored.attempts[1].dispatched_at > stored.attempts[0].dispatched_at);
 }
 
 /// Invariant 7: interruptions (runner shutdown) do not spend an attempt, up
