@@ -33,6 +33,8 @@ need=(
   "etcd-server|etcd --version|the cluster tests (real etcd processes)"
   "prometheus|prometheus --version && promtool --version|the metrics test (a real Prometheus, promtool check)"
   "faketime|test -r /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1|the clock-step test (libfaketime steps dev's wall clock)"
+  "docker-compose|docker-compose version|the deploy files test (docker-compose config checks deploy/compose)"
+  "python3-venv|python3 -m venv --help|the deploy files test (kubernetes-validate, from PyPI, in a venv)"
 )
 if [ "$bench" = 1 ]; then
   need+=(
@@ -40,6 +42,24 @@ if [ "$bench" = 1 ]; then
     "libprotobuf-dev|test -r /usr/include/google/protobuf/timestamp.proto|make bench: protoc's well-known types"
   )
 fi
+
+# PyPI tools, each in a venv of its own under target/tools (they are not
+# Debian packages): kubernetes-validate checks deploy/kubernetes against the
+# Kubernetes schemas it ships (no cluster, no registry).
+pypi=()
+[ "$demo" = 1 ] || pypi=("kubernetes-validate==1.37.0|kubernetes-validate|the deploy files test (deploy/kubernetes manifests)")
+root=$(cd "$(dirname "$0")/.." && pwd)
+install_pypi() {
+  for row in "${pypi[@]}"; do
+    IFS='|' read -r spec cmd why <<<"$row"
+    venv="$root/target/tools/$cmd"
+    "$venv/bin/$cmd" --version >/dev/null 2>&1 && continue
+    if [ "$check_only" = 1 ]; then echo "missing: $spec from PyPI ($why)"; return 1; fi
+    echo "installing $spec from PyPI into $venv"
+    python3 -m venv "$venv" && "$venv/bin/pip" install -q "$spec" >/dev/null || { echo "cannot install $spec from PyPI ($why)"; return 1; }
+  done
+  return 0
+}
 
 missing=()
 for row in "${need[@]}"; do
@@ -49,7 +69,7 @@ for row in "${need[@]}"; do
     echo "missing: $pkg ($why)"
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -eq 0 ]; then install_pypi; exit $?; fi
 [ "$check_only" = 1 ] && exit 1
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 echo "installing: ${missing[*]}"
@@ -62,4 +82,5 @@ for row in "${need[@]}"; do
   IFS='|' read -r pkg probe why <<<"$row"
   bash -c "$probe" >/dev/null 2>&1 || { echo "still missing after apt-get install: $pkg ($why): $probe"; bad=1; }
 done
+install_pypi || bad=1
 exit $bad

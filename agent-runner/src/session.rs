@@ -192,6 +192,10 @@ enum SessionEnd {
     Redirect(String),
     /// The stream failed or ended; reconnect after a backoff.
     Lost,
+    /// The control plane refused this runner (`Unauthenticated`,
+    /// `PermissionDenied`: its token, certificate or id): it may only
+    /// change by an operator's hand, so retries wait longer and longer.
+    Refused(tonic::Code, String),
 }
 
 /// An execution this runner is running.
@@ -284,12 +288,28 @@ impl Runner {
     async fn run<S: Future<Output = ()>>(mut self, mut shutdown: Pin<&mut S>) {
         let mut addresses = Addresses::new(&self.config.control_plane, self.config.uses_tls());
         let mut backoff = Backoff::default();
+        // Refusals in a row: 5 s doubling to 5 min; said once a minute.
+        let mut refused = Backoff::refused();
+        let mut refusal_said: Option<Instant> = None;
         // Redirects followed in a row without a session.
         let mut redirects = 0u32;
         loop {
             let address = addresses.next();
-            let delay = match self.session(address.clone(), &mut shutdown, &mut backoff).await {
+            let end = self.session(address.clone(), &mut shutdown, &mut backoff).await;
+            if !matches!(end, SessionEnd::Refused(..)) {
+                refused = Backoff::refused();
+            }
+            let delay = match end {
                 SessionEnd::Shutdown => return,
+                SessionEnd::Refused(code, reason) => {
+                    redirects = 0;
+                    let delay = refused.next_delay();
+                    if refusal_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        warn!(%address, ?code, ?reason, retry_in_s = delay.as_secs(), "the control plane refuses this runner (its token, certificate or --runner-id); retrying less and less often until that is fixed");
+                        refusal_said = Some(Instant::now());
+                    }
+                    delay
+                }
                 // Follow a redirect at once: it names the leader. But a
                 // leader that names itself (its engine is down), or a chain
                 // of redirects, is backed off like a lost connection: it
@@ -355,6 +375,11 @@ impl Runner {
                 {
                     return on_reject(&address, status.message(), leader.to_string());
                 }
+                if let Error::Stream { status, .. } = &err
+                    && matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied)
+                {
+                    return SessionEnd::Refused(status.code(), status.message().to_string());
+                }
                 warn!(error = %err, "cannot open the runner stream");
                 return SessionEnd::Lost;
             }
@@ -376,6 +401,9 @@ impl Runner {
                 let err = Error::Protocol { address, message: format!("expected Welcome, got {other:?}") };
                 warn!(error = %err, "handshake failed");
                 return SessionEnd::Lost;
+            }
+            Some(Ok(Err(status))) if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => {
+                return SessionEnd::Refused(status.code(), status.message().to_string());
             }
             Some(Ok(Err(status))) => {
                 let err = Error::Stream { address, status: Box::new(status) };
@@ -1101,30 +1129,38 @@ impl Addresses {
 }
 
 /// Reconnect delays: 100 ms doubling to 2 s, each with ±20 % jitter (2 s:
-/// a runner finds a new leader well within a lease TTL after it is elected).
+/// a runner finds a new leader well within a lease TTL after it is
+/// elected); after a refusal, 5 s doubling to 5 min.
 #[derive(Debug)]
 struct Backoff {
     next: Duration,
+    initial: Duration,
+    max: Duration,
 }
 
 impl Backoff {
     const INITIAL: Duration = Duration::from_millis(100);
     const MAX: Duration = Duration::from_secs(2);
 
+    /// After a refusal (credentials, runner id): 5 s doubling to 5 min.
+    fn refused() -> Self {
+        Self { next: Duration::from_secs(5), initial: Duration::from_secs(5), max: Duration::from_secs(300) }
+    }
+
     fn next_delay(&mut self) -> Duration {
         let base = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
+        self.next = (self.next * 2).min(self.max);
         base.mul_f64(rand::rng().random_range(0.8..=1.2))
     }
 
     fn reset(&mut self) {
-        self.next = Self::INITIAL;
+        self.next = self.initial;
     }
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { next: Self::INITIAL }
+        Self { next: Self::INITIAL, initial: Self::INITIAL, max: Self::MAX }
     }
 }
 

@@ -124,9 +124,19 @@ struct TimingArgs {
     /// TERM→KILL grace in milliseconds when an agent is stopped.
     #[arg(long, default_value_t = 5000)]
     kill_grace_ms: u64,
+}
+
+/// What only a replica on etcd has (`server`; `dev` has no lease and
+/// keeps no history to compact).
+#[derive(Args, Debug, Clone)]
+struct EtcdArgs {
     /// TTL in milliseconds of the leader's etcd lease (renewed every TTL/3).
     #[arg(long, default_value_t = 5000)]
     lease_ttl_ms: u64,
+    /// Do not compact etcd's history after retention passes (etcd's
+    /// compaction is cluster-wide: every key prefix of that etcd).
+    #[arg(long)]
+    no_etcd_compaction: bool,
 }
 
 /// Run retention flags (`dev` and `server`).
@@ -143,10 +153,6 @@ struct RetentionArgs {
     /// Time between retention passes of the leader ("5m", "30s").
     #[arg(long, default_value = "5m")]
     retention_interval: String,
-    /// Do not compact etcd's history after retention passes (etcd's
-    /// compaction is cluster-wide: every key prefix of that etcd).
-    #[arg(long)]
-    no_etcd_compaction: bool,
 }
 
 /// The control plane's config file (`dev` and `server`).
@@ -188,7 +194,8 @@ impl ConfigArgs {
 }
 
 impl RetentionArgs {
-    fn config(&self) -> Result<RetentionConfig, String> {
+    /// `compact`: compact the store's history after each pass (etcd).
+    fn config(&self, compact: bool) -> Result<RetentionConfig, String> {
         let secs = |flag: &str, v: &str| punchclock_control_plane::schedule::parse_duration(v).map_err(|e| format!("--{flag}: {e}"));
         let max_age = secs("history-max-age", &self.history_max_age)?;
         let interval = secs("retention-interval", &self.retention_interval)?;
@@ -202,17 +209,18 @@ impl RetentionArgs {
             keep_last: self.history_keep_last,
             max_age: chrono::Duration::seconds(max_age as i64),
             interval: Duration::from_secs(interval),
-            compact: !self.no_etcd_compaction,
+            compact,
         })
     }
 }
 
 impl TimingArgs {
-    fn timing(&self) -> Timing {
+    /// The timing constants, with the leader lease's TTL (ms).
+    fn timing(&self, lease_ttl_ms: u64) -> Timing {
         Timing {
             heartbeat_interval: Duration::from_millis(self.heartbeat_ms.max(100)),
             kill_grace: Duration::from_millis(self.kill_grace_ms),
-            lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(1000)),
+            lease_ttl: Duration::from_millis(lease_ttl_ms.max(1000)),
         }
     }
 }
@@ -275,6 +283,8 @@ struct ServerArgs {
     security: ServerSecurityArgs,
     #[command(flatten)]
     timing: TimingArgs,
+    #[command(flatten)]
+    etcd: EtcdArgs,
     #[command(flatten)]
     retention: RetentionArgs,
     #[command(flatten)]
@@ -659,7 +669,7 @@ async fn dev(a: DevArgs) -> Res {
     }
     punchclock_agent_runner::AgentsFile::load(&a.agents).map_err(|e| format!("{}: {e}", a.agents.display()))?;
     crate::security::check_listen(a.listen, false, false, a.insecure, true)?;
-    let timing = a.timing.timing();
+    let timing = a.timing.timing(Timing::default().lease_ttl.as_millis() as u64);
     // The HTTP port defaults to the one after the API's (a free one when
     // that is taken, or when the API's port is chosen by the system).
     let http_next = SocketAddr::new(a.listen.ip(), if a.listen.port() == 0 { 0 } else { a.listen.port().saturating_add(1) });
@@ -673,7 +683,7 @@ async fn dev(a: DevArgs) -> Res {
         key_prefix: "/punchclock/".into(),
         node_id: "dev".into(),
         timing,
-        retention: a.retention.config()?,
+        retention: a.retention.config(true)?,
         notify: a.config.load()?,
         traces: telemetry.is_some(),
         auth: punchclock_control_plane::auth::Auth::off(),
@@ -747,8 +757,8 @@ async fn server(a: ServerArgs) -> Res {
         store,
         key_prefix: a.key_prefix,
         node_id: a.node_id.unwrap_or_else(|| default_id("cp")),
-        timing: a.timing.timing(),
-        retention: a.retention.config()?,
+        timing: a.timing.timing(a.etcd.lease_ttl_ms),
+        retention: a.retention.config(!a.etcd.no_etcd_compaction)?,
         notify: a.config.load()?,
         traces: telemetry.is_some(),
         auth: security.auth,

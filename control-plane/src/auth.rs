@@ -594,9 +594,16 @@ where
                 })
             }
             Err(status) => {
-                // Refusals are audited too (bounded: the path and a short reason).
+                // Refusals are audited too (bounded: the path and a short
+                // reason), once a minute per method, caller host and code:
+                // a client retrying a refused call must not write a line
+                // per retry.
                 let path: String = req.uri().path().chars().take(128).collect();
-                tracing::info!(target: "punchclock::audit", method = %path, peer = %peer_addr(&req), code = ?status.code(), reason = %status.message(), "denied");
+                let peer = peer_addr(&req);
+                let host = peer.rsplit_once(':').map_or(peer.as_str(), |(h, _)| h).to_string();
+                if let Some(repeats) = refusal_due(&format!("{path}|{host}|{:?}", status.code())) {
+                    tracing::info!(target: "punchclock::audit", method = %path, peer = %peer, code = ?status.code(), reason = %status.message(), repeats, "denied");
+                }
                 Box::pin(async move { Ok(status.into_http()) })
             }
         }
@@ -638,6 +645,39 @@ impl http_body::Body for RevocableBody {
 }
 
 /// The caller's address, for audit lines ("-" when unknown).
+/// How often one kind of refusal is written to the audit log.
+const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether a refusal keyed `key` is due for an audit line: the first, and
+/// then once per [`REFUSAL_LOG_EVERY`]; `Some(n)` with the repeats left
+/// out since the last line.
+pub fn refusal_due(key: &str) -> Option<u64> {
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static SEEN: OnceLock<Mutex<HashMap<String, (std::time::Instant, u64)>>> = OnceLock::new();
+    let mut seen = SEEN.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner);
+    // Bounded: an attacker varying keys empties it, and then lines resume.
+    if seen.len() >= 10_000 {
+        seen.clear();
+    }
+    let now = std::time::Instant::now();
+    match seen.get_mut(key) {
+        Some((last, repeats)) if now.duration_since(*last) < REFUSAL_LOG_EVERY => {
+            *repeats += 1;
+            None
+        }
+        Some((last, repeats)) => {
+            let n = *repeats;
+            *last = now;
+            *repeats = 0;
+            Some(n)
+        }
+        None => {
+            seen.insert(key.to_string(), (now, 0));
+            Some(0)
+        }
+    }
+}
+
 fn peer_addr<B>(req: &http::Request<B>) -> String {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     let tcp =

@@ -497,3 +497,31 @@ async fn a_runner_claims_only_the_labels_its_token_binds() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
+
+/// Issue 19: a runner refused for good (an unknown token) retried every
+/// 2 s forever, and the server wrote an audit line per retry. It backs
+/// off (5 s doubling to 5 minutes) and says so once a minute; the server
+/// writes one line a minute per caller and refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_runner_backs_off_and_the_audit_log_does_not_flood() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "auth_refused");
+    let pki = Pki::make(&["r1"]);
+    let server = token_server(&pki, dir.path(), &pki.server_args()[2..].iter().map(String::as_str).collect::<Vec<_>>());
+    let ca = pki.path("ca.crt");
+    let bogus = dir.path().join("bogus.token");
+    std::fs::write(&bogus, "pc_not_a_real_token\n").expect("token");
+    let agents = dir.path().join("agents.yaml");
+    std::fs::write(&agents, "agents:\n  light_agent: {type: process, command: [\"true\"]}\n").expect("agents");
+    let p = runner(dir.path(), &server.addr, "r1", &agents, &["--token-file", &bogus.to_string_lossy(), "--ca-file", &ca]);
+    assert!(wait_log(&p, "refuses this runner", Duration::from_secs(20)).await, "{}", p.log_text());
+    // The scenario: 25 s of a runner that cannot get in.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let runner_lines = p.log_text().matches("refuses this runner").count();
+    assert_eq!(runner_lines, 1, "said once a minute: {}", p.log_text());
+    let audit = server.log_text().lines().filter(|l| l.contains("punchclock::audit") && l.contains("RunnerService/Connect")).count();
+    assert_eq!(audit, 1, "one audit line a minute for the same refusal: {}", server.log_text());
+    // It did retry, with a growing pause (5 s, 10 s: three tries in 25 s;
+    // the 2 s backoff made a dozen).
+    assert!(["retry_in_s=4", "retry_in_s=5", "retry_in_s=6"].iter().any(|d| p.log_text().contains(d)), "{}", p.log_text());
+}

@@ -65,7 +65,9 @@ impl RunnerService for RunnerSvc {
         // The runner is who its token (or client certificate) says.
         if let Some(p) = &principal {
             if let Err(refused) = p.check_hello(&hello.runner_id, &hello.agents, &hello.labels) {
-                tracing::warn!(target: "punchclock::audit", token = %p.name, runner_id = %hello.runner_id, reason = %refused.message(), "runner refused");
+                if let Some(repeats) = crate::auth::refusal_due(&format!("runner|{}|{}|{}", p.name, hello.runner_id, refused.message())) {
+                    tracing::warn!(target: "punchclock::audit", token = %p.name, runner_id = %hello.runner_id, reason = %refused.message(), repeats, "runner refused");
+                }
                 return Err(refused);
             }
             tracing::info!(target: "punchclock::audit", token = %p.name, runner_id = %hello.runner_id, "runner connected");
