@@ -142,8 +142,9 @@ async fn run_waits_pending_with_a_visible_reason_while_no_runner_serves_its_agen
 async fn agent_that_ignores_a_large_stdin_does_not_kill_the_runner() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut dev = Proc::dev(&dir.path().join("data"));
-    let big = "x".repeat(200 * 1024);
-    apply(&dev.addr, json!({"task_id": "big_ctx", "agent_id": "ok_agent", "context": {"params": {"blob": big}}})).await;
+    // Over a pipe buffer (64 KiB), within the context limit (128 KiB).
+    let big = "x".repeat(120 * 1024);
+    apply(&dev.addr, json!({"task_id": "big_ctx", "agent_id": "ok_agent", "context": {"blob": big}})).await;
     for key in ["one", "two"] {
         cli(&dev.addr, &["task", "trigger", "big_ctx", "--key", key]);
         let id = format!("big_ctx.manual-{key}");

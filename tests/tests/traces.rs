@@ -149,6 +149,42 @@ impl Collector {
     }
 }
 
+/// One etcd, two control-plane replicas and a runner, all exporting
+/// traces to `endpoint`.
+struct TracedCluster {
+    _etcd: punchclock_tests::etcd::Etcd,
+    servers: [Proc; 2],
+    addrs: Vec<String>,
+    _runner: Proc,
+}
+
+impl TracedCluster {
+    async fn start(dir: &std::path::Path, endpoint: &str) -> TracedCluster {
+        use punchclock_tests::etcd::{Etcd, free_port};
+        let etcd = Etcd::start(1).await;
+        let ports = [free_port(), free_port()];
+        let start = |i: usize| Proc::server_with(&etcd.store_url(), &format!("cp{i}"), ports[i], dir, &[], &["--otlp-endpoint", endpoint]);
+        let servers = [start(0), start(1)];
+        let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+        let work = dir.join("work-r1").to_string_lossy().into_owned();
+        let args = [
+            "runner",
+            "--control-plane",
+            &addrs.join(","),
+            "--agents",
+            "tests/agents.yaml",
+            "--runner-id",
+            "r1",
+            "--work-dir",
+            &work,
+            "--otlp-endpoint",
+            endpoint,
+        ];
+        let runner = Proc::start(&args, &dir.join("r1.log"), false);
+        TracedCluster { _etcd: etcd, servers, addrs, _runner: runner }
+    }
+}
+
 fn attr<'a>(s: &'a Span, key: &str) -> Option<&'a AnyValue> {
     s.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v| v.value.as_ref())
 }
@@ -266,35 +302,12 @@ async fn a_run_that_fails_once_then_succeeds_is_one_trace() {
 /// has the trace id stored on the run: one trace, not two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_kill_mid_run_leaves_one_trace() {
-    use punchclock_tests::etcd::{Etcd, free_port};
     use punchclock_tests::{wait_leader, wait_run};
     let dir = tempfile::tempdir().expect("tempdir");
     let _logs = KeepLogsOnPanic::new(dir.path(), "traces_failover");
     let (collector, port) = Collector::start().await;
     let endpoint = format!("http://127.0.0.1:{port}");
-    let etcd = Etcd::start(1).await;
-    let ports = [free_port(), free_port()];
-    let start =
-        |i: usize| Proc::server_with(&etcd.store_url(), &format!("cp{i}"), ports[i], dir.path(), &[], &["--otlp-endpoint", &endpoint]);
-    let mut servers = [start(0), start(1)];
-    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-    let _runner = Proc::start(
-        &[
-            "runner",
-            "--control-plane",
-            &addrs.join(","),
-            "--agents",
-            "tests/agents.yaml",
-            "--runner-id",
-            "r1",
-            "--work-dir",
-            &dir.path().join("work-r1").to_string_lossy(),
-            "--otlp-endpoint",
-            &endpoint,
-        ],
-        &dir.path().join("r1.log"),
-        false,
-    );
+    let TracedCluster { _etcd, mut servers, addrs, _runner } = TracedCluster::start(dir.path(), &endpoint).await;
     let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
     apply(&first.leader_address, json!({"task_id": "long", "agent_id": "slow_agent"})).await;
     cli(&first.leader_address, &["task", "trigger", "long"]);
@@ -332,35 +345,12 @@ async fn a_leader_kill_mid_run_leaves_one_trace() {
 /// control plane's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_of_runs_finished_just_before_a_kill_are_not_lost() {
-    use punchclock_tests::etcd::{Etcd, free_port};
     use punchclock_tests::{list_runs, wait_leader};
     let dir = tempfile::tempdir().expect("tempdir");
     let _logs = KeepLogsOnPanic::new(dir.path(), "traces_reemit");
     let (collector, port) = Collector::start().await;
     let endpoint = format!("http://127.0.0.1:{port}");
-    let etcd = Etcd::start(1).await;
-    let ports = [free_port(), free_port()];
-    let start =
-        |i: usize| Proc::server_with(&etcd.store_url(), &format!("cp{i}"), ports[i], dir.path(), &[], &["--otlp-endpoint", &endpoint]);
-    let mut servers = [start(0), start(1)];
-    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-    let _runner = Proc::start(
-        &[
-            "runner",
-            "--control-plane",
-            &addrs.join(","),
-            "--agents",
-            "tests/agents.yaml",
-            "--runner-id",
-            "r1",
-            "--work-dir",
-            &dir.path().join("work-r1").to_string_lossy(),
-            "--otlp-endpoint",
-            &endpoint,
-        ],
-        &dir.path().join("r1.log"),
-        false,
-    );
+    let TracedCluster { _etcd, mut servers, addrs, _runner } = TracedCluster::start(dir.path(), &endpoint).await;
     let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
     apply(&first.leader_address, json!({"task_id": "quick", "agent_id": "fail_agent", "execution": {"concurrency_limit": 10}})).await;
     for i in 0..6 {
