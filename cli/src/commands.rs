@@ -159,7 +159,9 @@ struct RetentionArgs {
 #[derive(Args, Debug)]
 struct ConfigArgs {
     /// Config file (YAML or JSON): notification sinks (`webhook://NAME`)
-    /// and delivery settings; see README "Notifications".
+    /// and delivery settings, resources, budgets, prices; reloaded on
+    /// SIGHUP (an invalid file is refused and the running one kept). See
+    /// README "Notifications" and "Agents that share things".
     #[arg(long)]
     config: Option<PathBuf>,
     #[command(flatten)]
@@ -183,13 +185,9 @@ impl OtlpArgs {
 }
 
 impl ConfigArgs {
-    fn load(&self) -> Result<Arc<punchclock_control_plane::notify::NotifyConfig>, String> {
-        match &self.config {
-            Some(p) => {
-                punchclock_control_plane::notify::NotifyConfig::load(p).map(Arc::new).map_err(|e| format!("--config {}: {e}", p.display()))
-            }
-            None => Ok(Arc::default()),
-        }
+    fn load(&self) -> Result<punchclock_control_plane::config::ConfigHandle, String> {
+        punchclock_control_plane::config::ConfigHandle::load(self.config.as_deref())
+            .map_err(|e| format!("--config {}: {e}", self.config.as_deref().map(|p| p.display().to_string()).unwrap_or_default()))
     }
 }
 
@@ -684,7 +682,7 @@ async fn dev(a: DevArgs) -> Res {
         node_id: "dev".into(),
         timing,
         retention: a.retention.config(true)?,
-        notify: a.config.load()?,
+        config: a.config.load()?,
         traces: telemetry.is_some(),
         auth: punchclock_control_plane::auth::Auth::off(),
         tls: None,
@@ -697,6 +695,7 @@ async fn dev(a: DevArgs) -> Res {
     })
     .await
     .map_err(|e| e.to_string())?;
+    reload_config_on_sighup(server.core.clone());
     let mut rcfg = runner_config(
         "dev-runner".into(),
         vec![format!("http://{}", server.addr)],
@@ -759,7 +758,7 @@ async fn server(a: ServerArgs) -> Res {
         node_id: a.node_id.unwrap_or_else(|| default_id("cp")),
         timing: a.timing.timing(a.etcd.lease_ttl_ms),
         retention: a.retention.config(!a.etcd.no_etcd_compaction)?,
-        notify: a.config.load()?,
+        config: a.config.load()?,
         traces: telemetry.is_some(),
         auth: security.auth,
         tls: security.tls,
@@ -769,6 +768,7 @@ async fn server(a: ServerArgs) -> Res {
         tracing::warn!(listen = %cfg.listen, "no --advertise: runners and clients redirected to this replica would be sent to an unspecified address; give --advertise https://HOST:PORT");
     }
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
+    reload_config_on_sighup(server.core.clone());
     match server.http_addr {
         Some(h) => {
             eprintln!("punchclock server: API on {scheme}://{} (health on http://{h}/healthz, metrics on http://{h}/metrics)", server.addr)
@@ -780,6 +780,34 @@ async fn server(a: ServerArgs) -> Res {
         let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
     }
     r
+}
+
+/// Reads the config file again on every SIGHUP: an invalid one (or one
+/// that drops a resource a task still uses) is refused, said once per
+/// distinct refusal, and the running configuration stays.
+fn reload_config_on_sighup(core: Arc<punchclock_control_plane::api::Core>) {
+    if core.config.path().is_none() {
+        return;
+    }
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        let mut refused: Option<String> = None;
+        while hup.recv().await.is_some() {
+            match core.reload_config().await {
+                Ok(()) => {
+                    refused = None;
+                    tracing::info!("SIGHUP: config file reloaded");
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    if refused.as_ref() != Some(&why) {
+                        tracing::error!(error = %why, "SIGHUP: config file refused; the running configuration stays");
+                    }
+                    refused = Some(why);
+                }
+            }
+        }
+    });
 }
 
 pub(crate) fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {

@@ -70,13 +70,13 @@ pub struct AppliedTask {
 ///
 /// Errors: `InvalidArgument` on `tasks` listing every bad definition (by
 /// position and id, the first 20) and every repeated id.
-fn validate_all(spec_jsons: &[String], now: DateTime<Utc>) -> Result<Vec<TaskSpec>> {
+fn validate_all(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::config::Config) -> Result<Vec<TaskSpec>> {
     const SHOWN_PROBLEMS: usize = 20;
     let mut specs = Vec::with_capacity(spec_jsons.len());
     let mut problems = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (i, json) in spec_jsons.iter().enumerate() {
-        match validate_spec(json, now) {
+        match validate_spec(json, now, config) {
             Ok(spec) if !seen.insert(spec.task_id.clone()) => {
                 problems.push(format!("task #{} ({}): task_id: appears more than once", i + 1, spec.task_id));
             }
@@ -110,8 +110,16 @@ fn validate_all(spec_jsons: &[String], now: DateTime<Utc>) -> Result<Vec<TaskSpe
 /// that every recurring trigger still has a fire time.
 ///
 /// Errors: `InvalidArgument` naming the field.
-fn validate_spec(spec_json: &str, now: DateTime<Utc>) -> Result<TaskSpec> {
+fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Config) -> Result<TaskSpec> {
     let spec = TaskSpec::from_json(spec_json)?;
+    for (i, r) in spec.execution.resources.iter().enumerate() {
+        if !config.resources.contains_key(&r.name) {
+            return Err(Error::invalid(
+                format!("execution.resources[{i}]"),
+                format!("resource {:?} is not defined in the control plane's config (resources:)", r.name),
+            ));
+        }
+    }
     let schedules = spec.schedules()?;
     for (i, s) in schedules.iter().enumerate() {
         if !matches!(s, Schedule::Once { .. }) && s.next_after(now).is_none() {
@@ -145,9 +153,10 @@ pub struct Core {
     pub engine_problem: std::sync::Mutex<Option<String>>,
     /// Prometheus metrics of this replica.
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// Notification sinks (`--config`): the leader delivers; every replica
-    /// warns on applies naming an undefined `webhook://` sink.
-    pub notify: Arc<crate::notify::NotifyConfig>,
+    /// The config file (`--config`: sinks, resources, budgets): the leader
+    /// delivers notifications and enforces resources and budgets; every
+    /// replica validates applies against it.
+    pub config: crate::config::ConfigHandle,
     /// Open run watches (fed from `lifecycle`).
     pub watchers: crate::watch::RunWatchers,
     /// Traces are exported (a new leader then emits again the spans of
@@ -197,6 +206,31 @@ impl Core {
         why
     }
 
+    /// Reads the config file again (SIGHUP): the new configuration
+    /// replaces the running one whole, or — invalid, or dropping a resource
+    /// a stored task still names — is refused and the running one stays.
+    ///
+    /// Errors: `InvalidArgument` naming the field or the task that still
+    /// uses a dropped resource; store errors.
+    pub async fn reload_config(&self) -> Result<()> {
+        let Some(path) = self.config.path() else { return Ok(()) };
+        let new = crate::config::Config::load(path)?;
+        let current = self.config.current();
+        let dropped: Vec<&String> = current.resources.keys().filter(|k| !new.resources.contains_key(*k)).collect();
+        if !dropped.is_empty() {
+            for (rec, _) in self.repo.load_tasks().await? {
+                if let Some(r) = rec.spec.execution.resources.iter().find(|r| dropped.contains(&&r.name)) {
+                    return Err(Error::invalid(
+                        format!("resources.{}", r.name),
+                        format!("task {:?} still uses it (execution.resources): remove it from the task first", rec.spec.task_id),
+                    ));
+                }
+            }
+        }
+        self.config.replace(new);
+        Ok(())
+    }
+
     /// Current leader as known here.
     pub async fn leader(&self) -> Option<LeaderInfo> {
         self.election.leader().await
@@ -207,7 +241,7 @@ impl Core {
     /// serves the task's agent.
     pub async fn apply_task(&self, spec_json: &str, dry_run: bool) -> Result<Applied> {
         let now = self.clock.now();
-        let spec = validate_spec(spec_json, now)?;
+        let spec = validate_spec(spec_json, now, &self.config.current())?;
         let mut warnings = self.agent_warnings(&spec).await;
         warnings.extend(self.sink_warnings(&spec));
         for _ in 0..CAS_ATTEMPTS {
@@ -238,7 +272,8 @@ impl Core {
         let now = self.clock.now();
         // Thousands of definitions are seconds of CPU: off the runtime's
         // workers, which also serve the lease renewals and the engine.
-        let specs = tokio::task::spawn_blocking(move || validate_all(&spec_jsons, now))
+        let config = self.config.current();
+        let specs = tokio::task::spawn_blocking(move || validate_all(&spec_jsons, now, &config))
             .await
             .map_err(|e| Error::Internal(format!("validation task failed: {e}")))??;
         let outcomes = if dry_run {
@@ -278,11 +313,12 @@ impl Core {
     /// define": its notifications would be dead-lettered.
     fn sink_warnings(&self, spec: &TaskSpec) -> Vec<String> {
         let Some(n) = &spec.notify else { return Vec::new() };
+        let config = self.config.current();
         let mut missing: Vec<&str> = [&n.on_success, &n.on_failure, &n.on_skipped, &n.on_breaker_open]
             .into_iter()
             .flatten()
             .filter_map(|s| s.strip_prefix("webhook://"))
-            .filter(|name| !self.notify.has_sink(name))
+            .filter(|name| !config.notify.has_sink(name))
             .collect();
         missing.sort_unstable();
         missing.dedup();

@@ -83,8 +83,9 @@ pub struct ServerConfig {
     pub timing: Timing,
     /// Run retention defaults and pace.
     pub retention: crate::engine::retention::RetentionConfig,
-    /// Notification sinks and delivery settings (`--config`).
-    pub notify: Arc<crate::notify::NotifyConfig>,
+    /// The config file (`--config`): sinks, resources, budgets; reloaded
+    /// on SIGHUP ([`crate::api::Core::reload_config`]).
+    pub config: crate::config::ConfigHandle,
     /// Emit run spans (a trace exporter is installed).
     pub traces: bool,
     /// Tokens and roles ([`Auth::off`]: every call allowed).
@@ -170,7 +171,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         retention: cfg.retention,
         engine_problem: std::sync::Mutex::new(None),
         metrics: metrics.clone(),
-        notify: cfg.notify.clone(),
+        config: cfg.config.clone(),
     });
     tokio::spawn(metrics.follow(core.lifecycle.clone()));
     if cfg.traces {
@@ -321,7 +322,7 @@ async fn follow_leadership(
                     bus: core.lifecycle.clone(),
                     notifier: crate::notify::deliver::Notifier {
                         repo: core.repo.clone(),
-                        config: core.notify.clone(),
+                        config: core.config.clone(),
                         clock: core.clock.clone(),
                         metrics: core.metrics.clone(),
                     },

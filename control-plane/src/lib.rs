@@ -2,6 +2,7 @@
 //! gRPC services. See `control-plane/README.md` for the module map.
 
 pub mod clock;
+pub mod config;
 pub mod error;
 pub mod model;
 pub mod repo;

@@ -559,7 +559,7 @@ pub async fn in_process_server(
         node_id: "test".into(),
         timing: punchclock_control_plane::timing::Timing::default(),
         retention: Default::default(),
-        notify: Default::default(),
+        config: Default::default(),
         traces: false,
         auth: punchclock_control_plane::auth::Auth::off(),
         tls: None,

@@ -102,6 +102,11 @@ pub struct TaskSpec {
     /// Free text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// Labels of the task (`{team: data}`): a budget's `scope: {label}`
+    /// counts the tasks that have them. At most 32; keys and values 1 to
+    /// 63 letters, digits, `_ - .`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
     /// One trigger (the seed form) ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<TriggerSpec>,
@@ -334,7 +339,81 @@ pub struct ExecutionSpec {
     /// when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreakerSpec>,
+    /// Cluster-wide resources each attempt takes (`["search-api", {name:
+    /// openai, tokens: 8000}]`), declared in the control plane's config;
+    /// an unknown one is refused at apply.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceUse>,
+    /// A run whose resource is busy: `wait` (default) or `skip` (a SKIPPED
+    /// `resource_busy` record naming it).
+    pub on_resource_busy: OnResourceBusy,
+    /// Seconds of wall clock a run keeps retrying `rate_limited` attempts
+    /// (which do not spend `max_retries`) before it gives up FAILED;
+    /// default 1800; `1..=86400`.
+    pub rate_limit_max_wait_seconds: u64,
 }
+
+/// What a run does when a resource it needs is busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnResourceBusy {
+    /// Wait (PENDING, `waiting_for` says what for), served by priority,
+    /// then slot; past `start_timeout_seconds` TIMEOUT.
+    #[default]
+    Wait,
+    /// A SKIPPED `resource_busy` record.
+    Skip,
+}
+
+/// One resource a task's attempts take: its name, how many units of its
+/// concurrency (default 1), and an estimate of the tokens an attempt
+/// spends (reserved against `tokens_per_minute`, settled with the usage
+/// it reports). Written as `"name"` or `{name, units, tokens}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResourceUse {
+    /// A resource of the config's `resources:`.
+    pub name: String,
+    /// Units of its concurrency; `1..=1000`.
+    #[serde(skip_serializing_if = "is_one")]
+    pub units: u32,
+    /// Estimated tokens per attempt.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tokens: u64,
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
+impl<'de> Deserialize<'de> for ResourceUse {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Full {
+            name: String,
+            #[serde(default = "one")]
+            units: u32,
+            #[serde(default)]
+            tokens: u64,
+        }
+        fn one() -> u32 {
+            1
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Name(String),
+            Full(Full),
+        }
+        Ok(match Form::deserialize(d).map_err(|_| serde::de::Error::custom("a resource is a name or {name, units, tokens}"))? {
+            Form::Name(name) => ResourceUse { name, units: 1, tokens: 0 },
+            Form::Full(f) => ResourceUse { name: f.name, units: f.units, tokens: f.tokens },
+        })
+    }
+}
+
+/// Default `rate_limit_max_wait_seconds`: 30 minutes.
+pub const DEFAULT_RATE_LIMIT_MAX_WAIT_SECONDS: u64 = 1800;
 
 /// Most `circuit_breaker.failure_threshold`.
 pub const MAX_FAILURE_THRESHOLD: u32 = 1000;
@@ -367,6 +446,9 @@ impl Default for ExecutionSpec {
             start_timeout_seconds: DEFAULT_START_TIMEOUT_SECONDS,
             selector: None,
             circuit_breaker: None,
+            resources: Vec::new(),
+            on_resource_busy: OnResourceBusy::default(),
+            rate_limit_max_wait_seconds: DEFAULT_RATE_LIMIT_MAX_WAIT_SECONDS,
         }
     }
 }
@@ -542,6 +624,29 @@ impl TaskSpec {
                     "execution.circuit_breaker.cooldown_seconds",
                     format!("must be in 1..={MAX_COOLDOWN_SECONDS} (1 year; got {})", cb.cooldown_seconds),
                 ));
+            }
+        }
+        for (i, r) in ex.resources.iter().enumerate() {
+            if !(1..=1000).contains(&r.units) {
+                p.push(Error::invalid(format!("execution.resources[{i}].units"), "must be in 1..=1000"));
+            }
+            if ex.resources[..i].iter().any(|o| o.name == r.name) {
+                p.push(Error::invalid(format!("execution.resources[{i}]"), format!("{:?} is named twice", r.name)));
+            }
+        }
+        if ex.resources.len() > 16 {
+            p.push(Error::invalid("execution.resources", "at most 16"));
+        }
+        if !(1..=86_400).contains(&ex.rate_limit_max_wait_seconds) {
+            p.push(Error::invalid("execution.rate_limit_max_wait_seconds", "must be in 1..=86400"));
+        }
+        if self.labels.len() > 32 {
+            p.push(Error::invalid("labels", "at most 32"));
+        }
+        let label_ok = |s: &str| !s.is_empty() && s.len() <= 63 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        for (k, v) in &self.labels {
+            if !label_ok(k) || !label_ok(v) {
+                p.push(Error::invalid(format!("labels.{k}"), "keys and values are 1 to 63 letters, digits, _ - ."));
             }
         }
         match self.context.get("params") {
@@ -741,6 +846,7 @@ fn unreachable_spec() -> TaskSpec {
         task_id: String::new(),
         agent_id: String::new(),
         description: None,
+        labels: BTreeMap::new(),
         trigger: None,
         triggers: Vec::new(),
         execution: ExecutionSpec::default(),

@@ -31,7 +31,7 @@ pub struct Notifier {
     /// Store access.
     pub repo: Repo,
     /// Sinks and delivery settings.
-    pub config: Arc<NotifyConfig>,
+    pub config: crate::config::ConfigHandle,
     /// Clock.
     pub clock: SharedClock,
     /// Delivery counters.
@@ -158,8 +158,11 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
         let now = n.clock.now();
         // Start what is due, oldest first, up to the concurrency, skipping
         // sinks that have their share in flight.
-        while inflight.len() < n.config.concurrency {
-            let per_sink = n.config.per_sink_concurrency;
+        // The configuration as of this turn (a reload applies from the next).
+        let config = n.config.current();
+        let settings = &config.notify;
+        while inflight.len() < settings.concurrency {
+            let per_sink = settings.per_sink_concurrency;
             let next = book
                 .due
                 .iter()
@@ -176,16 +179,16 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
             };
             book.inflight.insert(id);
             *book.sink_inflight.entry(note.sink.clone()).or_default() += 1;
-            let (client, config) = (client.clone(), n.config.clone());
+            let (client, config) = (client.clone(), config.clone());
             inflight.spawn(async move {
-                let r = send(&client, &config, &note, Utc::now()).await;
+                let r = send(&client, &config.notify, &note, Utc::now()).await;
                 (note, rev, r)
             });
         }
         // Wake for the next due item (one whose sink is busy is woken by
         // that sink's answer).
         let next_due = book.due.iter().find(|(t, id)| *t > now && !book.inflight.contains(id)).map(|(t, _)| *t);
-        let has_room = inflight.len() < n.config.concurrency;
+        let has_room = inflight.len() < settings.concurrency;
         let wait = async {
             match next_due {
                 Some(t) if has_room => {
@@ -235,7 +238,7 @@ async fn pass(n: &Notifier, lead: &Leadership, client: &reqwest::Client) -> Resu
 /// dead-lettered at once, with the reason (a fenced write conditional on
 /// its revision, like every outcome).
 async fn admit(n: &Notifier, lead: &Leadership, book: &mut Book, mut note: Notification, rev: Revision) -> Result<()> {
-    let cap = n.config.max_pending_per_sink;
+    let cap = n.config.current().notify.max_pending_per_sink;
     let new = !book.items.contains_key(&note.id);
     if !(new && note.status == DeliveryStatus::Pending && book.pending_of(&note.sink) >= cap) {
         book.put(note, rev);
@@ -278,12 +281,12 @@ async fn record(
         Err(e) => {
             n.metrics.notification_failed(&kind);
             note.last_error = Some(e.clone());
-            if note.attempts >= n.config.max_attempts {
+            if note.attempts >= n.config.current().notify.max_attempts {
                 note.status = DeliveryStatus::Dead;
                 n.metrics.notification_dead(&kind);
                 tracing::warn!(id = %note.id, sink = %redact_sink(&note.sink), attempts = note.attempts, error = %e, "notification dead-lettered");
             } else {
-                let delay = n.config.backoff(note.attempts);
+                let delay = n.config.current().notify.backoff(note.attempts);
                 note.next_attempt_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
                 tracing::info!(id = %note.id, sink = %redact_sink(&note.sink), attempts = note.attempts, retry_in_ms = delay.as_millis() as u64, error = %e, "notification not delivered; will retry");
             }

@@ -1,6 +1,7 @@
-//! Notification delivery: the control plane's config file (`--config`:
-//! named `webhook://` sinks and delivery settings), request signing, and
-//! the leader's delivery worker ([`deliver`]).
+//! Notification delivery: the `notifications:` and `sinks:` sections of
+//! the control plane's config file ([`crate::config`]: named `webhook://`
+//! sinks and delivery settings), request signing, and the leader's
+//! delivery worker ([`deliver`]).
 //!
 //! The engine writes each notification to the outbox in the same
 //! transaction as the run state it reports
@@ -17,7 +18,7 @@
 pub mod deliver;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -26,7 +27,7 @@ use sha2::Sha256;
 
 use crate::error::{Error, Result};
 
-/// The control plane's config file (`--config FILE`, YAML or JSON).
+/// `notifications:` of the config file:
 ///
 /// ```yaml
 /// notifications:
@@ -43,18 +44,6 @@ use crate::error::{Error, Result};
 ///     headers: {X-Team: data}
 ///     timeout_seconds: 5
 /// ```
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigFile {
-    /// Delivery settings.
-    #[serde(default)]
-    pub notifications: Settings,
-    /// Named sinks (`webhook://NAME`).
-    #[serde(default)]
-    pub sinks: BTreeMap<String, SinkConfig>,
-}
-
-/// `notifications:` of the config file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
@@ -152,7 +141,7 @@ pub struct NotifyConfig {
 
 impl Default for NotifyConfig {
     fn default() -> Self {
-        NotifyConfig::from_file(ConfigFile::default(), Path::new(".")).expect("defaults are valid")
+        NotifyConfig::from_sections(&Settings::default(), &BTreeMap::new()).expect("defaults are valid")
     }
 }
 
@@ -195,29 +184,12 @@ pub fn redact_sink(sink: &str) -> String {
 }
 
 impl NotifyConfig {
-    /// Reads and validates the config file at `path`.
+    /// Validates the `notifications:` and `sinks:` sections of the config
+    /// file ([`crate::config`]).
     ///
     /// Errors: `InvalidArgument` naming the field (`sinks.alert.url`,
-    /// `notifications.max_attempts`, an unknown field's path) or the file.
-    pub fn load(path: &Path) -> Result<NotifyConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::invalid("--config", format!("cannot read {}: {e}", path.display())))?;
-        let de = serde_yaml_ng::Deserializer::from_str(&text);
-        let file: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            let field = if field == "." { "config".to_string() } else { field };
-            // serde_yaml_ng's message may start with the path already.
-            let msg = e.inner().to_string();
-            let msg = msg.strip_prefix(&format!("{field}: ")).map(str::to_string).unwrap_or(msg);
-            Error::invalid(field, msg)
-        })?;
-        NotifyConfig::from_file(file, path.parent().unwrap_or(Path::new(".")))
-    }
-
-    /// Validates a parsed config file.
-    ///
-    /// Errors: `InvalidArgument` naming the field.
-    pub fn from_file(file: ConfigFile, _base: &Path) -> Result<NotifyConfig> {
-        let n = &file.notifications;
+    /// `notifications.max_attempts`).
+    pub fn from_sections(n: &Settings, sink_specs: &BTreeMap<String, SinkConfig>) -> Result<NotifyConfig> {
         if !(1..=100).contains(&n.max_attempts) {
             return Err(Error::invalid("notifications.max_attempts", format!("must be in 1..=100 (got {})", n.max_attempts)));
         }
@@ -244,7 +216,7 @@ impl NotifyConfig {
         let default_secret = read_secret("notifications.secret", &n.secret, &n.secret_file)?;
         let default_timeout = Duration::from_secs(n.timeout_seconds);
         let mut sinks = BTreeMap::new();
-        for (name, s) in &file.sinks {
+        for (name, s) in sink_specs {
             crate::model::task::validate_id(&format!("sinks.{name}"), name)?;
             let field = |f: &str| format!("sinks.{name}.{f}");
             let url = reqwest::Url::parse(&s.url).map_err(|e| Error::invalid(field("url"), format!("{:?} is not a URL: {e}", s.url)))?;
@@ -341,7 +313,7 @@ mod tests {
         let p = dir.path().join("c.yaml");
         let load = |text: &str| {
             std::fs::write(&p, text).unwrap();
-            NotifyConfig::load(&p)
+            crate::config::Config::load(&p).map(|c| c.notify)
         };
         let err = |text: &str| load(text).expect_err("invalid").to_string();
         assert!(err("sinks:\n  a:\n    url: ftp://x\n").starts_with("sinks.a.url"), "{}", err("sinks:\n  a:\n    url: ftp://x\n"));
