@@ -73,6 +73,17 @@ pub fn run_json(r: &pb::Run) -> Value {
             "outcome": opt_str(&a.outcome),
             "error": opt_str(&a.error),
             "exit_code": a.exit_code,
+            "class": opt_str(&a.class),
+            "resource": opt_str(&a.resource),
+            "retry_at": t(&a.retry_at),
+            "model": opt_str(&a.model),
+            "usage": a.usage.as_ref().map(|u| json!({
+                "input_tokens": u.input_tokens,
+                "output_tokens": u.output_tokens,
+                "cache_read_input_tokens": u.cache_read_input_tokens,
+                "cost": u.cost,
+            })),
+            "holds": a.holds.iter().map(|h| json!({"name": h.name, "units": h.units, "tokens": h.tokens})).collect::<Vec<_>>(),
             "awaiting_runner": a.awaiting_runner,
             "report": a.report.as_ref().map(|rep| json!({
                 "outcome": report_outcome_name(rep.outcome),
@@ -94,6 +105,7 @@ pub fn run_json(r: &pb::Run) -> Value {
         "missed_from": t(&r.missed_from),
         "missed_until": t(&r.missed_until),
         "pending_reason": opt_str(&r.pending_reason),
+        "waiting_for": if r.status == pb::RunStatus::Pending as i32 { opt_str(&r.pending_reason) } else { Value::Null },
         "start_by": t(&r.start_by),
         "interruptions": r.interruptions,
         "elided_attempts": r.elided_attempts,
@@ -115,6 +127,7 @@ pub fn task_json(tk: &pb::Task) -> Value {
         "task_id": tk.task_id,
         "agent_id": tk.agent_id,
         "paused": tk.paused,
+        "paused_reason": opt_str(&tk.paused_reason),
         "next_fire_at": t(&tk.next_fire_at),
         "last_slot_at": t(&tk.last_slot_at),
         "breaker": tk.breaker.as_ref().map(|b| json!({
@@ -180,7 +193,7 @@ pub fn run_row(r: &pb::Run) -> Vec<String> {
     } else if !r.error.is_empty() {
         r.error.chars().take(60).collect()
     } else if !r.pending_reason.is_empty() {
-        r.pending_reason.chars().take(60).collect()
+        format!("waiting_for: {}", r.pending_reason).chars().take(80).collect()
     } else if let Some(p) = &r.progress {
         format!("{}% {}", p.percent.unwrap_or(0.0), p.message).chars().take(60).collect()
     } else {

@@ -384,6 +384,7 @@ impl Core {
         self.modify_task(task_id, |r, now| {
             if r.paused {
                 r.paused = false;
+                r.paused_reason.clear();
                 r.resumed_at = Some(now);
                 r.updated_at = now;
             }

@@ -48,6 +48,21 @@ pub struct StatusLabels {
     pub status: String,
 }
 
+/// `agent_id`, `status` (the attempt's outcome), `class` (the agent's).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// Agent.
+    pub agent_id: String,
+    /// Attempt outcome (`failed`, `rate_limited`, ...).
+    pub status: String,
+    /// The agent's `class` (empty when it gave none; `other` past
+    /// [`MAX_CLASSES`] distinct ones: the label stays bounded).
+    pub class: String,
+}
+
+/// Distinct `class` label values one replica reports; later ones are `other`.
+pub const MAX_CLASSES: usize = 32;
+
 /// `agent_id`, `reason`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SkipLabels {
@@ -115,7 +130,8 @@ pub struct Metrics {
     dispatch_lag: Family<AgentLabel, Histogram>,
     start_lag: Family<AgentLabel, Histogram>,
     runs_finished: Family<StatusLabels, Counter>,
-    attempts_ended: Family<StatusLabels, Counter>,
+    attempts_ended: Family<AttemptLabels, Counter>,
+    classes: std::sync::Mutex<std::collections::HashSet<String>>,
     slots_skipped: Family<SkipLabels, Counter>,
     runs_created: Family<AgentLabel, Counter>,
     runners_lost: Counter,
@@ -167,6 +183,7 @@ impl Metrics {
             start_lag,
             runs_finished: Family::default(),
             attempts_ended: Family::default(),
+            classes: std::sync::Mutex::new(std::collections::HashSet::new()),
             slots_skipped: Family::default(),
             runs_created: Family::default(),
             runners_lost: Counter::default(),
@@ -206,7 +223,7 @@ impl Metrics {
         r.register("runs_finished", "Runs that reached a final status (SUCCEEDED, FAILED, TIMEOUT, CANCELLED)", m.runs_finished.clone());
         r.register(
             "attempts_ended",
-            "Attempts that ended, by outcome (succeeded, failed, timeout, cancelled, lost, interrupted)",
+            "Attempts that ended, by outcome (succeeded, failed, timeout, cancelled, lost, interrupted, rate_limited, quota_exhausted, non_retryable) and the agent's class",
             m.attempts_ended.clone(),
         );
         r.register(
@@ -285,6 +302,13 @@ impl Metrics {
         self.notify_dead.get_or_create(&SinkLabel { sink: sink.into() }).inc();
     }
 
+    /// A class as its label value: at most [`MAX_CLASSES`] distinct ones.
+    fn bounded_class(&self, class: Option<String>) -> String {
+        let Some(c) = class else { return String::new() };
+        let Ok(mut seen) = self.classes.lock() else { return "other".into() };
+        if seen.contains(&c) || (seen.len() < MAX_CLASSES && seen.insert(c.clone())) { c } else { "other".into() }
+    }
+
     /// Counts one lifecycle event.
     pub fn observe(&self, ev: &Lifecycle) {
         let agent = |r: &RunRecord| AgentLabel { agent_id: r.agent_id.clone() };
@@ -321,9 +345,11 @@ impl Metrics {
                     self.start_lag.get_or_create(&agent(r)).observe(secs(r, t));
                 }
             }
-            Lifecycle::AttemptEnded { run, outcome, .. } => {
-                let status = serde_json::to_value(outcome).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-                self.attempts_ended.get_or_create(&StatusLabels { agent_id: run.agent_id.clone(), status }).inc();
+            Lifecycle::AttemptEnded { run, outcome, execution_id } => {
+                let class = run.attempts.iter().rev().find(|a| &a.execution_id == execution_id).and_then(|a| a.class.clone());
+                let class = self.bounded_class(class);
+                let labels = AttemptLabels { agent_id: run.agent_id.clone(), status: outcome.as_str().to_string(), class };
+                self.attempts_ended.get_or_create(&labels).inc();
             }
             Lifecycle::RunFinished(r) => {
                 self.runs_finished.get_or_create(&StatusLabels { agent_id: r.agent_id.clone(), status: r.status.as_str().into() }).inc();

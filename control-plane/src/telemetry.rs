@@ -166,6 +166,18 @@ fn attempt_span(run: &RunRecord, a: &Attempt) {
         KeyValue::new("punchclock.fencing_token", run.fencing_token as i64),
         KeyValue::new("punchclock.outcome", a.outcome.map(|o| o.as_str()).unwrap_or("open")),
     ];
+    for (k, v) in [("punchclock.class", &a.class), ("punchclock.resource", &a.resource), ("gen_ai.request.model", &a.model)] {
+        if let Some(v) = v {
+            attrs.push(KeyValue::new(k, v.clone()));
+        }
+    }
+    if let Some(t) = a.retry_at {
+        attrs.push(KeyValue::new("punchclock.retry_at", t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)));
+    }
+    if !a.holds.is_empty() {
+        let names: Vec<&str> = a.holds.iter().map(|h| h.name.as_str()).collect();
+        attrs.push(KeyValue::new("punchclock.resources", names.join(",")));
+    }
     if let Some(u) = &a.usage {
         attrs.extend(usage_attributes(u));
     }

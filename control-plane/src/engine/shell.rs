@@ -443,6 +443,13 @@ impl Engine {
                 _ => tracing::error!(reply = id, "reply of the wrong kind or to nobody"),
             }
         }
+        for (task_id, why) in fx.pauses {
+            match self.repo.pause_task_for(&task_id, &why, self.clock.now()).await {
+                Ok(true) => tracing::warn!(task_id, why, "task paused by the scheduler"),
+                Ok(false) => {}
+                Err(e) => tracing::error!(error = %e, task_id, "cannot pause the task"),
+            }
+        }
         for (run_id, purpose) in fx.reads {
             match self.repo.get_run(&run_id).await {
                 Ok(run) => self.core.handle(self.clock.read(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),

@@ -97,6 +97,11 @@ pub enum SkipReason {
     Paused,
     /// The task's circuit breaker was open (or half-open, its trial active).
     CircuitOpen,
+    /// A resource it needs was busy, held back or out of rate, and the
+    /// task says `execution.on_resource_busy: skip`.
+    ResourceBusy,
+    /// A budget covering the task was over a hard limit.
+    BudgetExceeded,
 }
 
 impl SkipReason {
@@ -107,6 +112,8 @@ impl SkipReason {
             SkipReason::Misfired => "misfired",
             SkipReason::Paused => "paused",
             SkipReason::CircuitOpen => "circuit_open",
+            SkipReason::ResourceBusy => "resource_busy",
+            SkipReason::BudgetExceeded => "budget_exceeded",
         }
     }
 }
@@ -131,6 +138,13 @@ pub enum Outcome {
     /// Stopped because its runner shut down or lost the leader: not counted
     /// against `max_retries` (at most [`MAX_FREE_INTERRUPTIONS`] per run).
     Interrupted,
+    /// The agent said `"outcome": "rate_limited"`: retried no earlier than
+    /// its `retry_at`, not counted against `max_retries`.
+    RateLimited,
+    /// The agent said `"outcome": "quota_exhausted"`: the run FAILS, not retried.
+    QuotaExhausted,
+    /// The agent said `"outcome": "non_retryable"`: the run FAILS now.
+    NonRetryable,
 }
 
 impl Outcome {
@@ -143,6 +157,9 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::Lost => "lost",
             Outcome::Interrupted => "interrupted",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::QuotaExhausted => "quota_exhausted",
+            Outcome::NonRetryable => "non_retryable",
         }
     }
 }
@@ -162,6 +179,9 @@ pub struct ElidedAttempts {
     pub total: u32,
     /// Of those, interrupted ones (they may have been free).
     pub interrupted: u32,
+    /// Of those, rate-limited ones (never counted against `max_retries`).
+    #[serde(default)]
+    pub rate_limited: u32,
 }
 
 impl ElidedAttempts {
@@ -192,7 +212,7 @@ pub struct AttemptReport {
 }
 
 /// One execution of a run on a runner.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Attempt {
     /// 1-based.
     pub attempt: u32,
@@ -233,6 +253,48 @@ pub struct Attempt {
     /// What the agent reported using (`usage` in its result), if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The model the agent named (`usage.model` or `model` in its result),
+    /// for the price table of budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The agent's `class` (free text, e.g. `invalid_input`; at most 64
+    /// characters), with any outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// The resource the agent's outcome named (`rate_limited`,
+    /// `quota_exhausted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// For `rate_limited`: no next attempt before this instant (UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<DateTime<Utc>>,
+    /// The cluster-wide resources the attempt holds while its agent lives
+    /// (`execution.resources` at dispatch): a new leader rebuilds the
+    /// resources' permits from these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<ResourceHold>,
+}
+
+/// A resource an attempt holds: its name, the concurrency units taken and
+/// the tokens reserved (settled against the attempt's usage when it ends).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceHold {
+    /// The resource (`resources.NAME` of the config).
+    pub name: String,
+    /// Concurrency units.
+    #[serde(default = "one")]
+    pub units: u32,
+    /// Tokens reserved at dispatch (the task's estimate).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub tokens: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Model usage an agent reports in its result: `{"usage": {"input_tokens":
@@ -253,6 +315,13 @@ pub struct Usage {
     /// Cost, in the agent's currency unit.
     #[serde(default)]
     pub cost: f64,
+}
+
+/// The model an agent's result names: `usage.model`, else `model` (at
+/// most 128 characters).
+pub fn model_of(result: &serde_json::Value) -> Option<String> {
+    let m = result.get("usage").and_then(|u| u.get("model")).or_else(|| result.get("model"))?.as_str()?;
+    (!m.is_empty()).then(|| m.chars().take(128).collect())
 }
 
 impl Usage {
@@ -519,25 +588,33 @@ impl RunRecord {
             if a.outcome == Some(Outcome::Interrupted) {
                 self.elided_attempts.interrupted += 1;
             }
+            if a.outcome == Some(Outcome::RateLimited) {
+                self.elided_attempts.rate_limited += 1;
+            }
         }
         true
     }
 
     /// Attempts that count against `max_retries`: all but the first
-    /// [`MAX_FREE_INTERRUPTIONS`] interrupted ones. Elided attempts came
-    /// after the first kept one and before the rest.
+    /// [`MAX_FREE_INTERRUPTIONS`] interrupted ones and the rate-limited
+    /// ones. Elided attempts came after the first kept one and before the
+    /// rest.
     pub fn counted_attempts(&self) -> u32 {
         let e = self.elided_attempts;
+        let failed = e.total.saturating_sub(e.interrupted).saturating_sub(e.rate_limited);
         let outcomes = self
             .attempts
             .first()
             .map(|a| a.outcome)
             .into_iter()
             .chain(std::iter::repeat_n(Some(Outcome::Interrupted), e.interrupted as usize))
-            .chain(std::iter::repeat_n(Some(Outcome::Failed), e.total.saturating_sub(e.interrupted) as usize))
+            .chain(std::iter::repeat_n(Some(Outcome::Failed), failed as usize))
             .chain(self.attempts.iter().skip(1).map(|a| a.outcome));
         let (mut interrupted, mut counted) = (0, 0);
         for o in outcomes {
+            if o == Some(Outcome::RateLimited) {
+                continue;
+            }
             if o == Some(Outcome::Interrupted) {
                 interrupted += 1;
                 if interrupted <= MAX_FREE_INTERRUPTIONS {

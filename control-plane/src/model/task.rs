@@ -889,6 +889,10 @@ pub struct TaskRecord {
     /// When it was last paused (UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_at: Option<DateTime<Utc>>,
+    /// Why, when the scheduler paused it (a budget with `on_exceeded:
+    /// pause`); empty for a user's pause.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub paused_reason: String,
     /// When it was last resumed (UTC); slots up to here are covered by a
     /// `paused` SKIPPED record.
     #[serde(default, skip_serializing_if = "Option::is_none")]

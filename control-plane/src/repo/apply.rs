@@ -73,6 +73,7 @@ pub fn record_for(spec: &TaskSpec, prev: Option<&TaskRecord>, now: DateTime<Utc>
                 spec: spec.clone(),
                 paused: prev.is_some_and(|p| p.paused),
                 paused_at: prev.and_then(|p| p.paused_at),
+                paused_reason: prev.map(|p| p.paused_reason.clone()).unwrap_or_default(),
                 resumed_at: prev.and_then(|p| p.resumed_at),
                 created_at: prev.map_or(now, |p| p.created_at),
                 updated_at: now,

@@ -304,6 +304,28 @@ impl Repo {
         }
     }
 
+    /// Pauses a task for the scheduler (a budget with `on_exceeded:
+    /// pause`), saying why; a task already paused or gone is left as it
+    /// is. A read-modify-write on the record's revision, as a user's pause.
+    ///
+    /// Errors: store errors; a task changed concurrently five times over.
+    pub async fn pause_task_for(&self, task_id: &str, why: &str, now: DateTime<Utc>) -> Result<bool> {
+        for _ in 0..5 {
+            let Some((mut rec, rev)) = self.get_task(task_id).await? else { return Ok(false) };
+            if rec.paused {
+                return Ok(false);
+            }
+            rec.paused = true;
+            rec.paused_at = Some(now);
+            rec.paused_reason = why.chars().take(512).collect();
+            rec.updated_at = now;
+            if self.put_task_if(&rec, rev).await? {
+                return Ok(true);
+            }
+        }
+        Err(Error::Unavailable { reason: format!("task {task_id} is being changed concurrently"), leader: None })
+    }
+
     /// Writes a task if its key's mod revision is still `expected` (0 =
     /// absent): optimistic concurrency for read-modify-write. Returns false
     /// when someone else changed it first.
@@ -845,6 +867,7 @@ mod tests {
                     finished_at: t,
                 }),
                 usage: None,
+                ..Default::default()
             });
         }
         r.stdout_tail = "\u{1}".repeat(64 * 1024);
@@ -910,7 +933,15 @@ mod tests {
         for i in 0..20 {
             let json = serde_json::json!({"task_id": format!("big{i:02}"), "agent_id": "a", "description": "d".repeat(250_000)});
             let spec = crate::model::TaskSpec::from_json(&json.to_string()).expect("spec");
-            let rec = TaskRecord { spec, paused: false, paused_at: None, resumed_at: None, created_at: t, updated_at: t };
+            let rec = TaskRecord {
+                spec,
+                paused: false,
+                paused_at: None,
+                paused_reason: String::new(),
+                resumed_at: None,
+                created_at: t,
+                updated_at: t,
+            };
             store.put(&Keys::default().task(&rec.spec.task_id), codec::encode(&rec).expect("encode")).await.expect("put");
         }
         let (first, next) = repo.tasks_page("", 1000).await.expect("page");

@@ -26,6 +26,8 @@ pub fn skip_to_pb(s: Option<SkipReason>) -> pb::SkipReason {
         Some(SkipReason::Misfired) => pb::SkipReason::Misfired,
         Some(SkipReason::Paused) => pb::SkipReason::Paused,
         Some(SkipReason::CircuitOpen) => pb::SkipReason::CircuitOpen,
+        Some(SkipReason::ResourceBusy) => pb::SkipReason::ResourceBusy,
+        Some(SkipReason::BudgetExceeded) => pb::SkipReason::BudgetExceeded,
     }
 }
 
@@ -39,6 +41,9 @@ pub fn attempt_outcome_to_pb(o: Option<Outcome>) -> pb::AttemptOutcome {
         Some(Outcome::Cancelled) => pb::AttemptOutcome::Cancelled,
         Some(Outcome::Lost) => pb::AttemptOutcome::Lost,
         Some(Outcome::Interrupted) => pb::AttemptOutcome::Interrupted,
+        Some(Outcome::RateLimited) => pb::AttemptOutcome::RateLimited,
+        Some(Outcome::QuotaExhausted) => pb::AttemptOutcome::QuotaExhausted,
+        Some(Outcome::NonRetryable) => pb::AttemptOutcome::NonRetryable,
     }
 }
 
@@ -46,7 +51,7 @@ pub fn attempt_outcome_to_pb(o: Option<Outcome>) -> pb::AttemptOutcome {
 pub fn report_outcome_to_pb(o: Outcome) -> pb::Outcome {
     match o {
         Outcome::Succeeded => pb::Outcome::Succeeded,
-        Outcome::Failed | Outcome::Lost => pb::Outcome::Failed,
+        Outcome::Failed | Outcome::Lost | Outcome::RateLimited | Outcome::QuotaExhausted | Outcome::NonRetryable => pb::Outcome::Failed,
         Outcome::Timeout => pb::Outcome::Timeout,
         Outcome::Cancelled => pb::Outcome::Cancelled,
         Outcome::Interrupted => pb::Outcome::Interrupted,
@@ -120,6 +125,17 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
                     finished_at: Some(ts(rep.finished_at)),
                 }),
                 awaiting_runner: a.awaiting_runner,
+                class: a.class.clone().unwrap_or_default(),
+                resource: a.resource.clone().unwrap_or_default(),
+                retry_at: ots(a.retry_at),
+                holds: a.holds.iter().map(|h| pb::ResourceHold { name: h.name.clone(), units: h.units, tokens: h.tokens }).collect(),
+                usage: a.usage.map(|u| pb::Usage {
+                    input_tokens: u.input_tokens,
+                    output_tokens: u.output_tokens,
+                    cache_read_input_tokens: u.cache_read_input_tokens,
+                    cost: u.cost,
+                }),
+                model: a.model.clone().unwrap_or_default(),
             })
             .collect(),
         result_json: json_or_empty(&r.result),
@@ -159,6 +175,7 @@ pub fn task_to_pb(v: &TaskView) -> pb::Task {
         spec_json: serde_json::to_string(&v.record.spec).unwrap_or_default(),
         definition: Some(super::definition::definition_of(&v.record.spec)),
         paused: v.record.paused,
+        paused_reason: v.record.paused_reason.clone(),
         created_at: Some(ts(v.record.created_at)),
         updated_at: Some(ts(v.record.updated_at)),
         next_fire_at: ots(v.next_fire_at),

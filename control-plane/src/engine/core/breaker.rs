@@ -1,65 +1,40 @@
-//! Circuit breakers (`execution.circuit_breaker`): the core consults a
-//! task's breaker when it admits a run and updates it when a run finishes;
-//! the state machine itself is [`crate::model::breaker`].
-//!
-//! The breaker lives in the task's cursor, so it is written in the same
-//! transaction as what changed it: the finished run that opened or closed
-//! it (see `poll_effects`), or the slot record it skipped. A new leader
-//! reads it back with the cursor.
+//! Where the policies' state goes: a circuit breaker lives in its task's
+//! cursor, so it is written in the same transaction as what changed it
+//! (the finished run that opened or closed it, or the slot record it
+//! skipped), and a new leader reads it back with the cursor. What the
+//! breaker decides is `policy/breaker.rs`; the state machine is
+//! [`crate::model::breaker`]. Here: applying a policy's writes, recovering
+//! a lost trial at load, the reset by hand.
 
 use crate::clock::Now;
 
+use super::policy::Write;
 use super::{EngineCore, Reply, ReplyId};
 use crate::engine::lifecycle::Lifecycle;
 use crate::error::{Error, Result};
-use crate::model::breaker::{Admission, Breaker, Change};
+use crate::model::Cursor;
+use crate::model::breaker::Breaker;
 use crate::model::notification::NotifyEvent;
-use crate::model::{Cursor, RunStatus};
 
 impl EngineCore {
-    /// What the task's breaker says about a new run now. `Allow` for a
-    /// task without `circuit_breaker`.
-    pub(super) fn breaker_admission(&self, now: Now, task_id: &str) -> Admission {
-        let Some(e) = self.tasks.get(task_id) else { return Admission::Allow };
-        if e.record.spec.execution.circuit_breaker.is_none() {
-            return Admission::Allow;
+    /// Applies what the policies want written for `run_id`: a breaker
+    /// goes in its task's cursor, and the run's write joins the cursor's
+    /// group (with the `on_breaker_open` notification when it opened);
+    /// store ops go in the run's group; a pause goes to the shell.
+    pub(super) fn apply_writes(&mut self, now: Now, run_id: &str, writes: Vec<Write>) {
+        for w in writes {
+            match w {
+                Write::Breaker { task_id, breaker, opened } => {
+                    self.writes.join_task(run_id);
+                    if opened {
+                        self.notify(now, run_id, NotifyEvent::OnBreakerOpen, Some(&breaker));
+                    }
+                    self.store_breaker(now, &task_id, breaker, opened);
+                }
+                Write::Op(op) => self.writes.with_run(run_id, [op]),
+                Write::PauseTask { task_id, why } => self.fx.pauses.push((task_id, why)),
+            }
         }
-        e.cursor.as_ref().and_then(|c| c.breaker.as_ref()).map_or(Admission::Allow, |b| b.admission(now.wall))
-    }
-
-    /// The run admitted as the half-open trial was created.
-    pub(super) fn breaker_trial_started(&mut self, now: Now, task_id: &str, run_id: &str) {
-        let Some(mut b) = self.breaker_of(task_id) else { return };
-        b.trial_started(run_id);
-        tracing::info!(task_id, run_id, "circuit breaker half-open: trial run created");
-        self.store_breaker(now, task_id, b, false);
-    }
-
-    /// A run of the task reached a terminal status: counts toward (or
-    /// decides) its breaker. The run's write joins the cursor's group.
-    pub(super) fn breaker_run_finished(&mut self, now: Now, task_id: &str, run_id: &str, status: RunStatus) {
-        let Some(spec) = self.tasks.get(task_id).and_then(|e| e.record.spec.execution.circuit_breaker) else { return };
-        let mut b = self.breaker_of(task_id).unwrap_or_default();
-        let change = b.run_finished(&spec, run_id, status, now.wall);
-        match change {
-            Change::None => return,
-            Change::Opened => tracing::warn!(
-                task_id,
-                run_id,
-                failures = b.consecutive_failures,
-                cooldown_seconds = spec.cooldown_seconds,
-                opening = b.openings,
-                "circuit breaker opened: runs are skipped until the cooldown ends"
-            ),
-            Change::Closed => tracing::info!(task_id, run_id, "circuit breaker closed: the trial run succeeded"),
-            Change::TrialCancelled => tracing::info!(task_id, run_id, "circuit breaker trial cancelled; the next run is the trial"),
-            Change::Counted => {}
-        }
-        self.with_cursor.insert(run_id.to_string());
-        if change == Change::Opened {
-            self.notify(now, run_id, NotifyEvent::OnBreakerOpen, Some(&b));
-        }
-        self.store_breaker(now, task_id, b, change == Change::Opened);
     }
 
     /// At load: a half-open breaker whose trial is not among the runs
@@ -111,7 +86,7 @@ impl EngineCore {
         cursor.breaker = None;
         cursor.updated_at = Some(now.wall);
         let c = cursor.clone();
-        self.cursors.insert(task_id.to_string(), Some(c));
+        self.writes.cursor(task_id, Some(c));
     }
 
     fn breaker_of(&self, task_id: &str) -> Option<Breaker> {
@@ -126,7 +101,7 @@ impl EngineCore {
         cursor.breaker = Some(b.clone());
         cursor.updated_at = Some(now.wall);
         let c = cursor.clone();
-        self.cursors.insert(task_id.to_string(), Some(c));
+        self.writes.cursor(task_id, Some(c));
         self.fx.events.push(Lifecycle::BreakerChanged { task_id: task_id.to_string(), breaker: b, opened });
     }
 }

@@ -13,23 +13,29 @@
 //! engine starts from the store: memory never outlives a failed write.
 //!
 //! Files: `tasks.rs` (definitions, firing, misfires, pause/resume/delete
-//! settlement), `runs.rs` (admission, dispatch, attempts, retries,
-//! cancellation, the one `finish`), `runners.rs` (sessions, reports and
-//! their ownership, re-declaration, silence, loss).
+//! settlement), `runs.rs` (runs through the decision points — admission,
+//! dispatch, attempts, the one `finish` — asking the policies, and
+//! cancellation), `policy/` (what is decided at those points: overlap,
+//! breaker, retry and the agent's outcome contract, each a file),
+//! `breaker.rs` (a breaker's state in its task's cursor), `runners.rs`
+//! (sessions, reports and their ownership, re-declaration, silence, loss),
+//! `writes.rs` (this turn's writes by atomic group), `timers.rs`.
 
 mod breaker;
 mod deadlines;
 mod notify;
+pub mod policy;
 mod runners;
 mod runs;
 mod tasks;
+mod timers;
+mod writes;
 
 pub use runs::MAX_DELAY_SECONDS;
 #[cfg(test)]
 mod tests;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -44,6 +50,8 @@ use crate::error::Result;
 use crate::model::{Cursor, RunRecord, TaskRecord};
 use crate::repo::StoreOp;
 use crate::timing::Timing;
+use timers::{Timer, Timers};
+use writes::{Urgency, WriteSet};
 
 /// Most slot runs one task admits per fire; a longer `run_all` catch-up
 /// continues at once in the next turn, so one task's group of writes stays
@@ -210,8 +218,8 @@ pub struct Outbound {
 
 /// What the shell must do after a turn, in this order: commit `writes`
 /// (each inner group atomically, groups in order), close `disconnects`,
-/// send `sends`, publish `events`, deliver `replies`, then perform `reads`
-/// and feed each back as [`Input::RunLoaded`].
+/// send `sends`, publish `events`, deliver `replies`, write `pauses`, then
+/// perform `reads` and feed each back as [`Input::RunLoaded`].
 #[derive(Debug, Default)]
 pub struct Effects {
     /// Groups of store operations.
@@ -226,6 +234,9 @@ pub struct Effects {
     pub replies: Vec<(ReplyId, Reply)>,
     /// Runs to read from the store: `(run_id, purpose)`.
     pub reads: Vec<(String, ReadPurpose)>,
+    /// Tasks to pause, with why (a policy asked): the shell writes their
+    /// definitions as a user's pause does, after this turn's writes.
+    pub pauses: Vec<(String, String)>,
 }
 
 impl Effects {
@@ -237,26 +248,8 @@ impl Effects {
             && self.events.is_empty()
             && self.replies.is_empty()
             && self.reads.is_empty()
+            && self.pauses.is_empty()
     }
-}
-
-/// What a timer does when it fires. `Fire` and a delayed run's `RunDue`
-/// wait for the wall clock (a slot, a `not_before` is a time of day);
-/// every other timer waits elapsed time ([`Mono`]).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Timer {
-    /// Handle the due slots of a task (if `generation` is still current).
-    Fire { task_id: String, generation: u64 },
-    /// A delayed, retrying or requeued run may be dispatched, if it still
-    /// waits for `at` (its `next_attempt_at`).
-    RunDue { run_id: String, at: DateTime<Utc> },
-    /// An attempt whose old runner process may still be alive stops
-    /// holding its concurrency slot (that process's fence has passed).
-    ReleaseOrphan { run_id: String, execution_id: String },
-    /// Check for silent and lost runners.
-    RunnerCheck,
-    /// Write the lazily persisted changes (progress).
-    Flush,
 }
 
 /// A task the core tracks.
@@ -278,16 +271,6 @@ struct TaskEntry {
     catchup: HashSet<String>,
 }
 
-/// How soon a changed run must reach the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Urgency {
-    /// In this turn's transaction.
-    Now,
-    /// With the next transaction, or at the next flush (a run started,
-    /// progress, a pending reason): never a transaction of its own per change.
-    Lazy,
-}
-
 /// The engine's state. See the module docs.
 pub struct EngineCore {
     cfg: CoreConfig,
@@ -299,17 +282,25 @@ pub struct EngineCore {
     by_task: HashMap<String, BTreeSet<String>>,
     ready: AgentQueues,
     registry: Registry,
-    /// Timers on the wall clock (slots, delays).
-    timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Timer)>>,
-    /// Timers on elapsed time (backoffs, checks, releases, flushes).
-    mono_timers: BinaryHeap<Reverse<(Mono, u64, Timer)>>,
-    /// Start deadlines of runs waiting for dispatch (`start_timeout_seconds`).
-    start_by: deadlines::Deadlines<String>,
-    /// The control plane's backstop deadline of each open attempt: `(run, execution)`.
-    attempt_deadlines: deadlines::Deadlines<(String, String)>,
-    timer_seq: u64,
-    next_session: u64,
-    exec_seq: u64,
+    /// What is decided at each decision point, and the state it keeps.
+    policies: policy::Policies,
+    timers: Timers,
+    clocks: Clocks,
+    ids: Ids,
+    /// Tasks whose fire waits for re-declaration.
+    deferred: BTreeSet<String>,
+    /// Something changed that may let a ready run go.
+    dispatch_needed: bool,
+    seen: Seen,
+    /// This turn's writes.
+    writes: WriteSet,
+    /// This turn's other effects.
+    fx: Effects,
+}
+
+/// What the core knows of the clocks.
+#[derive(Debug)]
+struct Clocks {
     /// When this leader took over (UTC): slots due before were missed while
     /// no leader ran (misfire policy).
     loaded_at: DateTime<Utc>,
@@ -319,29 +310,24 @@ pub struct EngineCore {
     /// The last forward step of the wall clock seen: the wall clock range
     /// it skipped, `(from, to]` (a slot in it was late because of it).
     last_step: Option<(DateTime<Utc>, DateTime<Utc>)>,
-    runner_check_armed: bool,
-    flush_armed: bool,
-    dispatch_needed: bool,
-    /// Tasks whose fire waits for re-declaration.
-    deferred: BTreeSet<String>,
+}
+
+/// Counters that make ids unique in this term.
+#[derive(Debug, Default)]
+struct Ids {
+    /// The last runner session handed out.
+    session: u64,
+    /// Executions created (part of each execution id).
+    execution: u64,
+}
+
+/// Reports already logged or looked up, so a repeating one costs once.
+#[derive(Debug, Default)]
+struct Seen {
     /// (execution, runner) pairs already logged as forged.
     forgeries: HashSet<(String, String)>,
     /// (execution, runner) pairs whose late report already asked the store.
     late_reads: HashSet<(String, String)>,
-    // ---- this turn's output
-    created: Vec<String>,
-    created_set: HashSet<String>,
-    cursors: BTreeMap<String, Option<Cursor>>,
-    dirty: BTreeSet<String>,
-    lazy: BTreeSet<String>,
-    /// Runs changed this turn whose write goes with their task's cursor
-    /// (their end changed the task's circuit breaker).
-    with_cursor: BTreeSet<String>,
-    /// Store ops (notifications) to commit in the same group as a run's
-    /// write this turn.
-    companions: HashMap<String, Vec<StoreOp>>,
-    flush_requested: bool,
-    fx: Effects,
 }
 
 /// Cap of the forged-report log dedupe set.
@@ -359,30 +345,14 @@ impl EngineCore {
             by_task: HashMap::new(),
             ready: AgentQueues::default(),
             registry: Registry::default(),
-            timers: BinaryHeap::new(),
-            mono_timers: BinaryHeap::new(),
-            start_by: deadlines::Deadlines::default(),
-            attempt_deadlines: deadlines::Deadlines::default(),
-            timer_seq: 0,
-            next_session: 0,
-            exec_seq: 0,
-            loaded_at: DateTime::<Utc>::MIN_UTC,
-            last_now: None,
-            last_step: None,
-            runner_check_armed: false,
-            flush_armed: false,
-            dispatch_needed: false,
+            policies: policy::Policies::default(),
+            timers: Timers::default(),
+            clocks: Clocks { loaded_at: DateTime::<Utc>::MIN_UTC, last_now: None, last_step: None },
+            ids: Ids::default(),
             deferred: BTreeSet::new(),
-            forgeries: HashSet::new(),
-            late_reads: HashSet::new(),
-            created: Vec::new(),
-            created_set: HashSet::new(),
-            cursors: BTreeMap::new(),
-            dirty: BTreeSet::new(),
-            lazy: BTreeSet::new(),
-            with_cursor: BTreeSet::new(),
-            companions: HashMap::new(),
-            flush_requested: false,
+            dispatch_needed: false,
+            seen: Seen::default(),
+            writes: WriteSet::default(),
             fx: Effects::default(),
         }
     }
@@ -392,7 +362,7 @@ impl EngineCore {
     /// [`Timing::redeclare_wait`] for their runner to re-declare them.
     pub fn load(&mut self, now: Now, tasks: Vec<(TaskRecord, Option<Cursor>)>, runs: Vec<RunRecord>) {
         self.observe(now);
-        self.loaded_at = now.wall;
+        self.clocks.loaded_at = now.wall;
         self.fx.events.push(Lifecycle::LeadershipGained { token: self.cfg.token });
         // Tasks first (runs need their timeouts), then runs (admission needs
         // them), then the tasks' first decisions.
@@ -435,11 +405,7 @@ impl EngineCore {
     /// `now` (the shell sleeps at most 30 s at a time, so a wall clock step
     /// is seen within that).
     pub fn poll_timeout(&self, now: Now) -> Option<Mono> {
-        let wall = self.timers.peek().map(|Reverse((t, _, _))| now.mono_at(*t));
-        [wall, self.mono_timers.peek().map(|Reverse((t, _, _))| *t), self.start_by.next(), self.attempt_deadlines.next()]
-            .into_iter()
-            .flatten()
-            .min()
+        self.timers.next(now)
     }
 
     /// Fires up to `max` due timers; returns whether more are due (the
@@ -447,32 +413,20 @@ impl EngineCore {
     /// timers never starves runner messages).
     pub fn handle_timeout(&mut self, now: Now, max: usize) -> bool {
         self.observe(now);
-        let mut fired = 0;
-        while fired < max {
-            fired += 1;
-            if let Some((run_id, execution_id)) = self.attempt_deadlines.pop_due(now.mono) {
-                self.on_deadline(now, &run_id, &execution_id);
-                continue;
-            }
-            if let Some(run_id) = self.start_by.pop_due(now.mono) {
-                self.on_start_by(now, &run_id);
-                continue;
-            }
-            let timer = match (self.timers.peek(), self.mono_timers.peek()) {
-                (Some(Reverse((at, _, _))), _) if *at <= now.wall => self.timers.pop().map(|Reverse((_, _, t))| t),
-                (_, Some(Reverse((at, _, _)))) if *at <= now.mono => self.mono_timers.pop().map(|Reverse((_, _, t))| t),
-                _ => None,
-            };
-            let Some(timer) = timer else { break };
+        for _ in 0..max {
+            let Some(timer) = self.timers.pop_due(now) else { break };
             match timer {
+                Timer::Deadline { run_id, execution_id } => self.on_deadline(now, &run_id, &execution_id),
+                Timer::StartBy { run_id } => self.on_start_by(now, &run_id),
                 Timer::Fire { task_id, generation } => self.on_fire(now, &task_id, generation),
                 Timer::RunDue { run_id, at } => self.on_run_due(now, &run_id, at),
                 Timer::ReleaseOrphan { run_id, execution_id } => self.release_orphan(now, &run_id, &execution_id),
                 Timer::RunnerCheck => self.on_runner_check(now),
                 Timer::Flush => {
-                    self.flush_armed = false;
-                    self.flush_requested = true;
+                    self.timers.flush_armed = false;
+                    self.writes.request_flush();
                 }
+                Timer::Wake => self.dispatch_needed = true,
             }
         }
         self.after_input(now);
@@ -482,77 +436,13 @@ impl EngineCore {
     /// Writes everything persisted lazily with the next effects (a graceful
     /// stop).
     pub fn flush(&mut self) {
-        self.flush_requested = true;
+        self.writes.request_flush();
     }
 
     /// Drains the effects decided so far. See [`Effects`] for the order the
     /// shell performs them in.
     pub fn poll_effects(&mut self) -> Effects {
-        let mut groups: Vec<Vec<StoreOp>> = Vec::new();
-        // Per task: the runs created this turn, then its cursor, in one
-        // group: a slot's record and the cursor moving past it commit
-        // together (a later leader never re-creates a handled slot).
-        let mut by_task: BTreeMap<String, Vec<StoreOp>> = BTreeMap::new();
-        let mut written: Vec<String> = Vec::new();
-        for run_id in std::mem::take(&mut self.created) {
-            if let Some(run) = self.runs.get(&run_id) {
-                let (task_id, op) = (run.task_id.clone(), StoreOp::CreateRun(Box::new(run.clone())));
-                let companions = self.take_companions(&run_id);
-                let group = by_task.entry(task_id).or_default();
-                group.push(op);
-                group.extend(companions);
-                written.push(run_id.clone());
-            }
-            self.dirty.remove(&run_id);
-            self.lazy.remove(&run_id);
-        }
-        self.created_set.clear();
-        // A run whose end moved its task's breaker commits with the cursor.
-        for run_id in std::mem::take(&mut self.with_cursor) {
-            let Some(run) = self.runs.get(&run_id) else { continue };
-            if self.dirty.remove(&run_id) || self.lazy.remove(&run_id) {
-                let (task_id, op) = (run.task_id.clone(), StoreOp::PutRun(Box::new(run.clone())));
-                let companions = self.take_companions(&run_id);
-                let group = by_task.entry(task_id).or_default();
-                group.push(op);
-                group.extend(companions);
-                written.push(run_id);
-            }
-        }
-        for (task_id, cursor) in std::mem::take(&mut self.cursors) {
-            let op = match cursor {
-                Some(cursor) => StoreOp::PutCursor { task_id: task_id.clone(), cursor },
-                None => StoreOp::DeleteCursor { task_id: task_id.clone() },
-            };
-            by_task.entry(task_id).or_default().push(op);
-        }
-        groups.extend(by_task.into_values());
-        for run_id in std::mem::take(&mut self.dirty) {
-            self.lazy.remove(&run_id);
-            if let Some(run) = self.runs.get(&run_id) {
-                let mut group = vec![StoreOp::PutRun(Box::new(run.clone()))];
-                group.extend(self.take_companions(&run_id));
-                groups.push(group);
-                written.push(run_id);
-            }
-        }
-        if !groups.is_empty() || self.flush_requested {
-            for run_id in std::mem::take(&mut self.lazy) {
-                if let Some(run) = self.runs.get(&run_id) {
-                    let mut group = vec![StoreOp::PutRun(Box::new(run.clone()))];
-                    group.extend(self.take_companions(&run_id));
-                    groups.push(group);
-                    written.push(run_id);
-                }
-            }
-            self.flush_requested = false;
-        }
-        // Companions of runs not written this turn (none are expected: a run
-        // is written in the turn it ends) go on their own rather than be lost.
-        for (run_id, ops) in std::mem::take(&mut self.companions) {
-            tracing::warn!(run_id, "notifications written without their run's change");
-            groups.push(ops);
-        }
+        let (groups, written) = self.writes.drain(&self.runs);
         // A written run that is terminal and holds no agent leaves memory.
         for run_id in written {
             if self.runs.get(&run_id).is_some_and(|r| r.status.is_terminal() && !r.holds_agent()) {
@@ -637,33 +527,21 @@ impl EngineCore {
 
     // ------------------------------------------------------------ helpers
 
-    /// A timer for when the wall clock reads `at`.
-    fn push_timer(&mut self, at: DateTime<Utc>, t: Timer) {
-        self.timer_seq += 1;
-        self.timers.push(Reverse((at, self.timer_seq, t)));
-    }
-
-    /// A timer for when the monotonic clock reaches `at`.
-    fn push_mono_timer(&mut self, at: Mono, t: Timer) {
-        self.timer_seq += 1;
-        self.mono_timers.push(Reverse((at, self.timer_seq, t)));
-    }
-
     /// Notes the clocks an input came with: a wall clock that moved more
     /// than 2 s further than elapsed time since the last input was stepped
     /// (NTP, an operator, a VM resumed); slots it skipped are late because
     /// of it, and the misfire log says so.
     fn observe(&mut self, now: Now) {
-        if let Some(prev) = self.last_now {
+        if let Some(prev) = self.clocks.last_now {
             let step = now.wall_step_since(prev);
             if step > WALL_STEP {
                 tracing::warn!(step_ms = step.num_milliseconds(), from = %prev.wall, to = %now.wall, "the wall clock stepped forward: slots it skipped are misfires");
-                self.last_step = Some((now.wall - step, now.wall));
+                self.clocks.last_step = Some((now.wall - step, now.wall));
             } else if step < -WALL_STEP {
                 tracing::warn!(step_ms = step.num_milliseconds(), from = %prev.wall, to = %now.wall, "the wall clock stepped back: slots already handled do not run again");
             }
         }
-        self.last_now = Some(now);
+        self.clocks.last_now = Some(now);
     }
 
     fn timing(&self) -> &Timing {
@@ -674,49 +552,41 @@ impl EngineCore {
         chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
     }
 
-    /// Marks a run changed: stamps it and queues its write.
+    /// Marks a run changed: stamps it, queues its write, and tells the
+    /// policies (a resource permit follows its attempts' agents).
     fn touch(&mut self, now: Now, run_id: &str, urgency: Urgency) {
         let token = self.cfg.token;
         let Some(run) = self.runs.get_mut(run_id) else { return };
         run.updated_at = now.wall;
         run.fencing_token = token;
-        if self.created_set.contains(run_id) {
-            return;
-        }
-        match urgency {
-            Urgency::Now => {
-                self.lazy.remove(run_id);
-                self.dirty.insert(run_id.to_string());
-            }
-            Urgency::Lazy if !self.dirty.contains(run_id) => {
-                self.lazy.insert(run_id.to_string());
-            }
-            Urgency::Lazy => {}
-        }
+        self.policies.run_changed(run);
+        self.writes.changed(run_id, urgency);
     }
 
     /// Asks for a lazy flush within `timing.progress_flush`.
     fn arm_flush(&mut self, now: Now) {
-        if !self.flush_armed {
-            self.flush_armed = true;
-            self.push_mono_timer(now.mono.after(Self::dur(PROGRESS_FLUSH)), Timer::Flush);
+        if !self.timers.flush_armed {
+            self.timers.flush_armed = true;
+            self.timers.push_mono(now.mono.after(Self::dur(PROGRESS_FLUSH)), Timer::Flush);
         }
     }
 
     /// Adds a run to memory (new, or loaded).
     fn remember_run(&mut self, run: RunRecord) {
+        self.policies.run_changed(&run);
         self.by_task.entry(run.task_id.clone()).or_default().insert(run.run_id.clone());
         self.runs.insert(run.run_id.clone(), run);
     }
 
     fn forget_run(&mut self, run_id: &str) {
-        self.start_by.remove(&run_id.to_string());
-        if let Some(run) = self.runs.remove(run_id)
-            && let Some(set) = self.by_task.get_mut(&run.task_id)
-        {
-            set.remove(run_id);
-            if set.is_empty() {
-                self.by_task.remove(&run.task_id);
+        self.timers.start_by.remove(&run_id.to_string());
+        if let Some(run) = self.runs.remove(run_id) {
+            self.policies.run_forgotten(&run);
+            if let Some(set) = self.by_task.get_mut(&run.task_id) {
+                set.remove(run_id);
+                if set.is_empty() {
+                    self.by_task.remove(&run.task_id);
+                }
             }
         }
         self.ready.remove(run_id);
@@ -740,10 +610,10 @@ impl EngineCore {
 
     /// Logs a report about an execution of another runner, once per pair.
     fn log_forgery(&mut self, what: &str, execution_id: &str, reporter: &str, owner: &str) {
-        if self.forgeries.len() >= MAX_FORGERIES_REMEMBERED {
-            self.forgeries.clear();
+        if self.seen.forgeries.len() >= MAX_FORGERIES_REMEMBERED {
+            self.seen.forgeries.clear();
         }
-        if self.forgeries.insert((execution_id.to_string(), reporter.to_string())) {
+        if self.seen.forgeries.insert((execution_id.to_string(), reporter.to_string())) {
             tracing::warn!(
                 execution_id,
                 runner_id = reporter,

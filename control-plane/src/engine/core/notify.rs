@@ -26,11 +26,6 @@ impl EngineCore {
         let ops = for_sinks(sinks, event, &notification_base(run), now.wall, run, breaker)
             .into_iter()
             .map(|n| StoreOp::PutNotification(Box::new(n)));
-        self.companions.entry(run_id.to_string()).or_default().extend(ops);
-    }
-
-    /// The ops to commit with `run_id`'s write this turn.
-    pub(super) fn take_companions(&mut self, run_id: &str) -> Vec<StoreOp> {
-        self.companions.remove(run_id).unwrap_or_default()
+        self.writes.with_run(run_id, ops);
     }
 }

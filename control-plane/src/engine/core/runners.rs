@@ -90,8 +90,8 @@ impl EngineCore {
                 now.mono.since(existing.last_heard).num_milliseconds()
             )));
         }
-        self.next_session += 1;
-        let session = self.next_session;
+        self.ids.session += 1;
+        let session = self.ids.session;
         let previous = self.registry.remove(&id);
         let mut running: HashMap<String, String> = HashMap::new();
         let mut unknown = Vec::new();
@@ -195,7 +195,7 @@ impl EngineCore {
         }
         if !same_process {
             self.registry.release(exec);
-            self.push_mono_timer(release_at, Timer::ReleaseOrphan { run_id: run_id.to_string(), execution_id: exec.to_string() });
+            self.timers.push_mono(release_at, Timer::ReleaseOrphan { run_id: run_id.to_string(), execution_id: exec.to_string() });
         }
     }
 
@@ -317,10 +317,10 @@ impl EngineCore {
     /// True the first time a late report of this (execution, runner) asks
     /// for the store.
     fn remember_late_read(&mut self, execution_id: &str, runner_id: &str) -> bool {
-        if self.late_reads.len() >= MAX_LATE_READS_REMEMBERED {
-            self.late_reads.clear();
+        if self.seen.late_reads.len() >= MAX_LATE_READS_REMEMBERED {
+            self.seen.late_reads.clear();
         }
-        self.late_reads.insert((execution_id.to_string(), runner_id.to_string()))
+        self.seen.late_reads.insert((execution_id.to_string(), runner_id.to_string()))
     }
 
     /// Keeps a late report on its attempt as evidence; the agent is gone,
@@ -370,7 +370,7 @@ impl EngineCore {
                         self.remember_run(run);
                         self.record_late(now, &f);
                         // Written this turn, then it leaves memory again.
-                        if !self.dirty.contains(&f.run_id) {
+                        if !self.writes.pending(&f.run_id) {
                             self.forget_run(&f.run_id);
                         }
                     }
@@ -400,10 +400,10 @@ impl EngineCore {
     }
 
     pub(super) fn arm_runner_check(&mut self, now: Now) {
-        if !self.runner_check_armed && !self.registry.is_empty() {
-            self.runner_check_armed = true;
+        if !self.timers.runner_check_armed && !self.registry.is_empty() {
+            self.timers.runner_check_armed = true;
             let at = now.mono.after(Self::dur(self.timing().heartbeat_interval));
-            self.push_mono_timer(at, Timer::RunnerCheck);
+            self.timers.push_mono(at, Timer::RunnerCheck);
         }
     }
 
@@ -411,7 +411,7 @@ impl EngineCore {
     /// silent past the fence deadline are lost: their attempts end `lost`
     /// (their agents were stopped by the runner's self-fence).
     pub(super) fn on_runner_check(&mut self, now: Now) {
-        self.runner_check_armed = false;
+        self.timers.runner_check_armed = false;
         let silent_after = Self::dur(self.timing().runner_silent_after());
         let lost_after = Self::dur(self.timing().runner_lost_after());
         for id in self.registry.silent(now.mono, silent_after) {

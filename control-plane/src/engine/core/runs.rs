@@ -13,17 +13,16 @@ use chrono::{DateTime, Utc};
 
 use crate::clock::Now;
 
+use super::policy::{ActiveRun, Admit, AdmitQuery, AfterAttempt, AgentOutcome, AttemptQuery, Dispatch, DispatchQuery, FinishQuery};
 use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
 use crate::dispatch::queue::ReadyKey;
-use crate::dispatch::retry::{self, RetryDecision};
 use crate::engine::TriggerRequest;
 use crate::engine::lifecycle::Lifecycle;
 use crate::engine::protocol::{Assignment, ToRunner};
 use crate::error::{Error, Result};
-use crate::model::breaker::Admission;
 use crate::model::notification::NotifyEvent;
 use crate::model::run::{MAX_FREE_INTERRUPTIONS, Outcome, SkipReason, TriggerKind, manual_run_id};
-use crate::model::task::{DEFAULT_START_TIMEOUT_SECONDS, ExecutionSpec, MAX_PARAMS_BYTES, OverlapPolicy};
+use crate::model::task::{DEFAULT_START_TIMEOUT_SECONDS, MAX_PARAMS_BYTES, TaskSpec};
 use crate::model::{Attempt, RunRecord, RunStatus};
 
 /// Longest manual-trigger delay: one year.
@@ -83,8 +82,7 @@ impl EngineCore {
         }
         let id = run.run_id.clone();
         self.remember_run(run);
-        self.created.push(id.clone());
-        self.created_set.insert(id);
+        self.writes.created(&id);
     }
 
     /// Makes a PENDING run (no open attempt) wait for dispatch: a timer
@@ -101,9 +99,9 @@ impl EngineCore {
         if let Some(at) = run.next_attempt_at.filter(|t| *t > now.wall) {
             let timer = Timer::RunDue { run_id: run_id.to_string(), at };
             if elapsed {
-                self.push_mono_timer(now.mono_at(at), timer)
+                self.timers.push_mono(now.mono_at(at), timer)
             } else {
-                self.push_timer(at, timer)
+                self.timers.push_wall(at, timer)
             }
             return;
         }
@@ -111,75 +109,64 @@ impl EngineCore {
         let (priority, scheduled_at, agent_id) = (run.priority, run.scheduled_at, run.agent_id.clone());
         self.ready.insert(run_id, &agent_id, priority, scheduled_at);
         self.dispatch_needed = true;
-        self.start_by.set(run_id.to_string(), now.mono_at(start_by));
+        self.timers.start_by.set(run_id.to_string(), now.mono_at(start_by));
     }
 
     fn run_task(&self, run_id: &str) -> Option<String> {
         self.runs.get(run_id).map(|r| r.task_id.clone())
     }
 
-    /// Creates a run under its task's overlap policy. `batch`: runs of the
-    /// same `run_all` catch-up, which the new run queues behind instead of
-    /// counting them as overlap. Returns false when the run exists already.
-    pub(super) fn admit(&mut self, now: Now, mut run: RunRecord, ex: &ExecutionSpec, batch: &HashSet<String>) -> bool {
+    /// Runs of a task that hold a slot of it, for admission: not a
+    /// `run_all` catch-up's own (`batch`), not a manual run waiting out
+    /// its delay; a terminal run while its agent is not confirmed gone.
+    fn active_of(&self, now: Now, task_id: &str, batch: &HashSet<String>) -> Vec<ActiveRun> {
+        let Some(ids) = self.by_task.get(task_id) else { return Vec::new() };
+        ids.iter()
+            .filter(|id| !batch.contains(*id))
+            .filter_map(|id| self.runs.get(id))
+            .filter(|r| if r.status.is_terminal() { r.holds_agent() } else { !r.is_delayed(now.wall) })
+            .map(|r| ActiveRun { scheduled_at: r.scheduled_at, run_id: r.run_id.clone(), terminal: r.status.is_terminal() })
+            .collect()
+    }
+
+    /// The first decision point: a run asks to be created under `def` (the
+    /// definition it is due under; an earlier one while a change settles).
+    /// The policies decide; a skip leaves a SKIPPED record. `batch`: runs
+    /// of the same `run_all` catch-up, which the new run queues behind
+    /// instead of counting them as overlap. Returns false when the run
+    /// exists already.
+    pub(super) fn admit(&mut self, now: Now, mut run: RunRecord, def: &TaskSpec, batch: &HashSet<String>) -> bool {
         if self.runs.contains_key(&run.run_id) {
             return false;
         }
-        let trial = match self.breaker_admission(now, &run.task_id) {
-            Admission::Allow => false,
-            Admission::Trial => true,
-            Admission::Skip(why) => {
-                self.skip_one(now, &run, SkipReason::CircuitOpen, why);
+        let active = self.active_of(now, &run.task_id, batch);
+        let breaker = self.tasks.get(&run.task_id).and_then(|e| e.cursor.as_ref()?.breaker.clone());
+        let q = AdmitQuery { now: now.wall, run: &run, task: def, active: &active, breaker: breaker.as_ref() };
+        match self.policies.admit(&q) {
+            Admit::Pass => {}
+            Admit::Waiting(reason) => run.pending_reason = Some(reason),
+            Admit::AfterCancelling { cancel, reason, waiting } => {
+                for old in cancel {
+                    let _ = self.cancel(now, &old, &reason);
+                }
+                run.pending_reason = Some(waiting);
+            }
+            Admit::Skip { reason, why } => {
+                self.skip_one(now, &run, reason, why);
                 return true;
             }
-        };
-        let limit = ex.concurrency_limit as usize;
-        let mut active: Vec<(DateTime<Utc>, String, bool)> = self
-            .by_task
-            .get(&run.task_id)
-            .map(|ids| {
-                ids.iter()
-                    .filter(|id| !batch.contains(*id))
-                    .filter_map(|id| self.runs.get(id))
-                    // A manual run waiting out its delay does not hold a slot.
-                    .filter(|r| if r.status.is_terminal() { r.holds_agent() } else { !r.is_delayed(now.wall) })
-                    .map(|r| (r.scheduled_at, r.run_id.clone(), r.status.is_terminal()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if active.len() >= limit {
-            match ex.overlap_policy {
-                OverlapPolicy::Skip => {
-                    let why = format!("{} run(s) of the task still active (concurrency_limit {limit}, overlap_policy skip)", active.len());
-                    self.skip_one(now, &run, SkipReason::ConcurrencyLimit, why);
-                    return true;
-                }
-                OverlapPolicy::Queue => {
-                    run.pending_reason = Some(format!("queued behind {} active run(s) (concurrency_limit {limit})", active.len()));
-                }
-                OverlapPolicy::CancelRunning => {
-                    // Cancel the oldest until the new run fits; runs already
-                    // cancelled (agent not yet gone) cannot be cancelled again,
-                    // and the new run waits for them.
-                    active.sort();
-                    let excess = active.len() + 1 - limit;
-                    for (_, old, terminal) in active.into_iter().take(excess) {
-                        if !terminal {
-                            let reason = format!("cancelled for {} (overlap_policy cancel_running)", run.run_id);
-                            let _ = self.cancel(now, &old, &reason);
-                        }
-                    }
-                    run.pending_reason = Some("waiting for the cancelled run's agent to exit (overlap_policy cancel_running)".into());
-                }
+            Admit::SkipAndPause { reason, why } => {
+                self.skip_one(now, &run, reason, why.clone());
+                self.fx.pauses.push((run.task_id.clone(), why));
+                return true;
             }
         }
+        let q = AdmitQuery { now: now.wall, run: &run, task: def, active: &active, breaker: breaker.as_ref() };
+        let writes = self.policies.created(&q);
         let run_id = run.run_id.clone();
         tracing::info!(run_id = %run_id, "run created");
-        let task_id = run.task_id.clone();
         self.create(now, run);
-        if trial {
-            self.breaker_trial_started(now, &task_id, &run_id);
-        }
+        self.apply_writes(now, &run_id, writes);
         if let Some(r) = self.event_run(&run_id) {
             self.fx.events.push(Lifecycle::RunCreated(r));
         }
@@ -265,7 +252,7 @@ impl EngineCore {
             run.next_attempt_at = Some(at);
             run.pending_reason = Some(format!("delayed until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
         }
-        self.admit(now, run, &spec.execution, &HashSet::new());
+        self.admit(now, run, &spec, &HashSet::new());
         self.fx.replies.push((reply, Reply::Trigger(Ok(Triggered { run_id, scheduled_at: at, created: true }))));
         Ok(())
     }
@@ -309,6 +296,8 @@ impl EngineCore {
         }
     }
 
+    /// Walks one agent's ready queue: each run asks the policies whether
+    /// it may go now (the second decision point), then for a runner.
     fn dispatch_agent(&mut self, now: Now, agent_id: &str, live: &mut HashMap<String, usize>) {
         let mut no_runner: HashSet<Vec<(String, String)>> = HashSet::new();
         let mut cursor: Option<ReadyKey> = None;
@@ -331,10 +320,7 @@ impl EngineCore {
                 self.finish(now, &run_id, RunStatus::Cancelled, "task was deleted before the run started".into());
                 continue;
             };
-            let ex = &task.record.spec.execution;
-            let limit = ex.concurrency_limit as usize;
-            let selector = ex.selector.as_ref().map(|s| s.labels.clone()).unwrap_or_default();
-            let in_flight = match live.get(&task_id) {
+            let live_agents = match live.get(&task_id) {
                 Some(n) => *n,
                 None => {
                     let n = self.live_agents(&task_id);
@@ -342,21 +328,31 @@ impl EngineCore {
                     n
                 }
             };
-            let sel_key: Vec<(String, String)> = selector.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            let reason = if in_flight >= limit {
-                format!("queued behind {in_flight} running run(s) (concurrency_limit {limit})")
-            } else if no_runner.contains(&sel_key) {
-                self.registry.waiting_reason(agent_id, &selector)
-            } else {
-                match self.registry.choose(agent_id, &selector) {
-                    Some(runner_id) => {
-                        self.assign(now, &run_id, &runner_id);
-                        *live.entry(task_id).or_default() += 1;
-                        continue;
+            let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents };
+            let reason = match self.policies.dispatch(&q) {
+                Dispatch::Wait { reason, until } => {
+                    if let Some(at) = until {
+                        self.timers.wake_at(now.mono_at(at));
                     }
-                    None => {
-                        no_runner.insert(sel_key);
+                    reason
+                }
+                Dispatch::Pass => {
+                    let selector = task.record.spec.execution.selector.as_ref().map(|s| s.labels.clone()).unwrap_or_default();
+                    let sel_key: Vec<(String, String)> = selector.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    if no_runner.contains(&sel_key) {
                         self.registry.waiting_reason(agent_id, &selector)
+                    } else {
+                        match self.registry.choose(agent_id, &selector) {
+                            Some(runner_id) => {
+                                self.assign(now, &run_id, &runner_id);
+                                *live.entry(task_id).or_default() += 1;
+                                continue;
+                            }
+                            None => {
+                                no_runner.insert(sel_key);
+                                self.registry.waiting_reason(agent_id, &selector)
+                            }
+                        }
                     }
                 }
             };
@@ -386,9 +382,10 @@ impl EngineCore {
     /// runner's `Started` only adds the start time).
     fn assign(&mut self, now: Now, run_id: &str, runner_id: &str) {
         let Some(run) = self.runs.get(run_id) else { return };
+        let task_id = run.task_id.clone();
         let timeout_s = self.tasks.get(&run.task_id).map_or(3600, |t| t.record.spec.execution.timeout_seconds.max(1));
-        self.exec_seq += 1;
-        let execution_id = execution_id(run_id, run.attempt_count() as usize, self.cfg.token, now.wall, self.exec_seq);
+        self.ids.execution += 1;
+        let execution_id = execution_id(run_id, run.attempt_count() as usize, self.cfg.token, now.wall, self.ids.execution);
         let attempt = run.attempt_count().saturating_add(1);
         let context_json = self.context_json(run, &execution_id, attempt);
         let instance = self.registry.get(runner_id).map(|r| r.instance_id.clone()).unwrap_or_default();
@@ -409,6 +406,7 @@ impl EngineCore {
             awaiting_runner: false,
             report: None,
             usage: None,
+            ..Default::default()
         });
         run.status = RunStatus::Running;
         // The run's first dispatch (each attempt keeps its own), as
@@ -436,15 +434,22 @@ impl EngineCore {
             trace_state: run.trace_state.clone(),
             baggage: run.baggage.clone(),
         };
+        if let (Some(run), Some(task)) = (self.runs.get(run_id), self.tasks.get(&task_id)) {
+            let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents: 0 };
+            let holds = self.policies.dispatched(&q, &execution_id);
+            if let Some(a) = self.runs.get_mut(run_id).and_then(|r| r.current_attempt_mut()) {
+                a.holds = holds;
+            }
+        }
         self.ready.remove(run_id);
-        self.start_by.remove(&run_id.to_string());
+        self.timers.start_by.remove(&run_id.to_string());
         if let Some(r) = self.registry.get_mut(runner_id) {
             r.running.insert(execution_id.clone(), run_id.to_string());
         }
         self.touch(now, run_id, Urgency::Now);
         let slack = Self::dur(self.timing().deadline_slack());
         // The backstop counts elapsed time from the dispatch.
-        self.attempt_deadlines.set((run_id.to_string(), execution_id.clone()), now.mono.after(timeout + slack));
+        self.timers.attempt_deadlines.set((run_id.to_string(), execution_id.clone()), now.mono.after(timeout + slack));
         self.send(runner_id, ToRunner::Assign(Box::new(assignment)));
         tracing::info!(run_id, runner_id, execution_id = %execution_id, attempt, "assigned");
         if let Some(r) = self.event_run(run_id) {
@@ -452,24 +457,24 @@ impl EngineCore {
         }
     }
 
-    /// Ends the open attempt `execution_id` of a run and moves the run on:
+    /// The third decision point: the open attempt `execution_id` of a run
+    /// ended. The agent's word (its result's outcome contract) refines
+    /// what its runner reported; the policies decide what follows:
     /// SUCCEEDED, CANCELLED, PENDING again (interrupted), RETRYING (with
-    /// backoff) or FAILED/TIMEOUT. No-op if that attempt is not open.
+    /// backoff, or until the agent's `retry_at`) or FAILED/TIMEOUT.
+    /// No-op if that attempt is not open.
     pub(super) fn end_attempt(&mut self, now: Now, run_id: &str, execution_id: &str, end: AttemptEnd) {
         let Some(run) = self.runs.get(run_id) else { return };
         if run.current_execution() != Some(execution_id) {
             return;
         }
-        let Some(outcome) = end.outcome else { return };
-        self.attempt_deadlines.remove(&(run_id.to_string(), execution_id.to_string()));
+        let Some(reported) = end.outcome else { return };
+        self.timers.attempt_deadlines.remove(&(run_id.to_string(), execution_id.to_string()));
         if !end.awaiting_runner {
             self.registry.release(execution_id);
         }
-        let (max_retries, backoff) = self
-            .tasks
-            .get(&run.task_id)
-            .map(|t| (t.record.spec.execution.max_retries, t.record.spec.execution.retry_backoff))
-            .unwrap_or((0, Default::default()));
+        let agent = AgentOutcome::parse(end.result.as_ref(), now.wall, self.policies.retry.max_hold);
+        let outcome = agent.refine(reported);
         let Some(run) = self.runs.get_mut(run_id) else { return };
         // A start the runner's Started did not tell (lost, or a runner that
         // reports it only with Finished) is announced here.
@@ -481,6 +486,10 @@ impl EngineCore {
             a.exit_code = end.exit_code;
             a.awaiting_runner = end.awaiting_runner;
             a.usage = end.result.as_ref().and_then(crate::model::run::Usage::from_result);
+            a.model = end.result.as_ref().and_then(crate::model::run::model_of);
+            a.class = agent.class.clone();
+            a.resource = agent.resource.clone();
+            a.retry_at = agent.retry_at.filter(|_| outcome == Outcome::RateLimited);
             if a.started_at.is_none() {
                 a.started_at = end.started_at;
             }
@@ -504,53 +513,47 @@ impl EngineCore {
             tracing::error!(run_id, error = %e, "cannot measure a run record");
         }
         self.dispatch_needed = true;
-        tracing::info!(run_id, execution_id, outcome = outcome.as_str(), "attempt ended");
-        let interrupted_free = outcome == Outcome::Interrupted
-            && run.attempts.iter().filter(|a| a.outcome == Some(Outcome::Interrupted)).count() as u32 <= MAX_FREE_INTERRUPTIONS;
+        tracing::info!(run_id, execution_id, outcome = outcome.as_str(), class = agent.class.as_deref().unwrap_or(""), "attempt ended");
         if start_learned {
             self.fx.events.push(Lifecycle::RunStarted(std::sync::Arc::new(run.clone())));
         }
-        match outcome {
-            Outcome::Succeeded => {
-                self.attempt_event(run_id, execution_id, outcome);
-                self.finish(now, run_id, RunStatus::Succeeded, String::new());
-            }
-            Outcome::Cancelled => {
-                self.attempt_event(run_id, execution_id, outcome);
-                let why = end.error.unwrap_or_else(|| "cancelled".into());
-                self.finish(now, run_id, RunStatus::Cancelled, why);
-            }
-            Outcome::Interrupted if interrupted_free => {
+        let task = self.tasks.get(&run.task_id).map(|e| &e.record.spec);
+        let q = AttemptQuery { now: now.wall, run, task, outcome, agent: &agent, error: end.error.as_deref() };
+        let next = self.policies.attempt_ended(&q);
+        self.attempt_event(run_id, execution_id, outcome);
+        match next {
+            AfterAttempt::Finish { status, why } => self.finish(now, run_id, status, why),
+            AfterAttempt::Requeue => {
                 // Not the agent's failure: dispatched again, no attempt spent.
+                let Some(run) = self.runs.get_mut(run_id) else { return };
                 run.interruptions = run.interruptions.saturating_add(1);
                 run.status = RunStatus::Pending;
                 run.start_by = None;
                 let n = run.interruptions;
                 run.pending_reason = Some(format!("interrupted ({n} of {MAX_FREE_INTERRUPTIONS} free); waiting for dispatch"));
                 self.touch(now, run_id, Urgency::Now);
-                self.attempt_event(run_id, execution_id, outcome);
                 self.make_ready(now, run_id, true);
             }
-            _ => {
-                let counted = run.counted_attempts();
-                match retry::decide(now.wall, counted, max_retries, &backoff, run_id) {
-                    RetryDecision::RetryAt(at) => {
-                        run.status = RunStatus::Retrying;
-                        run.next_attempt_at = Some(at);
-                        run.start_by = None;
-                        tracing::info!(run_id, outcome = outcome.as_str(), attempt = counted, retry_at = %at, "attempt failed; retrying");
-                        self.touch(now, run_id, Urgency::Now);
-                        self.attempt_event(run_id, execution_id, outcome);
-                        // The backoff is elapsed time.
-                        self.push_mono_timer(now.mono_at(at), Timer::RunDue { run_id: run_id.to_string(), at });
-                    }
-                    RetryDecision::GiveUp => {
-                        let status = if outcome == Outcome::Timeout { RunStatus::Timeout } else { RunStatus::Failed };
-                        self.attempt_event(run_id, execution_id, outcome);
-                        let why = end.error.unwrap_or_default();
-                        self.finish(now, run_id, status, why);
-                    }
-                }
+            AfterAttempt::RetryAt { at, counted } => {
+                let Some(run) = self.runs.get_mut(run_id) else { return };
+                run.status = RunStatus::Retrying;
+                run.next_attempt_at = Some(at);
+                run.start_by = None;
+                let when = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                run.pending_reason = Some(if counted {
+                    format!("retrying at {when} (attempt {} failed)", run.attempt_count())
+                } else {
+                    let by = agent.resource.as_deref().map(|r| format!(" by {r}")).unwrap_or_default();
+                    format!("rate limited{by}: retrying at {when} (not counted against max_retries)")
+                });
+                tracing::info!(run_id, outcome = outcome.as_str(), counted, retry_at = %at, "attempt ended; retrying");
+                self.touch(now, run_id, Urgency::Now);
+                // The backoff is elapsed time.
+                self.timers.push_mono(now.mono_at(at), Timer::RunDue { run_id: run_id.to_string(), at });
+            }
+            AfterAttempt::Pass => {
+                tracing::error!(run_id, "no policy decided after an attempt; the run fails");
+                self.finish(now, run_id, RunStatus::Failed, "internal: no policy decided".into());
             }
         }
     }
@@ -579,7 +582,7 @@ impl EngineCore {
         }
         let task_id = run.task_id.clone();
         self.ready.remove(run_id);
-        self.start_by.remove(&run_id.to_string());
+        self.timers.start_by.remove(&run_id.to_string());
         self.dispatch_needed = true;
         self.touch(now, run_id, Urgency::Now);
         tracing::info!(run_id, status = status.as_str(), "run finished");
@@ -589,7 +592,13 @@ impl EngineCore {
         if let Some(event) = NotifyEvent::for_status(status) {
             self.notify(now, run_id, event, None);
         }
-        self.breaker_run_finished(now, &task_id, run_id, status);
+        // The last decision point: each policy settles what the run held.
+        let Some(run) = self.runs.get(run_id) else { return };
+        let entry = self.tasks.get(&task_id);
+        let breaker = entry.and_then(|e| e.cursor.as_ref()?.breaker.clone());
+        let q = FinishQuery { now: now.wall, run, task: entry.map(|e| &e.record.spec), breaker: breaker.as_ref() };
+        let writes = self.policies.finished(&q);
+        self.apply_writes(now, run_id, writes);
     }
 
     /// Undoes the run's open attempt if it never started on its runner (the
@@ -740,7 +749,7 @@ impl EngineCore {
                     .unwrap_or(DateTime::<Utc>::MAX_UTC);
                 // Never before the runner had its chance to re-declare and report.
                 let at = std::cmp::max(now.mono_at(deadline), now.mono.after(wait));
-                self.attempt_deadlines.set((run_id, exec), at);
+                self.timers.attempt_deadlines.set((run_id, exec), at);
             } else if next.is_some() || pending {
                 let retrying = self.runs.get(&run_id).is_some_and(|r| r.status == RunStatus::Retrying);
                 if next.is_none_or(|t| t <= now.wall)

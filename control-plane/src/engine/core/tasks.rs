@@ -170,7 +170,7 @@ impl EngineCore {
         for run_id in waiting {
             self.finish(now, &run_id, crate::model::RunStatus::Cancelled, "task deleted before the run started".into());
         }
-        self.cursors.insert(task_id.to_string(), None);
+        self.writes.cursor(task_id, None);
         tracing::info!(task_id, "task removed from the schedule");
     }
 
@@ -240,13 +240,13 @@ impl EngineCore {
         let Some((slot, sched)) = next_slot(&scheds, e.baseline()) else { return };
         let fire_at = slot.checked_add_signed(jitter_for(task_id, slot, sched.jitter_ms())).unwrap_or(slot);
         let generation = e.generation;
-        self.push_timer(fire_at, Timer::Fire { task_id: task_id.to_string(), generation });
+        self.timers.push_wall(fire_at, Timer::Fire { task_id: task_id.to_string(), generation });
     }
 
     /// A fire at once (settlement, continued catch-up, released deferral).
     fn fire_now(&mut self, now: Now, task_id: &str) {
         if let Some(generation) = self.tasks.get(task_id).map(|e| e.generation) {
-            self.push_timer(now.wall, Timer::Fire { task_id: task_id.to_string(), generation });
+            self.timers.push_wall(now.wall, Timer::Fire { task_id: task_id.to_string(), generation });
         }
     }
 
@@ -303,8 +303,8 @@ impl EngineCore {
     /// handled).
     fn plan_and_admit(&mut self, now: Now, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
         let Some(e) = self.tasks.get(task_id) else { return true };
-        if self.loaded_at > e.baseline()
-            && !self.plan_missed(now, task_id, def, std::cmp::min(self.loaded_at, until), budget, LateCause::NoLeader)
+        if self.clocks.loaded_at > e.baseline()
+            && !self.plan_missed(now, task_id, def, std::cmp::min(self.clocks.loaded_at, until), budget, LateCause::NoLeader)
         {
             return false;
         }
@@ -352,7 +352,7 @@ impl EngineCore {
     /// was due, else this leader was busy (or stopped: a frozen process
     /// sees both clocks move alike).
     fn late_cause(&self, first: DateTime<Utc>) -> LateCause {
-        match self.last_step {
+        match self.clocks.last_step {
             Some((from, to)) if to > first => LateCause::ClockStep { seconds: (to - from).num_seconds() },
             _ => LateCause::Busy,
         }
@@ -428,7 +428,7 @@ impl EngineCore {
         run.params = spec.params();
         run.priority = spec.execution.priority;
         let id = run.run_id.clone();
-        self.admit(now, run, &spec.execution, batch).then_some(id)
+        self.admit(now, run, spec, batch).then_some(id)
     }
 
     /// A SKIPPED record covering `range` (`(count, first, last)`); its id is
@@ -464,7 +464,7 @@ impl EngineCore {
         cursor.last_slot = Some(last);
         cursor.updated_at = Some(now.wall);
         let cursor = cursor.clone();
-        self.cursors.insert(task_id.to_string(), Some(cursor));
+        self.writes.cursor(task_id, Some(cursor));
     }
 
     /// True while a run of the task holds an attempt recovered at load whose

@@ -72,6 +72,7 @@ impl H {
             events: fx.events.clone(),
             replies: Vec::new(),
             reads: fx.reads.clone(),
+            pauses: fx.pauses.clone(),
         };
         self.log.push(copy);
         fx
@@ -79,7 +80,15 @@ impl H {
 
     fn record(&self, json: serde_json::Value) -> TaskRecord {
         let spec = TaskSpec::from_json(&json.to_string()).expect("valid task");
-        TaskRecord { spec, paused: false, paused_at: None, resumed_at: None, created_at: self.now, updated_at: self.now }
+        TaskRecord {
+            spec,
+            paused: false,
+            paused_at: None,
+            paused_reason: String::new(),
+            resumed_at: None,
+            created_at: self.now,
+            updated_at: self.now,
+        }
     }
 
     fn put(&mut self, rec: TaskRecord) -> Effects {
@@ -735,6 +744,7 @@ fn slots_due_before_a_pause_are_settled_after_redeclaration() {
         awaiting_runner: false,
         report: None,
         usage: None,
+        ..Default::default()
     });
     let cursor = Cursor { last_slot: Some(start - Duration::seconds(10)), updated_at: None, breaker: None };
     let mut h = H::loaded(start, vec![(rec.clone(), Some(cursor))], vec![running]);
@@ -844,7 +854,7 @@ fn finished_runs_leave_no_deadlines_behind() {
         let a = one_assign(&h.trigger("m", &i.to_string()));
         h.finished("r1", s, &a, ReportedOutcome::Succeeded);
     }
-    assert_eq!((h.core.start_by.len(), h.core.attempt_deadlines.len()), (0, 0));
+    assert_eq!((h.core.timers.start_by.len(), h.core.timers.attempt_deadlines.len()), (0, 0));
     assert!(h.core.timers.len() < 10, "timers piled up: {}", h.core.timers.len());
     assert!(h.core.active_runs("").is_empty(), "written terminal runs left memory");
 }

@@ -1,0 +1,362 @@
+//! Admission as a chain of policies (STYLE.md item 19; the models are
+//! quinn-proto's `congestion::Controller` and GreptimeDB meta-srv's
+//! heartbeat handler chain). At each decision point the core asks the
+//! registered policies in order; each answers with a decision and the
+//! state it wants written, and the first that does not pass decides:
+//!
+//! | decision point | asked | answers |
+//! |---|---|---|
+//! | a run asks to be created (slot, trigger, event) | [`Policy::admit`] | pass, admit waiting (a reason), skip (a reason) |
+//! | it was created | [`Policy::created`] | — (the policy commits what it reserved) |
+//! | a ready run asks to be dispatched | [`Policy::dispatch`] | pass, wait (a reason, until when) |
+//! | it was dispatched | [`Policy::dispatched`] | — (the policy takes what it needs) |
+//! | an attempt ended | [`Policy::attempt_ended`] | pass, retry at (counted against `max_retries` or not), fail |
+//! | a run ended | [`Policy::finished`] | — (the state to write with the run) |
+//!
+//! Each policy is a file of its own with its state and its unit tests,
+//! none needs a runtime: `overlap.rs` (concurrency limit and overlap
+//! policy), `breaker.rs` (circuit breaker), `retry.rs` (retries, backoff
+//! and the agent's outcome contract). Adding one touches its file and
+//! [`Policies`].
+
+pub mod breaker;
+pub mod overlap;
+pub mod retry;
+
+use chrono::{DateTime, Utc};
+
+use crate::config::Config;
+use crate::model::breaker::Breaker;
+use crate::model::run::{Outcome, ResourceHold, SkipReason};
+use crate::model::task::TaskSpec;
+use crate::model::{RunRecord, RunStatus};
+use crate::repo::StoreOp;
+
+/// A run that holds a slot of its task (for the overlap policy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveRun {
+    /// Its slot.
+    pub scheduled_at: DateTime<Utc>,
+    /// Its id.
+    pub run_id: String,
+    /// Ended, but its agent may still be alive (it cannot be cancelled again).
+    pub terminal: bool,
+}
+
+/// A run asking to be created.
+#[derive(Debug)]
+pub struct AdmitQuery<'a> {
+    /// Now (wall clock).
+    pub now: DateTime<Utc>,
+    /// The run, not yet created.
+    pub run: &'a RunRecord,
+    /// Its task.
+    pub task: &'a TaskSpec,
+    /// The task's runs holding a slot (a `run_all` catch-up's own runs left out).
+    pub active: &'a [ActiveRun],
+    /// The task's circuit breaker state, if it has any.
+    pub breaker: Option<&'a Breaker>,
+}
+
+/// What a policy says about a run asking to be created.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admit {
+    /// No objection.
+    Pass,
+    /// Admit it; it will wait for this reason (`pending_reason`).
+    Waiting(String),
+    /// Admit it after these runs are cancelled for it (`cancel_running`).
+    AfterCancelling {
+        /// The runs to cancel.
+        cancel: Vec<String>,
+        /// The reason they are cancelled.
+        reason: String,
+        /// The new run's pending reason meanwhile.
+        waiting: String,
+    },
+    /// Do not create it: a SKIPPED record.
+    Skip {
+        /// Why, as a reason code.
+        reason: SkipReason,
+        /// Why, in words (the record's error).
+        why: String,
+    },
+    /// Do not create it (a SKIPPED record), and pause its task.
+    SkipAndPause {
+        /// Why, as a reason code.
+        reason: SkipReason,
+        /// Why, in words.
+        why: String,
+    },
+}
+
+/// A ready run asking to be dispatched.
+#[derive(Debug)]
+pub struct DispatchQuery<'a> {
+    /// Now (wall clock).
+    pub now: DateTime<Utc>,
+    /// The run.
+    pub run: &'a RunRecord,
+    /// Its task.
+    pub task: &'a TaskSpec,
+    /// Agents of the task alive or not confirmed gone.
+    pub live_agents: usize,
+}
+
+/// What a policy says about dispatching a run now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dispatch {
+    /// No objection.
+    Pass,
+    /// Not now: the run waits, saying why (`waiting_for`), until something
+    /// changes or `until` (a wall clock instant) comes.
+    Wait {
+        /// Why (shown as the run's `pending_reason`).
+        reason: String,
+        /// When it may go at the earliest, if known.
+        until: Option<DateTime<Utc>>,
+    },
+}
+
+/// What the agent said about an attempt in its result (the outcome
+/// contract, README "Writing an agent"), when it said anything.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentOutcome {
+    /// `outcome`.
+    pub kind: Option<AgentOutcomeKind>,
+    /// `retry_at`, or now + `retry_after_seconds`.
+    pub retry_at: Option<DateTime<Utc>>,
+    /// `resource`: the shared resource that answered so.
+    pub resource: Option<String>,
+    /// `class`: free text (`invalid_input`), at most 64 characters.
+    pub class: Option<String>,
+}
+
+/// The agent's `outcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentOutcomeKind {
+    /// It worked.
+    Success,
+    /// It failed (retried as exit codes are).
+    Failure,
+    /// It failed and no retry can help: the run FAILS now.
+    NonRetryable,
+    /// A provider said "too many requests": retry after `retry_at`
+    /// without spending an attempt; the resource is held back meanwhile.
+    RateLimited,
+    /// A quota ran out: FAILED, not retried; the resource is held back.
+    QuotaExhausted,
+}
+
+/// An attempt that ended.
+#[derive(Debug)]
+pub struct AttemptQuery<'a> {
+    /// Now (wall clock).
+    pub now: DateTime<Utc>,
+    /// The run, the attempt ended in it.
+    pub run: &'a RunRecord,
+    /// Its task (`None`: deleted meanwhile).
+    pub task: Option<&'a TaskSpec>,
+    /// How the attempt ended.
+    pub outcome: Outcome,
+    /// What the agent said of it, if anything.
+    pub agent: &'a AgentOutcome,
+    /// The error text of the attempt.
+    pub error: Option<&'a str>,
+}
+
+/// What a policy says after an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AfterAttempt {
+    /// No objection (the next policy decides; the last, retry, always does).
+    Pass,
+    /// Dispatch it again at `at`; `counted`: the attempt spent one of
+    /// `max_retries`.
+    RetryAt {
+        /// When.
+        at: DateTime<Utc>,
+        /// Whether it counts against `max_retries`.
+        counted: bool,
+    },
+    /// Dispatch it again now, free (an interruption).
+    Requeue,
+    /// The run ends with this status and error.
+    Finish {
+        /// Terminal status.
+        status: RunStatus,
+        /// Why (empty: the attempt's error stands).
+        why: String,
+    },
+}
+
+/// A run that reached a terminal status.
+#[derive(Debug)]
+pub struct FinishQuery<'a> {
+    /// Now (wall clock).
+    pub now: DateTime<Utc>,
+    /// The run, terminal.
+    pub run: &'a RunRecord,
+    /// Its task (`None`: deleted meanwhile).
+    pub task: Option<&'a TaskSpec>,
+    /// Its task's breaker, if any.
+    pub breaker: Option<&'a Breaker>,
+}
+
+/// State a policy wants written, and where.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// The task's breaker, in its cursor, in the task's group.
+    Breaker {
+        /// Task.
+        task_id: String,
+        /// The breaker as it is now.
+        breaker: Breaker,
+        /// It opened (an `on_breaker_open` notification goes with it).
+        opened: bool,
+    },
+    /// A store operation in the group of the run that caused it (a ledger
+    /// entry it settles).
+    Op(StoreOp),
+    /// The task is to be paused (its definition is written by the shell,
+    /// as a user's pause is).
+    PauseTask {
+        /// Task.
+        task_id: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// One policy. Every method has a default that passes, so a policy only
+/// says what it cares about.
+pub trait Policy {
+    /// Its name (logs, `waiting_for`).
+    fn name(&self) -> &'static str;
+    /// The configuration changed (or the term began).
+    fn configure(&mut self, _config: &Config) {}
+    /// A run in memory changed, or was loaded: the policy's state derived
+    /// from runs (permits held by live agents) follows.
+    fn run_changed(&mut self, _run: &RunRecord) {}
+    /// A run left memory.
+    fn run_forgotten(&mut self, _run: &RunRecord) {}
+    /// A run asks to be created.
+    fn admit(&mut self, _q: &AdmitQuery<'_>) -> Admit {
+        Admit::Pass
+    }
+    /// The run was created (every policy admitted it): what it reserved is
+    /// taken.
+    fn created(&mut self, _q: &AdmitQuery<'_>) -> Vec<Write> {
+        Vec::new()
+    }
+    /// A ready run asks to be dispatched.
+    fn dispatch(&mut self, _q: &DispatchQuery<'_>) -> Dispatch {
+        Dispatch::Pass
+    }
+    /// It was dispatched as `execution_id` (every policy let it go): the
+    /// resources the attempt holds while its agent lives.
+    fn dispatched(&mut self, _q: &DispatchQuery<'_>, _execution_id: &str) -> Vec<ResourceHold> {
+        Vec::new()
+    }
+    /// An attempt ended.
+    fn attempt_ended(&mut self, _q: &AttemptQuery<'_>) -> AfterAttempt {
+        AfterAttempt::Pass
+    }
+    /// A run ended (terminal).
+    fn finished(&mut self, _q: &FinishQuery<'_>) -> Vec<Write> {
+        Vec::new()
+    }
+}
+
+/// The registered policies, in the order they are asked.
+#[derive(Debug, Default)]
+pub struct Policies {
+    /// Circuit breaker.
+    pub breaker: breaker::BreakerPolicy,
+    /// Concurrency limit and overlap policy.
+    pub overlap: overlap::Overlap,
+    /// Retries and the outcome contract.
+    pub retry: retry::Retry,
+}
+
+impl Policies {
+    /// Every policy, in order: the one list they are registered in.
+    pub fn chain(&mut self) -> [&mut dyn Policy; 3] {
+        [&mut self.breaker, &mut self.overlap, &mut self.retry]
+    }
+
+    /// The configuration changed (or the term began): each policy takes
+    /// its part.
+    pub fn configure(&mut self, config: &Config) {
+        for p in self.chain() {
+            p.configure(config);
+        }
+    }
+
+    /// A run in memory changed (or was loaded).
+    pub fn run_changed(&mut self, run: &RunRecord) {
+        for p in self.chain() {
+            p.run_changed(run);
+        }
+    }
+
+    /// A run left memory.
+    pub fn run_forgotten(&mut self, run: &RunRecord) {
+        for p in self.chain() {
+            p.run_forgotten(run);
+        }
+    }
+
+    /// Asks each policy about a new run; the first that does not pass
+    /// decides (a policy may admit it waiting and let the next ones speak:
+    /// the last such reason stands).
+    pub fn admit(&mut self, q: &AdmitQuery<'_>) -> Admit {
+        let mut verdict = Admit::Pass;
+        for p in self.chain() {
+            match p.admit(q) {
+                Admit::Pass => {}
+                a @ (Admit::Skip { .. } | Admit::SkipAndPause { .. }) => return a,
+                a => verdict = a,
+            }
+        }
+        verdict
+    }
+
+    /// Tells every policy the run was created; the writes they want.
+    pub fn created(&mut self, q: &AdmitQuery<'_>) -> Vec<Write> {
+        self.chain().into_iter().flat_map(|p| p.created(q)).collect()
+    }
+
+    /// Asks each policy whether a ready run may go now; the first that
+    /// says wait decides.
+    pub fn dispatch(&mut self, q: &DispatchQuery<'_>) -> Dispatch {
+        for p in self.chain() {
+            if let d @ Dispatch::Wait { .. } = p.dispatch(q) {
+                return d;
+            }
+        }
+        Dispatch::Pass
+    }
+
+    /// Tells every policy the run was dispatched; what the attempt holds.
+    pub fn dispatched(&mut self, q: &DispatchQuery<'_>, execution_id: &str) -> Vec<ResourceHold> {
+        self.chain().into_iter().flat_map(|p| p.dispatched(q, execution_id)).collect()
+    }
+
+    /// Asks each policy what follows an ended attempt; the first that does
+    /// not pass decides (every policy is told: resources settle either way).
+    pub fn attempt_ended(&mut self, q: &AttemptQuery<'_>) -> AfterAttempt {
+        let mut decided = AfterAttempt::Pass;
+        for p in self.chain() {
+            let d = p.attempt_ended(q);
+            if decided == AfterAttempt::Pass {
+                decided = d;
+            }
+        }
+        decided
+    }
+
+    /// Tells every policy the run ended; the writes they want.
+    pub fn finished(&mut self, q: &FinishQuery<'_>) -> Vec<Write> {
+        self.chain().into_iter().flat_map(|p| p.finished(q)).collect()
+    }
+}

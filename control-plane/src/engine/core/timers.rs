@@ -1,0 +1,114 @@
+//! The core's timers: slots and caller-named delays on the wall clock
+//! (a slot, a `not_before` is a time of day); backoffs, checks, releases
+//! and flushes on elapsed time ([`Mono`]); and two kinds of deadline kept
+//! as [`Deadlines`] (one entry per run or attempt, moved or dropped as it
+//! changes, never piling up): a waiting run's start deadline and an open
+//! attempt's backstop.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use chrono::{DateTime, Utc};
+
+use super::deadlines::Deadlines;
+use crate::clock::{Mono, Now};
+
+/// What a timer does when it fires.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Timer {
+    /// Handle the due slots of a task (if `generation` is still current).
+    Fire { task_id: String, generation: u64 },
+    /// A delayed, retrying or requeued run may be dispatched, if it still
+    /// waits for `at` (its `next_attempt_at`).
+    RunDue { run_id: String, at: DateTime<Utc> },
+    /// An attempt whose old runner process may still be alive stops
+    /// holding its concurrency slot (that process's fence has passed).
+    ReleaseOrphan { run_id: String, execution_id: String },
+    /// Check for silent and lost runners.
+    RunnerCheck,
+    /// Write the lazily persisted changes (progress).
+    Flush,
+    /// A policy's wait ends (a hold-back, a rate window refills): look at
+    /// the ready runs again.
+    Wake,
+    /// An open attempt's backstop deadline passed.
+    Deadline { run_id: String, execution_id: String },
+    /// A waiting run's start deadline passed.
+    StartBy { run_id: String },
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(super) struct Timers {
+    wall: BinaryHeap<Reverse<(DateTime<Utc>, u64, Timer)>>,
+    mono: BinaryHeap<Reverse<(Mono, u64, Timer)>>,
+    seq: u64,
+    /// Start deadlines of runs waiting for dispatch (`start_timeout_seconds`).
+    pub start_by: Deadlines<String>,
+    /// The control plane's backstop deadline of each open attempt: `(run, execution)`.
+    pub attempt_deadlines: Deadlines<(String, String)>,
+    /// A runner check is armed.
+    pub runner_check_armed: bool,
+    /// A flush is armed.
+    pub flush_armed: bool,
+    /// The earliest armed wake (one is enough until it fires).
+    wake_at: Option<Mono>,
+}
+
+impl Timers {
+    /// A timer for when the wall clock reads `at`.
+    pub(super) fn push_wall(&mut self, at: DateTime<Utc>, t: Timer) {
+        self.seq += 1;
+        self.wall.push(Reverse((at, self.seq, t)));
+    }
+
+    /// A timer for when the monotonic clock reaches `at`.
+    pub(super) fn push_mono(&mut self, at: Mono, t: Timer) {
+        self.seq += 1;
+        self.mono.push(Reverse((at, self.seq, t)));
+    }
+
+    /// A [`Timer::Wake`] at `at`, unless one is armed at or before it.
+    pub(super) fn wake_at(&mut self, at: Mono) {
+        if self.wake_at.is_some_and(|w| w <= at) {
+            return;
+        }
+        self.wake_at = Some(at);
+        self.push_mono(at, Timer::Wake);
+    }
+
+    /// When the next timer is due, on the monotonic clock (wall clock
+    /// timers converted with the reading `now`).
+    pub(super) fn next(&self, now: Now) -> Option<Mono> {
+        let wall = self.wall.peek().map(|Reverse((t, _, _))| now.mono_at(*t));
+        [wall, self.mono.peek().map(|Reverse((t, _, _))| *t), self.start_by.next(), self.attempt_deadlines.next()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Timers in the heaps (not the deadlines).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.wall.len() + self.mono.len()
+    }
+
+    /// The next due timer, deadlines first.
+    pub(super) fn pop_due(&mut self, now: Now) -> Option<Timer> {
+        if let Some((run_id, execution_id)) = self.attempt_deadlines.pop_due(now.mono) {
+            return Some(Timer::Deadline { run_id, execution_id });
+        }
+        if let Some(run_id) = self.start_by.pop_due(now.mono) {
+            return Some(Timer::StartBy { run_id });
+        }
+        let t = match (self.wall.peek(), self.mono.peek()) {
+            (Some(Reverse((at, _, _))), _) if *at <= now.wall => self.wall.pop().map(|Reverse((_, _, t))| t),
+            (_, Some(Reverse((at, _, _)))) if *at <= now.mono => self.mono.pop().map(|Reverse((_, _, t))| t),
+            _ => None,
+        }?;
+        if t == Timer::Wake {
+            self.wake_at = None;
+        }
+        Some(t)
+    }
+}

@@ -1,0 +1,215 @@
+//! This turn's store writes, by the atomic group each belongs to.
+//!
+//! Every change the core decides names its group when it is made:
+//! - **the task's group** ([`WriteSet::created`], [`WriteSet::cursor`],
+//!   [`WriteSet::join_task`]): the runs a fire created, then the task's
+//!   cursor — a slot's record and the cursor moving past it commit
+//!   together (a later leader never re-creates a handled slot); a run
+//!   whose end moved its task's circuit breaker joins it too;
+//! - **the run's group** ([`WriteSet::changed`], [`WriteSet::with_run`]):
+//!   a changed run with what it caused — its notifications, the budget
+//!   ledger entries it settles — so none is written without the other.
+//!
+//! A change is urgent (this turn's transaction) or lazy (a start, progress,
+//! a pending reason: it rides with the next transaction, or is flushed
+//! within [`super::PROGRESS_FLUSH`]). [`WriteSet::drain`] turns the turn's
+//! changes into groups, task groups first, in a fixed order.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use crate::model::{Cursor, RunRecord};
+use crate::repo::StoreOp;
+
+/// How soon a changed run must reach the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Urgency {
+    /// In this turn's transaction.
+    Now,
+    /// With the next transaction, or at the next flush (a run started,
+    /// progress, a pending reason): never a transaction of its own per change.
+    Lazy,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(super) struct WriteSet {
+    /// Runs created this turn, in order: each in its task's group.
+    created: Vec<String>,
+    created_set: HashSet<String>,
+    /// Runs changed this turn that must be written now.
+    urgent: BTreeSet<String>,
+    /// Runs changed lazily.
+    lazy: BTreeSet<String>,
+    /// Runs whose write goes in their task's group (their end changed the
+    /// task's cursor: its breaker).
+    in_task_group: BTreeSet<String>,
+    /// Cursors to write (`None`: delete), each in its task's group.
+    cursors: BTreeMap<String, Option<Cursor>>,
+    /// Ops that go in the group of a run's write.
+    with_run: HashMap<String, Vec<StoreOp>>,
+    /// Write the lazy changes with this drain even without other writes.
+    flush: bool,
+}
+
+impl WriteSet {
+    /// A new run: created in its task's group.
+    pub(super) fn created(&mut self, run_id: &str) {
+        if self.created_set.insert(run_id.to_string()) {
+            self.created.push(run_id.to_string());
+        }
+    }
+
+    /// A run changed (a run created this turn is written whole anyway).
+    pub(super) fn changed(&mut self, run_id: &str, urgency: Urgency) {
+        if self.created_set.contains(run_id) {
+            return;
+        }
+        match urgency {
+            Urgency::Now => {
+                self.lazy.remove(run_id);
+                self.urgent.insert(run_id.to_string());
+            }
+            Urgency::Lazy if !self.urgent.contains(run_id) => {
+                self.lazy.insert(run_id.to_string());
+            }
+            Urgency::Lazy => {}
+        }
+    }
+
+    /// Whether the run's write is pending this turn (urgent or created).
+    pub(super) fn pending(&self, run_id: &str) -> bool {
+        self.urgent.contains(run_id) || self.created_set.contains(run_id)
+    }
+
+    /// A task's cursor changed (`None`: deleted).
+    pub(super) fn cursor(&mut self, task_id: &str, cursor: Option<Cursor>) {
+        self.cursors.insert(task_id.to_string(), cursor);
+    }
+
+    /// The run's write goes in its task's group (with the cursor).
+    pub(super) fn join_task(&mut self, run_id: &str) {
+        self.in_task_group.insert(run_id.to_string());
+    }
+
+    /// Ops to commit in the same group as the run's write this turn.
+    pub(super) fn with_run(&mut self, run_id: &str, ops: impl IntoIterator<Item = StoreOp>) {
+        self.with_run.entry(run_id.to_string()).or_default().extend(ops);
+    }
+
+    /// Write the lazy changes with the next drain.
+    pub(super) fn request_flush(&mut self) {
+        self.flush = true;
+    }
+
+    /// The turn's groups, in commit order, with the runs as `runs` holds
+    /// them now; and the ids of the runs written.
+    pub(super) fn drain(&mut self, runs: &HashMap<String, RunRecord>) -> (Vec<Vec<StoreOp>>, Vec<String>) {
+        let mut with_run = std::mem::take(&mut self.with_run);
+        let mut by_task: BTreeMap<String, Vec<StoreOp>> = BTreeMap::new();
+        let mut written = Vec::new();
+        let mut put = |group: &mut Vec<StoreOp>, run: &RunRecord, create: bool, written: &mut Vec<String>| {
+            group.push(if create { StoreOp::CreateRun(Box::new(run.clone())) } else { StoreOp::PutRun(Box::new(run.clone())) });
+            group.extend(with_run.remove(&run.run_id).unwrap_or_default());
+            written.push(run.run_id.clone());
+        };
+        for run_id in std::mem::take(&mut self.created) {
+            self.urgent.remove(&run_id);
+            self.lazy.remove(&run_id);
+            if let Some(run) = runs.get(&run_id) {
+                put(by_task.entry(run.task_id.clone()).or_default(), run, true, &mut written);
+            }
+        }
+        self.created_set.clear();
+        for run_id in std::mem::take(&mut self.in_task_group) {
+            let Some(run) = runs.get(&run_id) else { continue };
+            if self.urgent.remove(&run_id) || self.lazy.remove(&run_id) {
+                put(by_task.entry(run.task_id.clone()).or_default(), run, false, &mut written);
+            }
+        }
+        for (task_id, cursor) in std::mem::take(&mut self.cursors) {
+            let op = match cursor {
+                Some(cursor) => StoreOp::PutCursor { task_id: task_id.clone(), cursor },
+                None => StoreOp::DeleteCursor { task_id: task_id.clone() },
+            };
+            by_task.entry(task_id).or_default().push(op);
+        }
+        let mut groups: Vec<Vec<StoreOp>> = by_task.into_values().collect();
+        let mut own = |ids: BTreeSet<String>, groups: &mut Vec<Vec<StoreOp>>, written: &mut Vec<String>| {
+            for run_id in ids {
+                if let Some(run) = runs.get(&run_id) {
+                    let mut group = Vec::new();
+                    put(&mut group, run, false, written);
+                    groups.push(group);
+                }
+            }
+        };
+        let urgent = std::mem::take(&mut self.urgent);
+        for id in &urgent {
+            self.lazy.remove(id);
+        }
+        own(urgent, &mut groups, &mut written);
+        if !groups.is_empty() || self.flush {
+            own(std::mem::take(&mut self.lazy), &mut groups, &mut written);
+            self.flush = false;
+        }
+        // Ops of runs not written this turn (none are expected: a run is
+        // written in the turn it ends) go on their own rather than be lost.
+        for (run_id, ops) in with_run {
+            tracing::warn!(run_id, "ops written without their run's change");
+            groups.push(ops);
+        }
+        (groups, written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::run::TriggerKind;
+
+    fn runs(ids: &[(&str, &str)]) -> HashMap<String, RunRecord> {
+        let t = "2026-12-01T10:00:00Z".parse().expect("t");
+        ids.iter().map(|(task, id)| (id.to_string(), RunRecord::pending(id.to_string(), task, "a", TriggerKind::Manual, t, t))).collect()
+    }
+
+    fn shape(groups: &[Vec<StoreOp>]) -> Vec<Vec<String>> {
+        groups
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .map(|op| match op {
+                        StoreOp::CreateRun(r) => format!("create {}", r.run_id),
+                        StoreOp::PutRun(r) => format!("put {}", r.run_id),
+                        StoreOp::PutCursor { task_id, .. } => format!("cursor {task_id}"),
+                        StoreOp::DeleteCursor { task_id } => format!("delete cursor {task_id}"),
+                        other => format!("{other:?}").chars().take(20).collect(),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Creations and the cursor share the task's group; a run whose end
+    /// moved the breaker joins it; other runs go alone, lazy ones only with
+    /// something urgent or a flush.
+    #[test]
+    fn each_change_lands_in_the_group_it_named() {
+        let runs = runs(&[("t", "t.1"), ("t", "t.2"), ("t", "t.3"), ("u", "u.1"), ("u", "u.2")]);
+        let mut w = WriteSet::default();
+        w.changed("u.2", Urgency::Lazy);
+        let (groups, _) = w.drain(&runs);
+        assert!(groups.is_empty(), "a lazy change alone waits");
+        w.created("t.1");
+        w.changed("t.1", Urgency::Now);
+        w.cursor("t", Some(Cursor::default()));
+        w.changed("t.2", Urgency::Now);
+        w.join_task("t.2");
+        w.changed("t.3", Urgency::Now);
+        let (groups, written) = w.drain(&runs);
+        assert_eq!(shape(&groups), vec![vec!["create t.1", "put t.2", "cursor t"], vec!["put t.3"], vec!["put u.2"]]);
+        assert_eq!(written, vec!["t.1", "t.2", "t.3", "u.2"]);
+        w.changed("u.1", Urgency::Lazy);
+        w.request_flush();
+        assert_eq!(shape(&w.drain(&runs).0), vec![vec!["put u.1"]]);
+    }
+}
