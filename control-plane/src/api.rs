@@ -582,8 +582,11 @@ impl Core {
         let lead = engine.as_ref().map_or(&unfenced, |e| e.leadership());
         let mut report = crate::engine::retention::prune(&self.repo, lead, &self.retention, self.clock.now(), task_id).await?;
         if self.repo.store().alarms().await.unwrap_or_default().iter().any(|a| a == "NOSPACE") {
-            // The deletes free space only once compacted and defragmented.
-            self.repo.store().compact(report.revision).await?;
+            // The deletes free space only once compacted (up to now: the
+            // pass's starting revision still holds every deleted value) and
+            // defragmented.
+            let now = self.repo.current_revision().await?;
+            self.repo.store().compact(now).await?;
             let how = if engine.is_none() { "pruned without a leader" } else { "pruned" };
             report.note = Some(format!("{how} while the store's NOSPACE alarm is raised; {}", crate::store::etcd::NOSPACE_HELP));
         }

@@ -353,7 +353,12 @@ impl KvStore for EtcdStore {
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        match self.kv().compact(revision, None).await {
+        // Physical: the answer waits until etcd has removed the old
+        // revisions, so a defragmentation right after it frees their space
+        // (a logical compaction returns first and frees it later; a
+        // defragment in between freed nothing and the NOSPACE alarm came
+        // back on the next write).
+        match self.kv().compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await {
             Ok(_) => Ok(()),
             // Someone (etcd's own auto-compaction) compacted further already.
             Err(e) if e.to_string().contains("required revision has been compacted") => Ok(()),
