@@ -320,6 +320,7 @@ async fn follow_leadership(
                     leadership: l.clone(),
                     leader_id: core.election.id(),
                     bus: core.lifecycle.clone(),
+                    config: core.config.clone(),
                     notifier: crate::notify::deliver::Notifier {
                         repo: core.repo.clone(),
                         config: core.config.clone(),

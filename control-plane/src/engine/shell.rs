@@ -85,6 +85,9 @@ pub struct EngineConfig {
     pub retention: super::retention::RetentionConfig,
     /// Notification delivery while this engine leads.
     pub notifier: crate::notify::deliver::Notifier,
+    /// The running configuration (resources, budgets, ...): the core is
+    /// told each new one.
+    pub config: crate::config::ConfigHandle,
 }
 
 struct Link {
@@ -114,6 +117,8 @@ pub struct Engine {
     stop_reply: Option<oneshot::Sender<()>>,
     /// Store transactions committed by this engine.
     transactions: u64,
+    /// Each configuration replaced on SIGHUP.
+    config: tokio::sync::watch::Receiver<std::sync::Arc<crate::config::Config>>,
     /// Deletes expired runs; stops with the engine.
     _retention: crate::worker::Worker,
     _notifier: crate::worker::Worker,
@@ -135,6 +140,8 @@ impl Engine {
         let tasks = cfg.repo.load_tasks().await?;
         let runs = cfg.repo.load_active_runs().await?;
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
+        let mut config = cfg.config.subscribe();
+        core.configure(config.borrow_and_update().clone());
         // Seconds of CPU for a big store: off the async workers (the
         // election's lease renewals must keep running meanwhile).
         let now = cfg.clock.read();
@@ -159,6 +166,7 @@ impl Engine {
             next_reply: 0,
             stop_reply: None,
             transactions: 0,
+            config,
             _retention: retention,
             _notifier: notifier,
         };
@@ -172,6 +180,7 @@ impl Engine {
         // for the commit; meanwhile the core keeps taking inputs, and what it
         // decides goes in the next batch (group commit).
         let mut in_flight: Option<InFlight> = None;
+        let mut config_open = true;
         let exit = loop {
             if in_flight.is_none() {
                 match self.perform().await {
@@ -229,6 +238,17 @@ impl Engine {
                         break EngineExit::Failed;
                     }
                 },
+                changed = self.config.changed(), if config_open => {
+                    match changed {
+                        Ok(()) => {
+                            let config = self.config.borrow_and_update().clone();
+                            self.core.configure(config);
+                            self.core.handle_timeout(self.clock.read(), 0);
+                        }
+                        // The handle is gone: the configuration stays.
+                        Err(_) => config_open = false,
+                    }
+                }
                 _ = sleep => {
                     let now = self.clock.read();
                     self.core.handle_timeout(now, MAX_TIMERS_PER_TURN);

@@ -378,6 +378,13 @@ impl EngineCore {
         self.after_input(now);
     }
 
+    /// The running configuration (at the start of the term, and each one
+    /// replaced on SIGHUP): the policies take their parts of it.
+    pub fn configure(&mut self, config: Arc<crate::config::Config>) {
+        self.policies.configure(&config);
+        self.dispatch_needed = true;
+    }
+
     /// Whether the core tracks this task (else [`Input::TaskPut`] needs its cursor).
     pub fn knows_task(&self, task_id: &str) -> bool {
         self.tasks.contains_key(task_id)

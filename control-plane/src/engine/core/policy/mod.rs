@@ -16,11 +16,13 @@
 //! Each policy is a file of its own with its state and its unit tests,
 //! none needs a runtime: `overlap.rs` (concurrency limit and overlap
 //! policy), `breaker.rs` (circuit breaker), `retry.rs` (retries, backoff
-//! and the agent's outcome contract). Adding one touches its file and
-//! [`Policies`].
+//! and the agent's outcome contract), `resources.rs` (cluster-wide
+//! concurrency, request and token rates, hold-backs). Adding one touches
+//! its file and [`Policies`].
 
 pub mod breaker;
 pub mod overlap;
+pub mod resources;
 pub mod retry;
 
 use chrono::{DateTime, Utc};
@@ -272,6 +274,8 @@ pub trait Policy {
 pub struct Policies {
     /// Circuit breaker.
     pub breaker: breaker::BreakerPolicy,
+    /// Cluster-wide resources.
+    pub resources: resources::Resources,
     /// Concurrency limit and overlap policy.
     pub overlap: overlap::Overlap,
     /// Retries and the outcome contract.
@@ -280,8 +284,8 @@ pub struct Policies {
 
 impl Policies {
     /// Every policy, in order: the one list they are registered in.
-    pub fn chain(&mut self) -> [&mut dyn Policy; 3] {
-        [&mut self.breaker, &mut self.overlap, &mut self.retry]
+    pub fn chain(&mut self) -> [&mut dyn Policy; 4] {
+        [&mut self.breaker, &mut self.overlap, &mut self.resources, &mut self.retry]
     }
 
     /// The configuration changed (or the term began): each policy takes
