@@ -41,6 +41,9 @@ sinks:
   alert:
     url: http://127.0.0.1:$RPORT/alert
     secret: $PUNCHCLOCK_NOTIFY_SECRET
+# One model call at a time, shared by the two brief tasks (examples/tasks/briefs.yaml).
+resources:
+  llm: {concurrency: 1, requests_per_minute: 30}
 YAML
 
 # Starts dev on port $1; waits until it prints its addresses (returns 0) or
@@ -91,6 +94,8 @@ while kill -0 "$DEV" 2>/dev/null; do
   kill -0 "$DEV" 2>/dev/null || break
   echo "--- $(date -u +%FT%TZ)"
   "$BIN" runs list --limit 12 || kill -0 "$DEV" 2>/dev/null || break
+  echo "--- shared resources"
+  "$BIN" resources list || true
   echo "--- notifications received (last 3 of $(wc -l < "$DATA/notifications.log"))"
   tail -n 3 "$DATA/notifications.log"
 done

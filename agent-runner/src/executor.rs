@@ -1276,6 +1276,12 @@ fn parse_progress_line(line: &[u8]) -> Option<ProgressUpdate> {
     }
 }
 
+/// An outcome as the control plane's spans name it (`failed`, not
+/// `OUTCOME_FAILED`): one vocabulary across a run's trace.
+fn outcome_label(o: Outcome) -> String {
+    o.as_str_name().trim_start_matches("OUTCOME_").to_ascii_lowercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1369,10 +1375,4 @@ mod tests {
         assert_eq!(json, r#""oops""#);
         assert!(problem.is_some_and(|p| p.contains("not valid JSON")));
     }
-}
-
-/// An outcome as the control plane's spans name it (`failed`, not
-/// `OUTCOME_FAILED`): one vocabulary across a run's trace.
-fn outcome_label(o: Outcome) -> String {
-    o.as_str_name().trim_start_matches("OUTCOME_").to_ascii_lowercase()
 }

@@ -21,7 +21,7 @@ use punchclock_proto::v1 as pb;
 use tokio_stream::StreamExt;
 
 use crate::client::{self, DEFAULT_ENDPOINT};
-use crate::output::{self, print_json, run_json, run_row, runner_json, table, task_json};
+use crate::output::{self, print_json, resource_json, run_json, run_row, runner_json, table, task_json};
 use crate::security::{ClientAuthArgs, RunnerSecurityArgs, ServerSecurityArgs, TokenCmd};
 
 /// punchclock: makes AI agents clock in on time.
@@ -67,6 +67,10 @@ enum Cmd {
     /// Connected runners.
     #[command(subcommand)]
     Runners(RunnersCmd),
+    /// Shared resources (the control plane's config `resources:`): in use,
+    /// waiting, what their rates allow now, held back until when.
+    #[command(subcommand)]
+    Resources(ResourcesCmd),
     /// Fire times of a cron expression (no server needed).
     Preview(PreviewArgs),
     /// Per task: fired, succeeded, failed, retried, skipped by reason, and
@@ -414,6 +418,12 @@ enum RunnersCmd {
     List,
 }
 
+#[derive(Subcommand, Debug)]
+enum ResourcesCmd {
+    /// Every resource as the leader holds it now.
+    List,
+}
+
 #[derive(Args, Debug)]
 struct PreviewArgs {
     /// Cron expression (5, 6 or 7 fields, or @alias).
@@ -572,6 +582,38 @@ pub async fn run(cli: Cli) -> Res {
             // Scripts and probes can tell a cluster without a leader.
             if s.leader_id.is_empty() {
                 return Err("no leader: nothing is scheduled until one is elected".into());
+            }
+            Ok(())
+        }
+        Cmd::Resources(ResourcesCmd::List) => {
+            let mut c = ClusterServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let r = c.list_resources(pb::ListResourcesRequest {}).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::Value::Array(r.resources.iter().map(resource_json).collect()));
+            } else {
+                let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+                table(
+                    &["RESOURCE", "IN_USE", "WAITING", "REQUESTS/MIN", "TOKENS/MIN", "HELD_BACK_UNTIL"],
+                    r.resources
+                        .iter()
+                        .map(|x| {
+                            vec![
+                                x.name.clone(),
+                                match x.concurrency {
+                                    Some(c) => format!("{}/{c}", x.in_use),
+                                    None => x.in_use.to_string(),
+                                },
+                                x.waiting.to_string(),
+                                opt(x.requests_per_minute.map(|l| format!("{}/{l} free", x.requests_available.unwrap_or(0.0)))),
+                                opt(x.tokens_per_minute.map(|l| format!("{}/{l} free", x.tokens_available.unwrap_or(0.0)))),
+                                match output::t(&x.held_until).as_str() {
+                                    Some(t) => format!("{t} ({})", x.held_why),
+                                    None => "-".into(),
+                                },
+                            ]
+                        })
+                        .collect(),
+                );
             }
             Ok(())
         }

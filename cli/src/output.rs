@@ -159,6 +159,22 @@ pub fn runner_json(r: &pb::Runner) -> Value {
     })
 }
 
+/// A shared resource as `resources list -o json` shows it.
+pub fn resource_json(r: &pb::Resource) -> Value {
+    json!({
+        "name": r.name,
+        "concurrency": r.concurrency,
+        "requests_per_minute": r.requests_per_minute,
+        "tokens_per_minute": r.tokens_per_minute,
+        "in_use": r.in_use,
+        "waiting": r.waiting,
+        "requests_available": r.requests_available,
+        "tokens_available": r.tokens_available,
+        "held_until": t(&r.held_until),
+        "held_why": r.held_why,
+    })
+}
+
 fn short(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),

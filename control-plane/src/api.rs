@@ -113,10 +113,23 @@ fn validate_all(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::confi
 fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Config) -> Result<TaskSpec> {
     let spec = TaskSpec::from_json(spec_json)?;
     for (i, r) in spec.execution.resources.iter().enumerate() {
-        if !config.resources.contains_key(&r.name) {
+        let Some(limits) = config.resources.get(&r.name) else {
             return Err(Error::invalid(
                 format!("execution.resources[{i}]"),
                 format!("resource {:?} is not defined in the control plane's config (resources:)", r.name),
+            ));
+        };
+        // A run that can never get its units would wait forever.
+        if let Some(c) = limits.concurrency.filter(|c| r.units > *c) {
+            return Err(Error::invalid(
+                format!("execution.resources[{i}].units"),
+                format!("{} units of resource {:?}, whose concurrency is {c}: it could never run", r.units, r.name),
+            ));
+        }
+        if let Some(t) = limits.tokens_per_minute.filter(|t| r.tokens > *t) {
+            return Err(Error::invalid(
+                format!("execution.resources[{i}].tokens"),
+                format!("an estimate of {} tokens for resource {:?}, whose tokens_per_minute is {t}", r.tokens, r.name),
             ));
         }
     }
@@ -632,6 +645,11 @@ impl Core {
             }
         });
         Ok(stream.boxed())
+    }
+
+    /// The config's shared resources as the leader holds them (leader).
+    pub async fn list_resources(&self) -> Result<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> {
+        self.engine().await?.list_resources().await
     }
 
     /// Connected runners (leader).

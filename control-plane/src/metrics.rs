@@ -95,6 +95,13 @@ pub struct SinkLabel {
     pub sink: String,
 }
 
+/// `resource`: a name of the config's `resources:` (bounded by the config).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    /// Resource.
+    pub resource: String,
+}
+
 /// `op` (`txn`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabel {
@@ -117,6 +124,8 @@ pub struct EngineGauges {
     pub breakers: Vec<(String, &'static str)>,
     /// Runs in the engine's memory (not yet final, or final and not yet written).
     pub active_runs: u64,
+    /// The config's shared resources.
+    pub resources: Vec<crate::engine::core::policy::resources::ResourceSnapshot>,
 }
 
 fn lag_histogram() -> Histogram {
@@ -147,6 +156,11 @@ pub struct Metrics {
     breaker_state: Family<BreakerLabels, Gauge>,
     breaker_openings: Family<TaskLabel, Counter>,
     store_txn: Family<OpLabel, Histogram>,
+    resource_in_use: Family<ResourceLabel, Gauge>,
+    resource_limit: Family<ResourceLabel, Gauge>,
+    resource_waiting: Family<ResourceLabel, Gauge>,
+    resource_held: Family<ResourceLabel, Gauge>,
+    resource_wait: Family<ResourceLabel, Histogram>,
     notify_delivered: Family<SinkLabel, Counter>,
     notify_failed: Family<SinkLabel, Counter>,
     notify_dead: Family<SinkLabel, Counter>,
@@ -199,6 +213,11 @@ impl Metrics {
             breaker_state: Family::default(),
             breaker_openings: Family::default(),
             store_txn,
+            resource_in_use: Family::default(),
+            resource_limit: Family::default(),
+            resource_waiting: Family::default(),
+            resource_held: Family::default(),
+            resource_wait: Family::<ResourceLabel, Histogram>::new_with_constructor(lag_histogram as fn() -> Histogram),
             notify_delivered: Family::default(),
             notify_failed: Family::default(),
             notify_dead: Family::default(),
@@ -253,6 +272,24 @@ impl Metrics {
         );
         r.register("breaker_openings", "Circuit breaker openings decided by this replica, per task", m.breaker_openings.clone());
         r.register_with_unit("store_txn_duration", "Latency of the leader's fenced store transactions", Unit::Seconds, m.store_txn.clone());
+        r.register(
+            "resource_in_use",
+            "Concurrency units of each shared resource held by live agents (leader only)",
+            m.resource_in_use.clone(),
+        );
+        r.register("resource_limit", "Each shared resource's concurrency limit (0: none)", m.resource_limit.clone());
+        r.register("resource_waiting", "Runs waiting for each shared resource (leader only)", m.resource_waiting.clone());
+        r.register(
+            "resource_held_back",
+            "1 while a shared resource is held back (an agent answered rate_limited or quota_exhausted naming it)",
+            m.resource_held.clone(),
+        );
+        r.register_with_unit(
+            "resource_wait",
+            "How long a run waited for a shared resource before its dispatch",
+            Unit::Seconds,
+            m.resource_wait.clone(),
+        );
         r.register("notifications_delivered", "Notifications delivered (a 2xx answer), per sink", m.notify_delivered.clone());
         r.register(
             "notification_failures",
@@ -357,6 +394,9 @@ impl Metrics {
             Lifecycle::RunnerLost { .. } => {
                 self.runners_lost.inc();
             }
+            Lifecycle::ResourceWaited { resource, seconds } => {
+                self.resource_wait.get_or_create(&ResourceLabel { resource: resource.clone() }).observe(*seconds);
+            }
             Lifecycle::BreakerChanged { task_id, opened: true, .. } => {
                 self.breaker_openings.get_or_create(&TaskLabel { task_id: task_id.clone() }).inc();
             }
@@ -388,6 +428,10 @@ impl Metrics {
         // Agents seen before read 0 rather than vanish; breakers of deleted
         // tasks go.
         self.breaker_state.clear();
+        // Resources dropped from the config go.
+        for f in [&self.resource_in_use, &self.resource_limit, &self.resource_waiting, &self.resource_held] {
+            f.clear();
+        }
         let agents: Vec<AgentLabel> = self.pending_agents.lock().map(|a| a.iter().cloned().collect()).unwrap_or_default();
         for agent in &agents {
             self.runs_pending.get_or_create(agent).set(0);
@@ -416,6 +460,13 @@ impl Metrics {
         self.runner_slots.set(g.slots_total as i64);
         self.runner_slots_busy.set(g.slots_busy as i64);
         self.active_runs.set(g.active_runs as i64);
+        for r in g.resources {
+            let label = ResourceLabel { resource: r.name };
+            self.resource_in_use.get_or_create(&label).set(i64::from(r.in_use));
+            self.resource_limit.get_or_create(&label).set(i64::from(r.limits.concurrency.unwrap_or(0)));
+            self.resource_waiting.get_or_create(&label).set(i64::from(r.waiting));
+            self.resource_held.get_or_create(&label).set(i64::from(r.held_until.is_some()));
+        }
         for (task_id, phase) in g.breakers {
             for state in ["closed", "open", "half_open"] {
                 let v = i64::from(state == phase);

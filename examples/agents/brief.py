@@ -9,19 +9,30 @@ an agent" and "Traces"):
   - its own spans, children of the runner's invoke_agent span, from
     $TRACEPARENT (otel.py; sent when OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and
     OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/json are set in its env);
-  - failure by exit code, so retries, timeouts and the circuit breaker apply.
+  - failure by exit code, so retries, timeouts and the circuit breaker apply,
+    and why, with the outcome contract (README "Writing an agent"): a 429
+    answers {"outcome": "rate_limited", "retry_after_seconds": <Retry-After>,
+    "resource": $LLM_RESOURCE (default "llm"), "class": "http_429"} (an
+    OpenAI "insufficient_quota" 429: "quota_exhausted"), another 4xx
+    "non_retryable", so a rate limit spends no retries and holds the shared
+    resource back for every task until the provider's Retry-After.
 
 Model: an OpenAI-compatible chat completions API when LLM_BASE_URL is set
 (e.g. https://api.openai.com/v1), with LLM_API_KEY (give it through the
 agent's env_from_file in agents.yaml, so the key stays on the runner host)
 and LLM_MODEL (default gpt-4o-mini). Without LLM_BASE_URL it works offline:
 the brief comes from a template and the usage is an estimate (4 characters
-per token, cost 0), marked "usage_estimated": true.
+per token), marked "usage_estimated": true. The usage's cost is the tokens at
+LLM_PRICE_INPUT / LLM_PRICE_OUTPUT per million (default 0.15 and 0.60,
+gpt-4o-mini's list prices), also offline, so budgets have something to count.
 
 Params (the task's context.params):
   topic           what the brief is about (default "AI agents")
   fail_attempts   attempts 1..N fail with exit 75, as if the model API were
                   down: a way to see retries and the circuit breaker (default 0)
+  rate_limit_attempts  attempts 1..N answer rate_limited (retry after
+                  params.retry_after_seconds, default 5), as if the provider
+                  answered 429: a way to see shared back-pressure (default 0)
 
 Exits 2 on bad params, 75 on a (real or simulated) model API failure.
 Uses only the Python standard library.
@@ -41,9 +52,38 @@ EX_TEMPFAIL = 75
 
 
 class AgentError(Exception):
-    def __init__(self, message, code=2):
+    def __init__(self, message, code=2, outcome=None):
         super().__init__(message)
         self.code = code
+        # The outcome contract's fields for the result file, if any.
+        self.outcome = outcome or {}
+
+
+def resource_name():
+    return os.environ.get("LLM_RESOURCE", "llm")
+
+
+def retry_after_seconds(value, default=5.0):
+    """A Retry-After header (RFC 9110 section 10.2.3): seconds or an HTTP date."""
+    if not value:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
+    except (TypeError, ValueError):
+        return default
+
+
+def priced(usage):
+    """usage with its cost: tokens at the per-million prices of the env."""
+    pin = float(os.environ.get("LLM_PRICE_INPUT", "0.15"))
+    pout = float(os.environ.get("LLM_PRICE_OUTPUT", "0.60"))
+    usage["cost"] = round((usage["input_tokens"] * pin + usage["output_tokens"] * pout) / 1e6, 8)
+    return usage
 
 
 def read_context():
@@ -80,8 +120,8 @@ def chat_offline(prompt, topic, day):
             f"- What moved: nothing was fetched; this brief was written offline.\n"
             f"- Why it matters: set LLM_BASE_URL and LLM_API_KEY to ask a model.\n"
             f"- What to watch: the next scheduled run.\n")
-    usage = {"input_tokens": estimate_tokens(prompt), "output_tokens": estimate_tokens(text),
-             "cache_read_input_tokens": 0, "cost": 0.0}
+    usage = priced({"input_tokens": estimate_tokens(prompt), "output_tokens": estimate_tokens(text),
+                    "cache_read_input_tokens": 0})
     return text, usage, "offline", True
 
 
@@ -96,6 +136,21 @@ def chat_api(prompt, base_url, api_key, model):
             doc = json.load(resp)
     except urllib.error.HTTPError as e:
         # Never echo the request (it carries the key); the status is enough.
+        if e.code == 429:
+            try:
+                err = (json.loads(e.read() or b"{}").get("error") or {})
+            except (ValueError, AttributeError, OSError):
+                err = {}
+            if err.get("code") == "insufficient_quota":
+                raise AgentError("model API quota exhausted (HTTP 429 insufficient_quota)", EX_TEMPFAIL,
+                                 {"outcome": "quota_exhausted", "resource": resource_name(), "class": "insufficient_quota"})
+            after = retry_after_seconds(e.headers.get("Retry-After"))
+            raise AgentError(f"model API rate limited (HTTP 429, retry after {after:.0f} s)", EX_TEMPFAIL,
+                             {"outcome": "rate_limited", "retry_after_seconds": after, "resource": resource_name(),
+                              "class": "http_429"})
+        if 400 <= e.code < 500 and e.code not in (408, 425):
+            raise AgentError(f"model API refused the request (HTTP {e.code})", 2,
+                             {"outcome": "non_retryable", "class": f"http_{e.code}"})
         raise AgentError(f"model API answered HTTP {e.code}", EX_TEMPFAIL)
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
         raise AgentError(f"model API unreachable: {e}", EX_TEMPFAIL)
@@ -104,8 +159,8 @@ def chat_api(prompt, base_url, api_key, model):
     except (KeyError, IndexError, TypeError):
         raise AgentError("model API answer has no choices[0].message.content", EX_TEMPFAIL)
     u = doc.get("usage") or {}
-    usage = {"input_tokens": int(u.get("prompt_tokens", 0)), "output_tokens": int(u.get("completion_tokens", 0)),
-             "cache_read_input_tokens": int((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0))}
+    usage = priced({"input_tokens": int(u.get("prompt_tokens", 0)), "output_tokens": int(u.get("completion_tokens", 0)),
+                    "cache_read_input_tokens": int((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0))})
     return text, usage, doc.get("model", model), False
 
 
@@ -119,7 +174,9 @@ def main():
 
 def run(tracer):
     ctx = read_context()
-    topic, fail_attempts = parse_params(ctx.get("params") or {})
+    params = ctx.get("params") or {}
+    topic, fail_attempts = parse_params(params)
+    limited = params.get("rate_limit_attempts", 0) if isinstance(params, dict) else 0
     attempt = int(ctx.get("attempt") or os.environ.get("PUNCHCLOCK_ATTEMPT") or 1)
     day = (ctx.get("scheduled_at") or datetime.now(timezone.utc).isoformat())[:10]
     base_url = os.environ.get("LLM_BASE_URL", "")
@@ -135,6 +192,12 @@ def run(tracer):
             span.error("simulated model API outage")
             raise AgentError(f"model API unavailable (simulated: params.fail_attempts={fail_attempts}, attempt {attempt})",
                              EX_TEMPFAIL)
+        if isinstance(limited, int) and attempt <= limited:
+            after = params.get("retry_after_seconds", 5)
+            span.error("simulated HTTP 429")
+            raise AgentError(f"model API rate limited (simulated: params.rate_limit_attempts={limited}, attempt {attempt})",
+                             EX_TEMPFAIL, {"outcome": "rate_limited", "retry_after_seconds": after,
+                                           "resource": resource_name(), "class": "http_429"})
         if base_url:
             text, usage, used_model, estimated = chat_api(prompt, base_url, os.environ.get("LLM_API_KEY", ""), model)
         else:
@@ -161,4 +224,8 @@ if __name__ == "__main__":
         sys.exit(main())
     except AgentError as e:
         print(f"brief: error: {e}", file=sys.stderr)
+        path = os.environ.get("PUNCHCLOCK_RESULT_FILE")
+        if path and e.outcome:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(dict(e.outcome, error=str(e)), f)
         sys.exit(e.code)

@@ -379,16 +379,26 @@ pub async fn watch_runs(addr: &str, task_id: &str) -> tonic::Streaming<pb::Run> 
 
 /// Waits for the first run (current or future, of `task_id` or all when
 /// empty) matching `pred`, via WatchRuns. Panics after `within`.
+///
+/// A watch that ends with `Unavailable` (the store failing over: a member
+/// just restarted) is opened again; any other error fails the test.
 pub async fn wait_run(addr: &str, task_id: &str, within: Duration, pred: impl Fn(&pb::Run) -> bool) -> pb::Run {
-    let mut s = watch_runs(addr, task_id).await;
     let r = tokio::time::timeout(within, async {
-        while let Some(r) = s.next().await {
-            let r = r.expect("watch item");
-            if pred(&r) {
-                return Some(r);
+        loop {
+            let mut s = watch_runs(addr, task_id).await;
+            while let Some(r) = s.next().await {
+                match r {
+                    Ok(r) if pred(&r) => return Some(r),
+                    Ok(_) => {}
+                    Err(e) if e.code() == tonic::Code::Unavailable => {
+                        eprintln!("watch of {task_id:?} ended ({e}); watching again");
+                        break;
+                    }
+                    Err(e) => panic!("watch item: {e}"),
+                }
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        None
     })
     .await;
     match r {

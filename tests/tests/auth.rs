@@ -63,6 +63,7 @@ const TABLE: &[(&str, Needs)] = &[
     ("/punchclock.v1.ClusterService/GetLeader", Needs::AnyToken),
     ("/punchclock.v1.ClusterService/GetClusterStatus", Needs::Read),
     ("/punchclock.v1.ClusterService/ListRunners", Needs::Read),
+    ("/punchclock.v1.ClusterService/ListResources", Needs::Read),
 ];
 
 fn allowed(needs: Needs, role: &str) -> bool {

@@ -125,7 +125,7 @@ fn the_kubernetes_manifests_are_valid_and_name_real_flags() {
             ours += 1;
             let env: Vec<String> =
                 c["env"].as_sequence().into_iter().flatten().filter_map(|e| e["name"].as_str().map(str::to_string)).collect();
-            check_command(&format!("{name}"), &strings(&c["args"]), &env);
+            check_command(name, &strings(&c["args"]), &env);
         }
     }
     assert_eq!(ours, 2, "the control plane and the runner");

@@ -110,6 +110,13 @@ pub enum Lifecycle {
         /// once per opening).
         opened: bool,
     },
+    /// A run that waited for a shared resource was dispatched.
+    ResourceWaited {
+        /// The resource (a name of the config's `resources:`).
+        resource: String,
+        /// How long it waited (seconds).
+        seconds: f64,
+    },
 }
 
 impl Lifecycle {

@@ -97,6 +97,7 @@ pub(crate) enum Command {
     CancelRun { run_id: String, reason: String, reply: oneshot::Sender<Result<RunRecord>> },
     ResetBreaker { task_id: String, reply: oneshot::Sender<Result<crate::model::breaker::Breaker>> },
     ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
+    ListResources { reply: oneshot::Sender<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> },
     Gauges { reply: oneshot::Sender<crate::metrics::EngineGauges> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
@@ -179,6 +180,11 @@ impl EngineHandle {
     /// Runner registry snapshot.
     pub async fn list_runners(&self) -> Result<Vec<RunnerSnapshot>> {
         self.ask(|reply| Command::ListRunners { reply }).await
+    }
+
+    /// The config's shared resources as the leader holds them now.
+    pub async fn list_resources(&self) -> Result<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> {
+        self.ask(|reply| Command::ListResources { reply }).await
     }
 
     /// A run as the leader knows it now, if it is active (its memory may be

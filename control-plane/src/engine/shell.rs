@@ -346,7 +346,10 @@ impl Engine {
                 self.core.handle(now, Input::ResetBreaker { reply: id, task_id });
             }
             Command::Gauges { reply } => {
-                let _ = reply.send(self.core.gauges());
+                let _ = reply.send(self.core.gauges(now.wall));
+            }
+            Command::ListResources { reply } => {
+                let _ = reply.send(self.core.resources(now.wall));
             }
             Command::ListRunners { reply } => {
                 let _ = reply.send(self.core.runner_snapshots());

@@ -52,4 +52,25 @@ impl ClusterService for ClusterSvc {
         let runners = self.0.list_runners().await.map_err(status)?;
         Ok(Response::new(pb::ListRunnersResponse { runners: runners.iter().map(runner_to_pb).collect() }))
     }
+
+    async fn list_resources(&self, _req: Request<pb::ListResourcesRequest>) -> Result<Response<pb::ListResourcesResponse>, Status> {
+        let resources = self.0.list_resources().await.map_err(status)?;
+        Ok(Response::new(pb::ListResourcesResponse {
+            resources: resources
+                .into_iter()
+                .map(|r| pb::Resource {
+                    name: r.name,
+                    concurrency: r.limits.concurrency,
+                    requests_per_minute: r.limits.requests_per_minute,
+                    tokens_per_minute: r.limits.tokens_per_minute,
+                    in_use: r.in_use,
+                    waiting: r.waiting,
+                    requests_available: r.requests_available,
+                    tokens_available: r.tokens_available,
+                    held_until: r.held_until.map(punchclock_proto::time::to_timestamp),
+                    held_why: r.held_why,
+                })
+                .collect(),
+        }))
+    }
 }

@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
 use crate::model::TaskSpec;
-use crate::model::task::{MisfirePolicy, OverlapPolicy, TriggerSpec};
+use crate::model::task::{MisfirePolicy, OnResourceBusy, OverlapPolicy, TriggerSpec};
 
 /// The task file document of a typed definition (only what is set).
 ///
@@ -89,6 +89,9 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
         }
         o.insert("notify".into(), Value::Object(v));
     }
+    if !d.labels.is_empty() {
+        o.insert("labels".into(), json!(d.labels));
+    }
     if let Some(h) = &d.history {
         let mut v = Map::new();
         if let Some(k) = h.keep_last {
@@ -148,6 +151,29 @@ fn execution_json(e: &pb::Execution) -> Value {
     if let Some(cb) = &e.circuit_breaker {
         put("circuit_breaker", Some(json!({"failure_threshold": cb.failure_threshold, "cooldown_seconds": cb.cooldown_seconds})));
     }
+    if !e.resources.is_empty() {
+        let uses = e
+            .resources
+            .iter()
+            .map(|r| {
+                let mut u = json!({"name": r.name, "tokens": r.tokens});
+                if let Some(n) = r.units {
+                    u["units"] = n.into();
+                }
+                u
+            })
+            .collect::<Vec<_>>();
+        put("resources", Some(Value::Array(uses)));
+    }
+    put(
+        "on_resource_busy",
+        match pb::OnResourceBusy::try_from(e.on_resource_busy).unwrap_or_default() {
+            pb::OnResourceBusy::Unspecified => None,
+            pb::OnResourceBusy::Wait => Some("wait".into()),
+            pb::OnResourceBusy::Skip => Some("skip".into()),
+        },
+    );
+    put("rate_limit_max_wait_seconds", e.rate_limit_max_wait_seconds.map(Value::from));
     Value::Object(v)
 }
 
@@ -201,6 +227,12 @@ pub fn definition_of(spec: &TaskSpec) -> pb::TaskDefinition {
         circuit_breaker: ex
             .circuit_breaker
             .map(|cb| pb::CircuitBreakerSpec { failure_threshold: cb.failure_threshold, cooldown_seconds: cb.cooldown_seconds }),
+        resources: ex.resources.iter().map(|r| pb::ResourceUse { name: r.name.clone(), units: Some(r.units), tokens: r.tokens }).collect(),
+        on_resource_busy: match ex.on_resource_busy {
+            OnResourceBusy::Wait => pb::OnResourceBusy::Wait,
+            OnResourceBusy::Skip => pb::OnResourceBusy::Skip,
+        } as i32,
+        rate_limit_max_wait_seconds: Some(ex.rate_limit_max_wait_seconds as i64),
     };
     pb::TaskDefinition {
         task_id: spec.task_id.clone(),
@@ -216,6 +248,7 @@ pub fn definition_of(spec: &TaskSpec) -> pb::TaskDefinition {
             on_breaker_open: n.on_breaker_open.clone(),
         }),
         history: spec.history.as_ref().map(|h| pb::History { keep_last: h.keep_last, max_age: h.max_age.clone().unwrap_or_default() }),
+        labels: spec.labels.clone().into_iter().collect(),
     }
 }
 
@@ -274,7 +307,10 @@ mod tests {
                          {"type": "once", "at": "2027-01-01T00:00:00Z"}],
             "execution": {"timeout_seconds": 600, "max_retries": 3, "concurrency_limit": 2, "overlap_policy": "queue",
                           "misfire_policy": "skip", "retry_backoff": {"base_seconds": 1.5},
-                          "selector": {"labels": {"zone": "a"}}, "circuit_breaker": {"failure_threshold": 3, "cooldown_seconds": 60}},
+                          "selector": {"labels": {"zone": "a"}}, "circuit_breaker": {"failure_threshold": 3, "cooldown_seconds": 60},
+                          "resources": ["search", {"name": "llm", "units": 2, "tokens": 4000}], "on_resource_busy": "skip",
+                          "rate_limit_max_wait_seconds": 600},
+            "labels": {"team": "growth"},
             "context": {"params": {"region": "cn-north", "n": 7, "x": 1.5, "list": [true, null, "s"]}},
             "notify": {"on_failure": ["webhook://alert"]}, "history": {"keep_last": 10, "max_age": "7d"}}"#;
         let spec = TaskSpec::from_json(json).expect("valid");

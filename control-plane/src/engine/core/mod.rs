@@ -491,8 +491,9 @@ impl EngineCore {
 
     /// What `/metrics` reports of this leader's state: pending runs per
     /// agent, connected runners and their slots, breakers.
-    pub fn gauges(&self) -> crate::metrics::EngineGauges {
-        let mut g = crate::metrics::EngineGauges { active_runs: self.runs.len() as u64, ..Default::default() };
+    pub fn gauges(&self, now: DateTime<Utc>) -> crate::metrics::EngineGauges {
+        let mut g =
+            crate::metrics::EngineGauges { active_runs: self.runs.len() as u64, resources: self.resources(now), ..Default::default() };
         for run in self.runs.values() {
             if !run.status.is_terminal() && run.current_attempt().is_none() {
                 *g.pending.entry(run.agent_id.clone()).or_default() += 1;
@@ -511,6 +512,12 @@ impl EngineCore {
         }
         g.breakers.sort();
         g
+    }
+
+    /// Every resource of the running config: in use, waiting, what its
+    /// rates allow now, held back until when (`punchclock resources list`).
+    pub fn resources(&self, now: DateTime<Utc>) -> Vec<policy::resources::ResourceSnapshot> {
+        self.policies.resources.snapshot(now)
     }
 
     /// A run as this leader knows it right now (its memory may be ahead of

@@ -32,6 +32,21 @@ pub const MAX_DELAY_SECONDS: u64 = 365 * 86_400;
 /// queue when no runner serving the agent has a free slot.
 const REASONS_PER_PASS: usize = 16;
 
+/// One agent's queue in a dispatch pass.
+struct AgentWalk {
+    agent_id: String,
+    cursor: Option<ReadyKey>,
+    /// Selectors no runner could take this pass.
+    no_runner: HashSet<Vec<(String, String)>>,
+    looked_without_runner: usize,
+}
+
+impl AgentWalk {
+    fn new(agent_id: String) -> AgentWalk {
+        AgentWalk { agent_id, cursor: None, no_runner: HashSet::new(), looked_without_runner: 0 }
+    }
+}
+
 /// Pause before a refused or never-started run may be assigned again.
 const REQUEUE_PAUSE: chrono::Duration = chrono::Duration::seconds(1);
 
@@ -280,89 +295,105 @@ impl EngineCore {
         }
     }
 
-    /// Assigns every ready run that has concurrency room and a runner:
-    /// agent by agent, each agent's queue highest priority first, then
-    /// oldest slot, walked only while some runner serving the agent has a
-    /// free slot. Runs that cannot go get a pending reason (persisted
-    /// lazily); with no free runner, only the first few are looked at.
+    /// Assigns every ready run that has concurrency room and a runner, in
+    /// one order across agents: highest priority first, then oldest slot
+    /// (a k-way merge of the agents' queues, so a resource shared by
+    /// several agents goes to the run that is first overall). An agent's
+    /// queue is walked only while some runner serving it has a free slot;
+    /// runs that cannot go get a pending reason (persisted lazily); with no
+    /// free runner, only the first few of an agent's are looked at.
     pub(super) fn dispatch(&mut self, now: Now) {
         if !self.dispatch_needed {
             return;
         }
         self.dispatch_needed = false;
         let mut live: HashMap<String, usize> = HashMap::new();
-        for agent_id in self.ready.agents() {
-            self.dispatch_agent(now, &agent_id, &mut live);
+        let mut walks: Vec<AgentWalk> = self.ready.agents().into_iter().map(AgentWalk::new).collect();
+        let mut heads: std::collections::BTreeMap<ReadyKey, usize> = std::collections::BTreeMap::new();
+        for (i, w) in walks.iter().enumerate() {
+            if let Some(key) = self.ready.next_after(&w.agent_id, None) {
+                heads.insert(key, i);
+            }
+        }
+        while let Some((key, i)) = heads.pop_first() {
+            let w = &mut walks[i];
+            if !self.dispatch_one(now, w, &key, &mut live) {
+                continue;
+            }
+            w.cursor = Some(key);
+            if let Some(next) = self.ready.next_after(&w.agent_id, w.cursor.as_ref()) {
+                heads.insert(next, i);
+            }
+        }
+        for (resource, seconds) in self.policies.resources.take_waited() {
+            self.fx.events.push(Lifecycle::ResourceWaited { resource, seconds });
         }
     }
 
-    /// Walks one agent's ready queue: each run asks the policies whether
-    /// it may go now (the second decision point), then for a runner.
-    fn dispatch_agent(&mut self, now: Now, agent_id: &str, live: &mut HashMap<String, usize>) {
-        let mut no_runner: HashSet<Vec<(String, String)>> = HashSet::new();
-        let mut cursor: Option<ReadyKey> = None;
-        let mut looked_without_runner = 0;
-        while let Some(key) = self.ready.next_after(agent_id, cursor.as_ref()) {
-            if !self.registry.any_free(agent_id) {
-                if looked_without_runner >= REASONS_PER_PASS {
-                    break;
-                }
-                looked_without_runner += 1;
+    /// One ready run asks the policies whether it may go now (the second
+    /// decision point), then for a runner. `false`: its agent's walk ends
+    /// here (no free runner, and enough reasons given this pass).
+    fn dispatch_one(&mut self, now: Now, walk: &mut AgentWalk, key: &ReadyKey, live: &mut HashMap<String, usize>) -> bool {
+        let agent_id = walk.agent_id.as_str();
+        if !self.registry.any_free(agent_id) {
+            if walk.looked_without_runner >= REASONS_PER_PASS {
+                return false;
             }
-            let run_id = key.run_id.clone();
-            cursor = Some(key);
-            let Some(run) = self.runs.get(&run_id) else {
-                self.ready.remove(&run_id);
-                continue;
-            };
-            let task_id = run.task_id.clone();
-            let Some(task) = self.tasks.get(&task_id) else {
-                self.finish(now, &run_id, RunStatus::Cancelled, "task was deleted before the run started".into());
-                continue;
-            };
-            let live_agents = match live.get(&task_id) {
-                Some(n) => *n,
-                None => {
-                    let n = self.live_agents(&task_id);
-                    live.insert(task_id.clone(), n);
-                    n
+            walk.looked_without_runner += 1;
+        }
+        let run_id = key.run_id.clone();
+        let Some(run) = self.runs.get(&run_id) else {
+            self.ready.remove(&run_id);
+            return true;
+        };
+        let task_id = run.task_id.clone();
+        let Some(task) = self.tasks.get(&task_id) else {
+            self.finish(now, &run_id, RunStatus::Cancelled, "task was deleted before the run started".into());
+            return true;
+        };
+        let live_agents = match live.get(&task_id) {
+            Some(n) => *n,
+            None => {
+                let n = self.live_agents(&task_id);
+                live.insert(task_id.clone(), n);
+                n
+            }
+        };
+        let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents };
+        let reason = match self.policies.dispatch(&q) {
+            Dispatch::Wait { reason, until } => {
+                if let Some(at) = until {
+                    self.timers.wake_at(now.mono_at(at));
                 }
-            };
-            let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents };
-            let reason = match self.policies.dispatch(&q) {
-                Dispatch::Wait { reason, until } => {
-                    if let Some(at) = until {
-                        self.timers.wake_at(now.mono_at(at));
-                    }
-                    reason
-                }
-                Dispatch::Pass => {
-                    let selector = task.record.spec.execution.selector.as_ref().map(|s| s.labels.clone()).unwrap_or_default();
-                    let sel_key: Vec<(String, String)> = selector.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                    if no_runner.contains(&sel_key) {
-                        self.registry.waiting_reason(agent_id, &selector)
-                    } else {
-                        match self.registry.choose(agent_id, &selector) {
-                            Some(runner_id) => {
-                                self.assign(now, &run_id, &runner_id);
-                                *live.entry(task_id).or_default() += 1;
-                                continue;
-                            }
-                            None => {
-                                no_runner.insert(sel_key);
-                                self.registry.waiting_reason(agent_id, &selector)
-                            }
+                reason
+            }
+            Dispatch::Pass => {
+                let selector = task.record.spec.execution.selector.as_ref().map(|s| s.labels.clone()).unwrap_or_default();
+                let sel_key: Vec<(String, String)> = selector.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                if walk.no_runner.contains(&sel_key) {
+                    self.registry.waiting_reason(agent_id, &selector)
+                } else {
+                    match self.registry.choose(agent_id, &selector) {
+                        Some(runner_id) => {
+                            self.assign(now, &run_id, &runner_id);
+                            *live.entry(task_id).or_default() += 1;
+                            return true;
+                        }
+                        None => {
+                            walk.no_runner.insert(sel_key);
+                            self.registry.waiting_reason(agent_id, &selector)
                         }
                     }
                 }
-            };
-            if let Some(run) = self.runs.get_mut(&run_id)
-                && run.pending_reason.as_deref() != Some(reason.as_str())
-            {
-                run.pending_reason = Some(reason);
-                self.touch(now, &run_id, Urgency::Lazy);
             }
+        };
+        if let Some(run) = self.runs.get_mut(&run_id)
+            && run.pending_reason.as_deref() != Some(reason.as_str())
+        {
+            run.pending_reason = Some(reason);
+            self.touch(now, &run_id, Urgency::Lazy);
         }
+        true
     }
 
     fn context_json(&self, run: &RunRecord, execution_id: &str, attempt: u32) -> String {

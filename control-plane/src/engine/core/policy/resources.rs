@@ -151,16 +151,16 @@ pub struct Resources {
 
 impl Resources {
     /// Every resource now.
-    pub fn snapshot(&mut self, now: DateTime<Utc>) -> Vec<ResourceSnapshot> {
+    pub fn snapshot(&self, now: DateTime<Utc>) -> Vec<ResourceSnapshot> {
         let mut waiting: HashMap<&str, u32> = HashMap::new();
         for (name, _) in self.waiting.values() {
             *waiting.entry(name.as_str()).or_default() += 1;
         }
         self.state
-            .iter_mut()
+            .iter()
             .map(|(name, s)| {
-                let avail = |b: &mut Option<Bucket>| {
-                    b.as_mut().map(|b| {
+                let avail = |b: &Option<Bucket>| {
+                    b.clone().map(|mut b| {
                         b.refill(now);
                         b.level.max(0.0).floor()
                     })
@@ -171,8 +171,8 @@ impl Resources {
                     limits: s.limits,
                     in_use: s.in_use,
                     waiting: waiting.get(name.as_str()).copied().unwrap_or(0),
-                    requests_available: avail(&mut s.requests),
-                    tokens_available: avail(&mut s.tokens),
+                    requests_available: avail(&s.requests),
+                    tokens_available: avail(&s.tokens),
                     held_until: held.as_ref().map(|(t, _)| *t),
                     held_why: held.map(|(_, w)| w).unwrap_or_default(),
                 }
