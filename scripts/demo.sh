@@ -44,6 +44,14 @@ sinks:
 # One model call at a time, shared by the two brief tasks (examples/tasks/briefs.yaml).
 resources:
   llm: {concurrency: 1, requests_per_minute: 30}
+# What the briefs may spend a day; at 80% the alert sink hears of it once.
+budgets:
+  - name: briefs-daily
+    scope: {agent: brief_agent}
+    window: 1d
+    limits: {cost: 0.50, runs: 5000}
+    soft_percent: 80
+    notify: [webhook://alert]
 YAML
 
 # Starts dev on port $1; waits until it prints its addresses (returns 0) or
@@ -96,6 +104,8 @@ while kill -0 "$DEV" 2>/dev/null; do
   "$BIN" runs list --limit 12 || kill -0 "$DEV" 2>/dev/null || break
   echo "--- shared resources"
   "$BIN" resources list || true
+  echo "--- budgets"
+  "$BIN" budgets list || true
   echo "--- notifications received (last 3 of $(wc -l < "$DATA/notifications.log"))"
   tail -n 3 "$DATA/notifications.log"
 done

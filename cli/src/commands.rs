@@ -71,6 +71,10 @@ enum Cmd {
     /// waiting, what their rates allow now, held back until when.
     #[command(subcommand)]
     Resources(ResourcesCmd),
+    /// Budgets (the control plane's config `budgets:`): each one's current
+    /// window, spend settled and reserved against its limits, when it resets.
+    #[command(subcommand)]
+    Budgets(BudgetsCmd),
     /// Fire times of a cron expression (no server needed).
     Preview(PreviewArgs),
     /// Per task: fired, succeeded, failed, retried, skipped by reason, and
@@ -424,6 +428,12 @@ enum ResourcesCmd {
     List,
 }
 
+#[derive(Subcommand, Debug)]
+enum BudgetsCmd {
+    /// Every budget's current window as the leader holds it now.
+    List,
+}
+
 #[derive(Args, Debug)]
 struct PreviewArgs {
     /// Cron expression (5, 6 or 7 fields, or @alias).
@@ -610,6 +620,32 @@ pub async fn run(cli: Cli) -> Res {
                                     Some(t) => format!("{t} ({})", x.held_why),
                                     None => "-".into(),
                                 },
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+            Ok(())
+        }
+        Cmd::Budgets(BudgetsCmd::List) => {
+            let mut c = ClusterServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let r = c.list_budgets(pb::ListBudgetsRequest {}).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::Value::Array(r.budgets.iter().map(output::budget_json).collect()));
+            } else {
+                table(
+                    &["BUDGET", "SCOPE", "WINDOW", "STATE", "USED/LIMIT", "RESERVED", "RESETS_AT"],
+                    r.budgets
+                        .iter()
+                        .map(|b| {
+                            vec![
+                                b.name.clone(),
+                                b.scope.clone(),
+                                b.window.clone(),
+                                b.state.clone(),
+                                output::budget_use(b.used.as_ref(), b.limits.as_ref(), true),
+                                output::budget_use(b.reserved.as_ref(), b.limits.as_ref(), false),
+                                output::t(&b.window_end).as_str().unwrap_or("-").to_string(),
                             ]
                         })
                         .collect(),

@@ -175,6 +175,47 @@ pub fn resource_json(r: &pb::Resource) -> Value {
     })
 }
 
+/// A budget as JSON (`budgets list -o json`).
+pub fn budget_json(b: &pb::Budget) -> Value {
+    let amount = |a: &Option<pb::BudgetAmount>| {
+        a.as_ref().map(|a| json!({"cost": a.cost, "input_tokens": a.input_tokens, "output_tokens": a.output_tokens, "runs": a.runs}))
+    };
+    json!({
+        "name": b.name,
+        "scope": b.scope,
+        "window": b.window,
+        "window_start": t(&b.window_start),
+        "window_end": t(&b.window_end),
+        "used": amount(&b.used),
+        "reserved": amount(&b.reserved),
+        "limits": amount(&b.limits),
+        "soft_percent": b.soft_percent,
+        "on_exceeded": b.on_exceeded,
+        "state": b.state,
+    })
+}
+
+/// The limited measures of `used`, each against its limit when
+/// `with_limit`: `runs 3/10 cost 0.1200/5`.
+pub fn budget_use(used: Option<&pb::BudgetAmount>, limits: Option<&pb::BudgetAmount>, with_limit: bool) -> String {
+    let (Some(u), Some(l)) = (used, limits) else { return "-".into() };
+    let of = |lim: String| if with_limit { format!("/{lim}") } else { String::new() };
+    let mut parts = Vec::new();
+    if let Some(lim) = l.runs {
+        parts.push(format!("runs {}{}", u.runs.unwrap_or(0), of(lim.to_string())));
+    }
+    if let Some(lim) = l.input_tokens {
+        parts.push(format!("input_tokens {}{}", u.input_tokens.unwrap_or(0), of(lim.to_string())));
+    }
+    if let Some(lim) = l.output_tokens {
+        parts.push(format!("output_tokens {}{}", u.output_tokens.unwrap_or(0), of(lim.to_string())));
+    }
+    if let Some(lim) = l.cost {
+        parts.push(format!("cost {:.4}{}", u.cost.unwrap_or(0.0), of(lim.to_string())));
+    }
+    parts.join(" ")
+}
+
 fn short(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),

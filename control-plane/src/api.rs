@@ -652,6 +652,13 @@ impl Core {
         self.engine().await?.list_resources().await
     }
 
+    /// The config's budgets as the leader holds them now.
+    ///
+    /// Errors: `Unavailable` when this replica is not the leader.
+    pub async fn list_budgets(&self) -> Result<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> {
+        self.engine().await?.list_budgets().await
+    }
+
     /// Connected runners (leader).
     pub async fn list_runners(&self) -> Result<Vec<RunnerSnapshot>> {
         self.engine().await?.list_runners().await

@@ -102,6 +102,16 @@ pub struct ResourceLabel {
     pub resource: String,
 }
 
+/// `budget` (a name of the config's `budgets:`) and `measure` (`cost`,
+/// `input_tokens`, `output_tokens`, `runs`: the ones it limits).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabels {
+    /// Budget.
+    pub budget: String,
+    /// Measure.
+    pub measure: String,
+}
+
 /// `op` (`txn`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabel {
@@ -126,6 +136,8 @@ pub struct EngineGauges {
     pub active_runs: u64,
     /// The config's shared resources.
     pub resources: Vec<crate::engine::core::policy::resources::ResourceSnapshot>,
+    /// The config's budgets.
+    pub budgets: Vec<crate::engine::core::policy::budgets::BudgetSnapshot>,
 }
 
 fn lag_histogram() -> Histogram {
@@ -161,6 +173,8 @@ pub struct Metrics {
     resource_waiting: Family<ResourceLabel, Gauge>,
     resource_held: Family<ResourceLabel, Gauge>,
     resource_wait: Family<ResourceLabel, Histogram>,
+    budget_used: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+    budget_limit: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
     notify_delivered: Family<SinkLabel, Counter>,
     notify_failed: Family<SinkLabel, Counter>,
     notify_dead: Family<SinkLabel, Counter>,
@@ -218,6 +232,8 @@ impl Metrics {
             resource_waiting: Family::default(),
             resource_held: Family::default(),
             resource_wait: Family::<ResourceLabel, Histogram>::new_with_constructor(lag_histogram as fn() -> Histogram),
+            budget_used: Family::default(),
+            budget_limit: Family::default(),
             notify_delivered: Family::default(),
             notify_failed: Family::default(),
             notify_dead: Family::default(),
@@ -278,6 +294,12 @@ impl Metrics {
             m.resource_in_use.clone(),
         );
         r.register("resource_limit", "Each shared resource's concurrency limit (0: none)", m.resource_limit.clone());
+        r.register(
+            "budget_used",
+            "Spend settled in each budget's current window, per limited measure (leader only)",
+            m.budget_used.clone(),
+        );
+        r.register("budget_limit", "Each budget's hard limit, per limited measure", m.budget_limit.clone());
         r.register("resource_waiting", "Runs waiting for each shared resource (leader only)", m.resource_waiting.clone());
         r.register(
             "resource_held_back",
@@ -432,6 +454,8 @@ impl Metrics {
         for f in [&self.resource_in_use, &self.resource_limit, &self.resource_waiting, &self.resource_held] {
             f.clear();
         }
+        self.budget_used.clear();
+        self.budget_limit.clear();
         let agents: Vec<AgentLabel> = self.pending_agents.lock().map(|a| a.iter().cloned().collect()).unwrap_or_default();
         for agent in &agents {
             self.runs_pending.get_or_create(agent).set(0);
@@ -466,6 +490,22 @@ impl Metrics {
             self.resource_limit.get_or_create(&label).set(i64::from(r.limits.concurrency.unwrap_or(0)));
             self.resource_waiting.get_or_create(&label).set(i64::from(r.waiting));
             self.resource_held.get_or_create(&label).set(i64::from(r.held_until.is_some()));
+        }
+        for b in g.budgets {
+            let l = b.limits;
+            let measures = [
+                ("cost", l.cost, b.used.cost),
+                ("input_tokens", l.input_tokens.map(|v| v as f64), b.used.input_tokens as f64),
+                ("output_tokens", l.output_tokens.map(|v| v as f64), b.used.output_tokens as f64),
+                ("runs", l.runs.map(|v| v as f64), b.used.runs as f64),
+            ];
+            for (measure, limit, used) in measures {
+                if let Some(limit) = limit {
+                    let label = BudgetLabels { budget: b.name.clone(), measure: measure.into() };
+                    self.budget_used.get_or_create(&label).set(used);
+                    self.budget_limit.get_or_create(&label).set(limit);
+                }
+            }
         }
         for (task_id, phase) in g.breakers {
             for state in ["closed", "open", "half_open"] {

@@ -64,6 +64,7 @@ const TABLE: &[(&str, Needs)] = &[
     ("/punchclock.v1.ClusterService/GetClusterStatus", Needs::Read),
     ("/punchclock.v1.ClusterService/ListRunners", Needs::Read),
     ("/punchclock.v1.ClusterService/ListResources", Needs::Read),
+    ("/punchclock.v1.ClusterService/ListBudgets", Needs::Read),
 ];
 
 fn allowed(needs: Needs, role: &str) -> bool {

@@ -98,6 +98,7 @@ pub(crate) enum Command {
     ResetBreaker { task_id: String, reply: oneshot::Sender<Result<crate::model::breaker::Breaker>> },
     ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
     ListResources { reply: oneshot::Sender<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> },
+    ListBudgets { reply: oneshot::Sender<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> },
     Gauges { reply: oneshot::Sender<crate::metrics::EngineGauges> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
@@ -185,6 +186,12 @@ impl EngineHandle {
     /// The config's shared resources as the leader holds them now.
     pub async fn list_resources(&self) -> Result<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> {
         self.ask(|reply| Command::ListResources { reply }).await
+    }
+
+    /// The config's budgets, their current windows' spend as the leader
+    /// holds it now (settled and reserved).
+    pub async fn list_budgets(&self) -> Result<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> {
+        self.ask(|reply| Command::ListBudgets { reply }).await
     }
 
     /// A run as the leader knows it now, if it is active (its memory may be

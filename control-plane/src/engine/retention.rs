@@ -126,9 +126,10 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
     Ok(PruneReport { deleted, kept, revision, note: None })
 }
 
-/// Passes every `cfg.interval` while `lead` holds, compacting after each;
+/// Passes every `cfg.interval` while `lead` holds — runs, notification
+/// records, the budgets' ledger folded — compacting after each;
 /// ends when fenced. Spawned with the engine, stopped with it.
-pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) {
+pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock, config: crate::config::ConfigHandle) {
     let mut previous: Option<Revision> = None;
     let mut compacted: Option<Revision> = None;
     loop {
@@ -145,6 +146,17 @@ pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: Shar
                     Ok(n) => tracing::info!(deleted = n, "retention: old notification records deleted"),
                     Err(Error::Fenced(_)) => return,
                     Err(e) => tracing::warn!(error = %e, "retention: cannot prune notification records"),
+                }
+                // Budgets' ledger: runs' entries folded into their window's
+                // total; windows ended before the cutoff deleted.
+                let budgets = config.current();
+                let end_of =
+                    |name: &str, start: DateTime<Utc>| budgets.budgets.iter().find(|b| b.name == name).map(|b| b.window_of(start).1);
+                match repo.fold_ledgers(&lead, cutoff, end_of).await {
+                    Ok((0, 0)) => {}
+                    Ok((folded, windows)) => tracing::debug!(folded, windows, "retention: budget ledger folded"),
+                    Err(Error::Fenced(_)) => return,
+                    Err(e) => tracing::warn!(error = %e, "retention: cannot fold the budgets' ledger"),
                 }
                 // Up to the previous pass's revision, once per revision
                 // (an idle store would be asked the same again and again).

@@ -139,9 +139,11 @@ impl Engine {
         let watch = cfg.repo.watch_tasks().await?;
         let tasks = cfg.repo.load_tasks().await?;
         let runs = cfg.repo.load_active_runs().await?;
+        let ledgers = cfg.repo.load_ledgers().await?;
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
         let mut config = cfg.config.subscribe();
         core.configure(config.borrow_and_update().clone());
+        core.load_ledgers(ledgers);
         // Seconds of CPU for a big store: off the async workers (the
         // election's lease renewals must keep running meanwhile).
         let now = cfg.clock.read();
@@ -151,8 +153,13 @@ impl Engine {
         })
         .await
         .map_err(|e| crate::error::Error::Internal(format!("loading the engine: {e}")))?;
-        let retention =
-            crate::worker::Worker::spawn(super::retention::run(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone()));
+        let retention = crate::worker::Worker::spawn(super::retention::run(
+            cfg.repo.clone(),
+            cfg.leadership.clone(),
+            cfg.retention,
+            cfg.clock.clone(),
+            cfg.config.clone(),
+        ));
         let notifier = crate::worker::Worker::spawn(crate::notify::deliver::run(cfg.notifier, cfg.leadership.clone()));
         let engine = Engine {
             core,
@@ -350,6 +357,9 @@ impl Engine {
             }
             Command::ListResources { reply } => {
                 let _ = reply.send(self.core.resources(now.wall));
+            }
+            Command::ListBudgets { reply } => {
+                let _ = reply.send(self.core.budgets(now.wall));
             }
             Command::ListRunners { reply } => {
                 let _ = reply.send(self.core.runner_snapshots());

@@ -2,6 +2,7 @@
 //! schedule cursors. No transport types here.
 
 pub mod breaker;
+pub mod budget;
 pub mod notification;
 pub mod run;
 pub mod task;

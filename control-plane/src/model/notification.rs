@@ -30,6 +30,9 @@ pub enum NotifyEvent {
     OnSkipped,
     /// The task's circuit breaker opened (once per opening).
     OnBreakerOpen,
+    /// A budget's spend crossed its soft limit (once per window; the
+    /// budget's own `notify` sinks).
+    OnBudget,
 }
 
 impl NotifyEvent {
@@ -40,6 +43,7 @@ impl NotifyEvent {
             NotifyEvent::OnFailure => "on_failure",
             NotifyEvent::OnSkipped => "on_skipped",
             NotifyEvent::OnBreakerOpen => "on_breaker_open",
+            NotifyEvent::OnBudget => "on_budget",
         }
     }
 

@@ -472,6 +472,10 @@ pub struct RunRecord {
     /// The caller's W3C `baggage`, for the agent's `BAGGAGE`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub baggage: String,
+    /// The budgets it counts against, with what each reserved at
+    /// admission (a new leader re-reserves them for the runs it loads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub charges: Vec<super::budget::BudgetCharge>,
 }
 
 impl RunRecord {
@@ -518,6 +522,7 @@ impl RunRecord {
             parent_span_id: String::new(),
             trace_state: String::new(),
             baggage: String::new(),
+            charges: Vec::new(),
         }
     }
 

@@ -483,6 +483,8 @@ impl NotifySpec {
             E::OnFailure => &self.on_failure,
             E::OnSkipped => &self.on_skipped,
             E::OnBreakerOpen => &self.on_breaker_open,
+            // A budget's, in the config (`budgets[].notify`).
+            E::OnBudget => &[],
         }
     }
 }

@@ -109,6 +109,34 @@ impl Keys {
     pub fn election_member(&self, id: &str) -> String {
         format!("{}election/members/{id}", self.prefix)
     }
+    /// `{prefix}budgets/`: the budgets' ledger.
+    pub fn budgets(&self) -> String {
+        format!("{}budgets/", self.prefix)
+    }
+    /// `{prefix}budgets/{name}/{window_start}/total`: the spend folded so
+    /// far of one window ([`crate::model::budget::Amount`]; the window's
+    /// start in Unix seconds).
+    pub fn budget_total(&self, name: &str, window_start: i64) -> String {
+        format!("{}budgets/{name}/{window_start}/total", self.prefix)
+    }
+    /// `{prefix}budgets/{name}/{window_start}/runs/{run_id}`: one run's
+    /// settled spend, written with its final record; folded into the
+    /// total later.
+    pub fn budget_charge(&self, name: &str, window_start: i64, run_id: &str) -> String {
+        format!("{}budgets/{name}/{window_start}/runs/{run_id}", self.prefix)
+    }
+    /// Splits a ledger key: `(name, window_start, None)` for a total,
+    /// `(name, window_start, Some(run_id))` for a run's entry.
+    pub fn parse_budget_key<'a>(&self, key: &'a str) -> Option<(&'a str, i64, Option<&'a str>)> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix("budgets/")?;
+        let (name, rest) = rest.split_once('/')?;
+        let (start, rest) = rest.split_once('/')?;
+        let start = start.parse().ok()?;
+        match rest {
+            "total" => Some((name, start, None)),
+            r => Some((name, start, Some(r.strip_prefix("runs/")?))),
+        }
+    }
     /// The id after a collection prefix (`tasks/`, `runs/`, ...).
     pub fn id_after<'a>(&self, collection: &str, key: &'a str) -> Option<&'a str> {
         key.strip_prefix(collection)

@@ -10,6 +10,7 @@
 //! in order.
 
 pub mod apply;
+pub mod budgets;
 pub mod codec;
 mod keys;
 pub mod outbox;
@@ -212,6 +213,19 @@ pub enum StoreOp {
     },
     /// Put a notification in the outbox (with the run state it reports).
     PutNotification(Box<crate::model::notification::Notification>),
+    /// A finished run's spend against one budget's window (with the run's
+    /// final record: the ledger never counts a run the store does not
+    /// hold as finished, nor one twice — the key is the run's).
+    PutCharge {
+        /// Budget.
+        budget: String,
+        /// Window start.
+        window_start: DateTime<Utc>,
+        /// The run.
+        run_id: String,
+        /// What it used (`runs` 1).
+        amount: crate::model::budget::Amount,
+    },
 }
 
 /// A change to a task definition, as a watch sees it.
@@ -591,6 +605,11 @@ impl Repo {
             }
             StoreOp::DeleteCursor { task_id } => (Vec::new(), vec![TxnOp::delete(self.keys.cursor(task_id))], Vec::new()),
             StoreOp::PutNotification(n) => (Vec::new(), vec![TxnOp::put(self.keys.outbox_item(&n.id), codec::encode(n)?)], Vec::new()),
+            StoreOp::PutCharge { budget, window_start, run_id, amount } => (
+                Vec::new(),
+                vec![TxnOp::put(self.keys.budget_charge(budget, window_start.timestamp(), run_id), codec::encode(amount)?)],
+                Vec::new(),
+            ),
         })
     }
 

@@ -73,4 +73,37 @@ impl ClusterService for ClusterSvc {
                 .collect(),
         }))
     }
+
+    async fn list_budgets(&self, _req: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {
+        let budgets = self.0.list_budgets().await.map_err(status)?;
+        let amount = |a: crate::model::budget::Amount| pb::BudgetAmount {
+            cost: Some(a.cost),
+            input_tokens: Some(a.input_tokens),
+            output_tokens: Some(a.output_tokens),
+            runs: Some(a.runs),
+        };
+        Ok(Response::new(pb::ListBudgetsResponse {
+            budgets: budgets
+                .into_iter()
+                .map(|b| pb::Budget {
+                    name: b.name,
+                    scope: b.scope,
+                    window: b.window.into(),
+                    window_start: Some(punchclock_proto::time::to_timestamp(b.window_start)),
+                    window_end: Some(punchclock_proto::time::to_timestamp(b.window_end)),
+                    used: Some(amount(b.used)),
+                    reserved: Some(amount(b.reserved)),
+                    limits: Some(pb::BudgetAmount {
+                        cost: b.limits.cost,
+                        input_tokens: b.limits.input_tokens,
+                        output_tokens: b.limits.output_tokens,
+                        runs: b.limits.runs,
+                    }),
+                    soft_percent: b.soft_percent,
+                    on_exceeded: b.on_exceeded.into(),
+                    state: b.state.into(),
+                })
+                .collect(),
+        }))
+    }
 }

@@ -33,6 +33,8 @@ impl EngineCore {
                 }
                 Write::Op(op) => self.writes.with_run(run_id, [op]),
                 Write::PauseTask { task_id, why } => self.fx.pauses.push((task_id, why)),
+                // Taken onto the run at its creation (`admit`).
+                Write::Charges(_) => {}
             }
         }
     }

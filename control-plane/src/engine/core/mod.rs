@@ -492,8 +492,12 @@ impl EngineCore {
     /// What `/metrics` reports of this leader's state: pending runs per
     /// agent, connected runners and their slots, breakers.
     pub fn gauges(&self, now: DateTime<Utc>) -> crate::metrics::EngineGauges {
-        let mut g =
-            crate::metrics::EngineGauges { active_runs: self.runs.len() as u64, resources: self.resources(now), ..Default::default() };
+        let mut g = crate::metrics::EngineGauges {
+            active_runs: self.runs.len() as u64,
+            resources: self.resources(now),
+            budgets: self.budgets(now),
+            ..Default::default()
+        };
         for run in self.runs.values() {
             if !run.status.is_terminal() && run.current_attempt().is_none() {
                 *g.pending.entry(run.agent_id.clone()).or_default() += 1;
@@ -518,6 +522,17 @@ impl EngineCore {
     /// rates allow now, held back until when (`punchclock resources list`).
     pub fn resources(&self, now: DateTime<Utc>) -> Vec<policy::resources::ResourceSnapshot> {
         self.policies.resources.snapshot(now)
+    }
+
+    /// Every budget of the running config, its current window's spend and
+    /// reservations (`punchclock budgets list`).
+    pub fn budgets(&self, now: DateTime<Utc>) -> Vec<policy::budgets::BudgetSnapshot> {
+        self.policies.budgets.snapshot(now)
+    }
+
+    /// Takes the budgets' ledger from the store (before [`EngineCore::load`]).
+    pub fn load_ledgers(&mut self, windows: Vec<crate::repo::budgets::LedgerWindow>) {
+        self.policies.budgets.load(windows);
     }
 
     /// A run as this leader knows it right now (its memory may be ahead of

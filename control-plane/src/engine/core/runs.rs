@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 
 use crate::clock::Now;
 
-use super::policy::{ActiveRun, Admit, AdmitQuery, AfterAttempt, AgentOutcome, AttemptQuery, Dispatch, DispatchQuery, FinishQuery};
+use super::policy::{ActiveRun, Admit, AdmitQuery, AfterAttempt, AgentOutcome, AttemptQuery, Dispatch, DispatchQuery, FinishQuery, Write};
 use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
 use crate::dispatch::queue::ReadyKey;
 use crate::engine::TriggerRequest;
@@ -177,7 +177,14 @@ impl EngineCore {
             }
         }
         let q = AdmitQuery { now: now.wall, run: &run, task: def, active: &active, breaker: breaker.as_ref() };
-        let writes = self.policies.created(&q);
+        let mut writes = self.policies.created(&q);
+        writes.retain(|w| match w {
+            Write::Charges(c) => {
+                run.charges.extend(c.iter().cloned());
+                false
+            }
+            _ => true,
+        });
         let run_id = run.run_id.clone();
         tracing::info!(run_id = %run_id, "run created");
         self.create(now, run);

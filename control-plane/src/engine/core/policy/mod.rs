@@ -17,10 +17,13 @@
 //! none needs a runtime: `overlap.rs` (concurrency limit and overlap
 //! policy), `breaker.rs` (circuit breaker), `retry.rs` (retries, backoff
 //! and the agent's outcome contract), `resources.rs` (cluster-wide
-//! concurrency, request and token rates, hold-backs). Adding one touches
+//! concurrency, request and token rates, hold-backs), `budgets.rs` (spend
+//! limits over windows, reserved at admission, settled with the run).
+//! Adding one touches
 //! its file and [`Policies`].
 
 pub mod breaker;
+pub mod budgets;
 pub mod overlap;
 pub mod resources;
 pub mod retry;
@@ -219,6 +222,9 @@ pub enum Write {
     /// A store operation in the group of the run that caused it (a ledger
     /// entry it settles).
     Op(StoreOp),
+    /// What the new run is charged against budgets (from
+    /// [`Policy::created`]: it goes on the run record, created with it).
+    Charges(Vec<crate::model::budget::BudgetCharge>),
     /// The task is to be paused (its definition is written by the shell,
     /// as a user's pause is).
     PauseTask {
@@ -276,6 +282,8 @@ pub struct Policies {
     pub breaker: breaker::BreakerPolicy,
     /// Cluster-wide resources.
     pub resources: resources::Resources,
+    /// Spend limits.
+    pub budgets: budgets::Budgets,
     /// Concurrency limit and overlap policy.
     pub overlap: overlap::Overlap,
     /// Retries and the outcome contract.
@@ -284,8 +292,8 @@ pub struct Policies {
 
 impl Policies {
     /// Every policy, in order: the one list they are registered in.
-    pub fn chain(&mut self) -> [&mut dyn Policy; 4] {
-        [&mut self.breaker, &mut self.overlap, &mut self.resources, &mut self.retry]
+    pub fn chain(&mut self) -> [&mut dyn Policy; 5] {
+        [&mut self.breaker, &mut self.overlap, &mut self.resources, &mut self.budgets, &mut self.retry]
     }
 
     /// The configuration changed (or the term began): each policy takes
