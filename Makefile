@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-spawn bench-apply shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-spawn bench-apply shim-static fmt clippy clean
 
 all: build
 
@@ -39,7 +39,7 @@ demo: deps-demo build
 
 # Benches that print figures (not part of `make test`): idle cost, engine
 # transactions per run and throughput against the pre-issue-6 build.
-bench: bench-idle bench-engine bench-load bench-spawn bench-apply
+bench: bench-idle bench-engine bench-load bench-chain bench-spawn bench-apply
 
 # Issue 6: store transactions per run and runs/s, embedded and etcd, before/after.
 bench-engine: deps deps-bench build
@@ -54,6 +54,12 @@ bench-load: deps deps-bench
 
 # Issue 8, acceptance 1: a 10,000- and 100,000-task file through the CLI
 # on dev, 10,000 on a real etcd (release build).
+# Issue 20: the admission chain's cost — 300 tasks every second that all
+# declare a resource and are in a budget's scope (neither limits), beside
+# the same load on the commit before resources and budgets (8d2f642).
+bench-chain: deps deps-bench
+	./scripts/bench-load.sh 8d2f642 --targets dev --rows 300 --chain $(ARGS)
+
 bench-apply: deps
 	$(CARGO) build --quiet --release --workspace --bins
 	PUNCHCLOCK_BIN=$(CURDIR)/target/release/punchclock ./target/release/bench-apply $(ARGS)

@@ -11,9 +11,15 @@
 //! `GetTask` on loopback (p50/p99 over 1,000 calls).
 //!
 //! Usage: `bench-load [--after BIN] [--before BIN] [--targets dev,server,etcd]
-//! [--rows 100,250,300,1000,burst] [--window SECONDS] [--slots N]`
+//! [--rows 100,250,300,1000,burst] [--window SECONDS] [--slots N] [--chain]`
 //!
 //! Every task's agent is `/bin/true` (`true_agent` in `tests/agents.yaml`).
+//! With `--chain` (issue 20: the cost of the admission chain), the `after`
+//! build's tasks all declare a shared resource and are in scope of a
+//! budget, neither of which ever limits (`--config` with `resources:
+//! {bench-llm: ...}` and `budgets: [{scope: {agent: true_agent}}]`); the
+//! `before` build (a commit before resources and budgets existed) runs the
+//! same load without them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,6 +77,7 @@ struct Opts {
     rows: Vec<Row>,
     window: i64,
     slots: u32,
+    chain: bool,
 }
 
 fn opts() -> Opts {
@@ -80,6 +87,7 @@ fn opts() -> Opts {
         rows: ["100", "250", "300", "1000", "burst"].iter().map(|r| Row::parse(r)).collect(),
         window: 20,
         slots: 4096,
+        chain: false,
     };
     let mut after = punchclock_tests::bin();
     let mut before = None;
@@ -93,6 +101,7 @@ fn opts() -> Opts {
             "--rows" => o.rows = val().split(',').map(Row::parse).collect(),
             "--window" => o.window = val().parse().expect("--window SECONDS"),
             "--slots" => o.slots = val().parse().expect("--slots N"),
+            "--chain" => o.chain = true,
             other => panic!("unknown argument {other:?} (see the module docs)"),
         }
     }
@@ -163,33 +172,36 @@ fn rss_mb(pid: i32) -> f64 {
         / 1024.0
 }
 
-async fn start(binary: &Path, kind: &str, slots: u32) -> Target {
+/// The `--config` of a `--chain` row: a resource and a budget that never limit.
+const CHAIN_CONFIG: &str = "resources:\n  bench-llm: {concurrency: 1000000, requests_per_minute: 100000000, tokens_per_minute: 100000000000}\n\
+budgets:\n  - name: bench\n    scope: {agent: true_agent}\n    window: 1d\n    limits: {cost: 1000000000, runs: 1000000000}\n";
+
+async fn start(binary: &Path, kind: &str, slots: u32, chain: bool) -> Target {
     let dir = tempfile::tempdir().expect("tempdir");
     let slots = slots.to_string();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, CHAIN_CONFIG).expect("config");
+    let config = config.to_string_lossy().to_string();
+    let with_config = |mut args: Vec<&'static str>| -> Vec<String> {
+        let mut v: Vec<String> = args.drain(..).map(str::to_string).collect();
+        if chain {
+            v.extend(["--config".to_string(), config.clone()]);
+        }
+        v
+    };
     let log = |name: &str| dir.path().join(format!("{name}.log"));
     let (procs, store, etcd) = match kind {
         "dev" => {
             let data = dir.path().join("data");
             let d = data.to_string_lossy().to_string();
-            let dev = Proc::start_bin(
-                binary,
-                &[
-                    "dev",
-                    "--data-dir",
-                    &d,
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--http-listen",
-                    "127.0.0.1:0",
-                    "--agents",
-                    "tests/agents.yaml",
-                    "--slots",
-                    &slots,
-                ],
-                &[],
-                &log("dev"),
-                true,
-            );
+            let mut args: Vec<String> = ["dev", "--data-dir", &d, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            args.extend(with_config(vec!["--agents", "tests/agents.yaml"]));
+            args.extend(["--slots".to_string(), slots.clone()]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let dev = Proc::start_bin(binary, &args, &[], &log("dev"), true);
             (vec![dev], StoreAt::Embedded(data), None)
         }
         "server" | "etcd" => {
@@ -200,8 +212,11 @@ async fn start(binary: &Path, kind: &str, slots: u32) -> Target {
                 None => format!("embedded:{}", data.display()),
             };
             let listen = format!("127.0.0.1:{}", free_port());
-            let server =
-                Proc::start_bin(binary, &["server", "--store", &store, "--listen", &listen, "--node-id", "cp"], &[], &log("server"), true);
+            let mut args: Vec<String> =
+                ["server", "--store", &store, "--listen", &listen, "--node-id", "cp"].iter().map(|a| a.to_string()).collect();
+            args.extend(with_config(Vec::new()));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let server = Proc::start_bin(binary, &args, &[], &log("server"), true);
             let work = dir.path().join("work").to_string_lossy().to_string();
             let runner = Proc::start_bin(
                 binary,
@@ -275,14 +290,18 @@ struct Figures {
     apply_secs: f64,
 }
 
-async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -> Figures {
-    let mut t = start(binary, kind, slots).await;
+async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32, chain: bool) -> Figures {
+    let mut t = start(binary, kind, slots, chain).await;
     wait_runner(&t.addr).await;
     let client = tasks(&t.addr).await;
     let applied = Instant::now();
     let n = row.tasks();
     let specs = (0..n).map(|i| {
-        serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": "true_agent", "trigger": {"type": "cron", "expr": row.expr()}})
+        let mut spec = serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": "true_agent", "trigger": {"type": "cron", "expr": row.expr()}});
+        if chain {
+            spec["execution"] = serde_json::json!({"resources": [{"name": "bench-llm", "tokens": 10}]});
+        }
+        spec
     });
     apply_all(&client, specs).await;
     let apply_secs = applied.elapsed().as_secs_f64();
@@ -381,7 +400,7 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32) -
 /// 1,000 sequential calls on one connection after 100 warm-up calls;
 /// (p50, p99) in microseconds.
 async fn get_task_latency(binary: &Path, kind: &str) -> (u128, u128) {
-    let t = start(binary, kind, 1).await;
+    let t = start(binary, kind, 1, false).await;
     let mut client = tasks(&t.addr).await;
     let spec = serde_json::json!({"task_id": "probe", "agent_id": "true_agent", "trigger": {"type": "cron", "expr": "0 0 0 1 1 *"}});
     client.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None }).await.expect("apply");
@@ -401,8 +420,10 @@ async fn get_task_latency(binary: &Path, kind: &str) -> (u128, u128) {
 async fn main() {
     let o = opts();
     println!(
-        "bench-load: agent /bin/true, {} runner slots, {} s windows (10k burst: slots every 10 s); lags in ms from the run records",
-        o.slots, o.window
+        "bench-load: agent /bin/true, {} runner slots, {} s windows (10k burst: slots every 10 s); lags in ms from the run records{}",
+        o.slots,
+        o.window,
+        if o.chain { "; after: every task declares a resource and is in a budget's scope (neither limits), before: neither" } else { "" }
     );
     println!(
         "{:<7} {:<7} {:<14} {:>9} {:>7} {:>5} {:>5} {:>18} {:>18} {:>7} {:>15} {:>13} {:>7}",
@@ -427,7 +448,9 @@ async fn main() {
         }
         for row in &o.rows {
             for (build, binary) in &o.builds {
-                let f = run_row(binary, target, *row, o.window, o.slots).await;
+                // `--chain`: only this checkout knows resources and budgets.
+                let chain = o.chain && build == "after";
+                let f = run_row(binary, target, *row, o.window, o.slots, chain).await;
                 let lag = |v: &[i64]| format!("{}/{}/{}", pct(v, 0.5), pct(v, 0.99), v.last().copied().unwrap_or(0));
                 let join = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(",");
                 println!(
