@@ -126,10 +126,10 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
     Ok(PruneReport { deleted, kept, revision, note: None })
 }
 
-/// Passes every `cfg.interval` while `lead` holds — runs, notification
-/// records, the budgets' ledger folded — compacting after each;
+/// Passes every `cfg.interval` while `lead` holds — runs and notification
+/// records — compacting after each;
 /// ends when fenced. Spawned with the engine, stopped with it.
-pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock, config: crate::config::ConfigHandle) {
+pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock) {
     let mut previous: Option<Revision> = None;
     let mut compacted: Option<Revision> = None;
     loop {
@@ -147,17 +147,6 @@ pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: Shar
                     Err(Error::Fenced(_)) => return,
                     Err(e) => tracing::warn!(error = %e, "retention: cannot prune notification records"),
                 }
-                // Budgets' ledger: runs' entries folded into their window's
-                // total; windows ended before the cutoff deleted.
-                let budgets = config.current();
-                let end_of =
-                    |name: &str, start: DateTime<Utc>| budgets.budgets.iter().find(|b| b.name == name).map(|b| b.window_of(start).1);
-                match repo.fold_ledgers(&lead, cutoff, end_of).await {
-                    Ok((0, 0)) => {}
-                    Ok((folded, windows)) => tracing::debug!(folded, windows, "retention: budget ledger folded"),
-                    Err(Error::Fenced(_)) => return,
-                    Err(e) => tracing::warn!(error = %e, "retention: cannot fold the budgets' ledger"),
-                }
                 // Up to the previous pass's revision, once per revision
                 // (an idle store would be asked the same again and again).
                 if let Some(rev) = previous
@@ -173,6 +162,28 @@ pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: Shar
             }
             Err(Error::Fenced(_)) => return,
             Err(e) => tracing::warn!(error = %e, "retention pass failed; trying again next interval"),
+        }
+    }
+}
+
+/// How often the leader folds the budgets' ledger: runs' entries into
+/// their window's total (a window holds at most this long's entries).
+pub const LEDGER_FOLD_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Folds the budgets' ledger every [`LEDGER_FOLD_INTERVAL`] while `lead`
+/// holds ([`Repo::fold_ledgers`]), deleting windows that ended more than
+/// `cfg.max_age` ago; ends when fenced. Spawned with the engine.
+pub async fn fold_ledgers(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: SharedClock, config: crate::config::ConfigHandle) {
+    loop {
+        tokio::time::sleep(LEDGER_FOLD_INTERVAL).await;
+        let cutoff = clock.now().checked_sub_signed(cfg.max_age).unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let budgets = config.current();
+        let end_of = |name: &str, start: DateTime<Utc>| budgets.budgets.iter().find(|b| b.name == name).map(|b| b.window_of(start).1);
+        match repo.fold_ledgers(&lead, cutoff, end_of).await {
+            Ok((0, 0)) => {}
+            Ok((folded, windows)) => tracing::debug!(folded, windows, "budget ledger folded"),
+            Err(Error::Fenced(_)) => return,
+            Err(e) => tracing::warn!(error = %e, "cannot fold the budgets' ledger; trying again"),
         }
     }
 }

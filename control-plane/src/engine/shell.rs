@@ -121,6 +121,8 @@ pub struct Engine {
     config: tokio::sync::watch::Receiver<std::sync::Arc<crate::config::Config>>,
     /// Deletes expired runs; stops with the engine.
     _retention: crate::worker::Worker,
+    /// Folds the budgets' ledger; stops with the engine.
+    _ledger: crate::worker::Worker,
     _notifier: crate::worker::Worker,
 }
 
@@ -156,6 +158,12 @@ impl Engine {
         let retention = crate::worker::Worker::spawn(super::retention::run(
             cfg.repo.clone(),
             cfg.leadership.clone(),
+            cfg.retention.clone(),
+            cfg.clock.clone(),
+        ));
+        let ledger = crate::worker::Worker::spawn(super::retention::fold_ledgers(
+            cfg.repo.clone(),
+            cfg.leadership.clone(),
             cfg.retention,
             cfg.clock.clone(),
             cfg.config.clone(),
@@ -175,6 +183,7 @@ impl Engine {
             transactions: 0,
             config,
             _retention: retention,
+            _ledger: ledger,
             _notifier: notifier,
         };
         let leadership = engine.leadership.clone();

@@ -5,10 +5,10 @@
 //! read-modify-write races between runs settling in one turn, no ordering
 //! between write groups, and a run is counted at most once (its key) and
 //! only when the store holds it finished. The leader folds those entries
-//! into the window's `total` now and then ([`Repo::fold_ledgers`], one
+//! into the window's `total` every few seconds ([`Repo::fold_ledgers`], one
 //! fenced transaction per batch: the total moves and the entries go
-//! together), so a window's keys stay few; old windows are deleted with
-//! run retention.
+//! together), so a window's keys stay few; windows that ended longer ago
+//! than run retention's `max_age` are deleted.
 
 use std::collections::BTreeMap;
 
@@ -40,7 +40,19 @@ struct Listed {
 
 impl Repo {
     async fn list_ledgers(&self) -> Result<BTreeMap<(String, i64), Listed>> {
-        let (kvs, _) = self.store.range(&self.keys.budgets()).await?;
+        // In pages: between folds a busy window holds thousands of entries.
+        const PAGE: usize = 1000;
+        let prefix = self.keys.budgets();
+        let mut kvs: Vec<KeyValue> = Vec::new();
+        loop {
+            let after = kvs.last().map(|kv| kv.key.clone()).unwrap_or_default();
+            let page = self.store.range_page(&prefix, &after, PAGE, false).await?;
+            let full = page.len() == PAGE;
+            kvs.extend(page);
+            if !full {
+                break;
+            }
+        }
         let mut out: BTreeMap<(String, i64), Listed> = BTreeMap::new();
         for KeyValue { key, value, mod_revision, .. } in kvs {
             let Some((name, start, run)) = self.keys.parse_budget_key(&key) else { continue };
