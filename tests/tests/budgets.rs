@@ -102,6 +102,10 @@ async fn the_eleventh_run_of_ten_an_hour_is_skipped_and_says_why() {
     let (_, metrics) = http_get(&dev.http_addr(), "/metrics");
     assert!(metrics.contains("punchclock_budget_used{budget=\"hourly\",measure=\"runs\"} 10"), "budget gauge");
     assert!(metrics.contains("punchclock_budget_limit{budget=\"hourly\",measure=\"runs\"} 10"), "limit gauge");
+    assert!(
+        metrics.contains("punchclock_slots_skipped_total{agent_id=\"ok_agent\",reason=\"budget_exceeded\"}"),
+        "skips counted by reason"
+    );
     // The 5th run crossed 50%: one on_budget notification, no more.
     assert!(hook.wait_for(Duration::from_secs(30), |r| r.iter().any(|n| n.event == "on_budget")).await, "on_budget delivered");
     let notes: Vec<_> = hook.received().into_iter().filter(|n| n.event == "on_budget").collect();

@@ -306,7 +306,12 @@ impl Policy for Budgets {
             let used = self.used.get(&key).copied().unwrap_or_default().plus(self.reserved.get(&key).copied().unwrap_or_default());
             let est = self.estimate(&q.run.task_id, &key);
             if let Some((what, u, l)) = over(&d.limits, used, est) {
-                let why = format!("budget {} exceeded: {what} {u}/{l} used or reserved; resets at {}", d.name, end.to_rfc3339());
+                // When it resets, in the budget's own zone.
+                let why = format!(
+                    "budget {} exceeded: {what} {u}/{l} used or reserved; resets at {}",
+                    d.name,
+                    end.with_timezone(&d.tz).to_rfc3339()
+                );
                 return match d.on_exceeded {
                     OnExceeded::Skip => Admit::Skip { reason: SkipReason::BudgetExceeded, why },
                     OnExceeded::Pause => Admit::SkipAndPause { reason: SkipReason::BudgetExceeded, why },
