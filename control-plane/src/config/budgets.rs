@@ -262,6 +262,17 @@ pub fn validate(i: usize, b: &BudgetSpec, notify: &NotifyConfig) -> Result<Budge
         (None, None, Some(l)) if !l.is_empty() => BudgetScope::Label(l.clone()),
         _ => return Err(Error::invalid(field("scope"), "give exactly one of task, agent or label (a non-empty map)")),
     };
+    // A scope no task can be in would never apply: refused, as a task's
+    // own ids and labels are.
+    match &scope {
+        BudgetScope::Task(t) => crate::model::task::validate_id(&field("scope.task"), t)?,
+        BudgetScope::Agent(a) => crate::model::task::validate_id(&field("scope.agent"), a)?,
+        BudgetScope::Label(l) => {
+            if let Some((k, _)) = l.iter().find(|(k, v)| !crate::model::task::label_ok(k) || !crate::model::task::label_ok(v)) {
+                return Err(Error::invalid(field(&format!("scope.label.{k}")), "keys and values are 1 to 63 letters, digits, _ - ."));
+            }
+        }
+    }
     let window = match b.window.as_str() {
         "1h" => BudgetWindow::Hour,
         "1d" => BudgetWindow::Day,
@@ -357,6 +368,12 @@ mod tests {
         };
         let n = NotifyConfig::default();
         assert!(validate(0, &spec, &n).expect_err("scope").to_string().starts_with("budgets[0].scope"));
+        spec.scope.task = Some(String::new());
+        assert!(validate(0, &spec, &n).expect_err("task").to_string().starts_with("budgets[0].scope.task"));
+        spec.scope.task = None;
+        spec.scope.label = Some([("bad key!".to_string(), String::new())].into());
+        assert!(validate(0, &spec, &n).expect_err("label").to_string().starts_with("budgets[0].scope.label.bad key!"));
+        spec.scope.label = None;
         spec.scope.agent = Some("a".into());
         assert!(validate(0, &spec, &n).expect_err("limits").to_string().starts_with("budgets[0].limits"));
         spec.limits.cost = Some(1.0);

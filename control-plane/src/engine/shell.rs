@@ -158,7 +158,7 @@ impl Engine {
         let retention = crate::worker::Worker::spawn(super::retention::run(
             cfg.repo.clone(),
             cfg.leadership.clone(),
-            cfg.retention.clone(),
+            cfg.retention,
             cfg.clock.clone(),
         ));
         let ledger = crate::worker::Worker::spawn(super::retention::fold_ledgers(

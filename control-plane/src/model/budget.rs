@@ -46,7 +46,8 @@ impl Amount {
     /// `self + o`.
     pub fn plus(self, o: Amount) -> Amount {
         Amount {
-            cost: self.cost + o.cost,
+            // Finite whatever is added (a stored ledger must stay readable).
+            cost: (self.cost + o.cost).min(f64::MAX),
             input_tokens: self.input_tokens.saturating_add(o.input_tokens),
             output_tokens: self.output_tokens.saturating_add(o.output_tokens),
             runs: self.runs.saturating_add(o.runs),

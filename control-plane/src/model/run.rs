@@ -324,12 +324,23 @@ pub fn model_of(result: &serde_json::Value) -> Option<String> {
     (!m.is_empty()).then(|| m.chars().take(128).collect())
 }
 
+/// Most tokens of one kind one attempt may report (10^12): a larger
+/// report is cut to it, so sums never overflow and a rate's debt stays
+/// bounded.
+pub const MAX_USAGE_TOKENS: u64 = 1_000_000_000_000;
+/// Most cost one attempt may report (10^12 units): a larger one is cut to
+/// it, so a budget's sum stays finite.
+pub const MAX_USAGE_COST: f64 = 1e12;
+
 impl Usage {
     /// The `usage` object of a result, if it has one of the known fields.
+    /// Tokens and cost are cut to [`MAX_USAGE_TOKENS`] and
+    /// [`MAX_USAGE_COST`]; a negative, non-finite or non-numeric value
+    /// counts as 0.
     pub fn from_result(result: &serde_json::Value) -> Option<Usage> {
         let u = result.get("usage")?.as_object()?;
-        let int = |k: &str| u.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-        let cost = u.get("cost").and_then(serde_json::Value::as_f64).filter(|c| c.is_finite()).unwrap_or(0.0);
+        let int = |k: &str| u.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0).min(MAX_USAGE_TOKENS);
+        let cost = u.get("cost").and_then(serde_json::Value::as_f64).filter(|c| c.is_finite()).unwrap_or(0.0).clamp(0.0, MAX_USAGE_COST);
         let usage = Usage {
             input_tokens: int("input_tokens"),
             output_tokens: int("output_tokens"),
@@ -675,6 +686,20 @@ fn is_zero(v: &u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by an attack: input_tokens of u64::MAX panicked the engine
+    /// (an overflow summing tokens), again at every re-report; a cost of
+    /// 1e308 twice made a ledger of inf that could not be read back.
+    #[test]
+    fn usage_is_cut_to_its_bounds() {
+        let r = serde_json::json!({"usage": {"input_tokens": u64::MAX, "output_tokens": 1, "cost": 1e308}});
+        let u = Usage::from_result(&r).expect("usage");
+        assert_eq!((u.input_tokens, u.output_tokens, u.cost), (MAX_USAGE_TOKENS, 1, MAX_USAGE_COST));
+        let r = serde_json::json!({"usage": {"input_tokens": -5, "cost": -2.0, "output_tokens": "7"}});
+        assert_eq!(Usage::from_result(&r), None, "nothing usable");
+        let sum = (0..1000).fold(u, |acc, _| acc.plus(u));
+        assert!(sum.cost.is_finite() && sum.input_tokens == 1001 * MAX_USAGE_TOKENS);
+    }
 
     #[test]
     fn slot_run_ids_round_trip() {

@@ -645,7 +645,6 @@ impl TaskSpec {
         if self.labels.len() > 32 {
             p.push(Error::invalid("labels", "at most 32"));
         }
-        let label_ok = |s: &str| !s.is_empty() && s.len() <= 63 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
         for (k, v) in &self.labels {
             if !label_ok(k) || !label_ok(v) {
                 p.push(Error::invalid(format!("labels.{k}"), "keys and values are 1 to 63 letters, digits, _ - ."));
@@ -856,6 +855,12 @@ fn unreachable_spec() -> TaskSpec {
         notify: None,
         history: None,
     }
+}
+
+/// Whether `s` may be a task label's key or value: 1 to 63 letters,
+/// digits, `_ - .`.
+pub fn label_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 63 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
 }
 
 /// Ids are 1..=128 of `[A-Za-z0-9_-]`: they appear in store keys and run ids.

@@ -83,21 +83,35 @@ pub struct Budgets {
     recent: HashMap<String, VecDeque<Amount>>,
 }
 
-/// Which measure passed which limit: `(measure, used, limit)`.
-fn over(limits: &crate::config::budgets::LimitsSpec, used: Amount, est: Amount) -> Option<(&'static str, String, String)> {
+/// Why a run would pass a limit: the measure, its use and limit as text,
+/// and the run's estimate of it when that, not the use, does not fit.
+struct Over {
+    what: &'static str,
+    used: String,
+    limit: String,
+    estimate: Option<String>,
+}
+
+/// Which measure a run with estimate `est` would take past its limit. A
+/// measure already at its limit refuses; else the estimate must fit what is
+/// left — except in a window where nothing of it is used or reserved yet,
+/// where one run always goes (an estimate above the whole limit would
+/// otherwise refuse every window).
+fn over(limits: &crate::config::budgets::LimitsSpec, used: Amount, est: Amount) -> Option<Over> {
     let ints = [("runs", limits.runs, used.runs, est.runs), ("input_tokens", limits.input_tokens, used.input_tokens, est.input_tokens)];
     let ints = ints.into_iter().chain([("output_tokens", limits.output_tokens, used.output_tokens, est.output_tokens)]);
     for (what, limit, u, e) in ints {
         if let Some(l) = limit
-            && (u >= l || u.saturating_add(e) > l)
+            && (u >= l || (u > 0 && u.saturating_add(e) > l))
         {
-            return Some((what, u.to_string(), l.to_string()));
+            return Some(Over { what, used: u.to_string(), limit: l.to_string(), estimate: (u < l).then(|| e.to_string()) });
         }
     }
     if let Some(l) = limits.cost
-        && (used.cost >= l || used.cost + est.cost > l)
+        && (used.cost >= l || (used.cost > 0.0 && used.cost + est.cost > l))
     {
-        return Some(("cost", format!("{:.4}", used.cost), format!("{l}")));
+        let estimate = (used.cost < l).then(|| format!("{:.4}", est.cost));
+        return Some(Over { what: "cost", used: format!("{:.4}", used.cost), limit: format!("{l}"), estimate });
     }
     None
 }
@@ -305,11 +319,15 @@ impl Policy for Budgets {
             let key = (d.name.clone(), start);
             let used = self.used.get(&key).copied().unwrap_or_default().plus(self.reserved.get(&key).copied().unwrap_or_default());
             let est = self.estimate(&q.run.task_id, &key);
-            if let Some((what, u, l)) = over(&d.limits, used, est) {
+            if let Some(o) = over(&d.limits, used, est) {
                 // When it resets, in the budget's own zone.
+                let fits = o.estimate.map(|e| format!(", this run's estimate {e} does not fit")).unwrap_or_default();
                 let why = format!(
-                    "budget {} exceeded: {what} {u}/{l} used or reserved; resets at {}",
+                    "budget {} exceeded: {} {}/{} used or reserved{fits}; resets at {}",
                     d.name,
+                    o.what,
+                    o.used,
+                    o.limit,
                     end.with_timezone(&d.tz).to_rfc3339()
                 );
                 return match d.on_exceeded {
@@ -451,6 +469,35 @@ mod tests {
         }
         // The next window starts from nothing.
         admit(&mut b, "next", t("2026-12-02T11:00:00Z")).expect("a new window");
+    }
+
+    /// Found by an attack: a task whose estimate is above a whole limit
+    /// was refused in every window (its estimate never changed). In a
+    /// window with nothing used one run goes; then the limit holds.
+    #[test]
+    fn an_estimate_above_the_limit_still_runs_once_per_window() {
+        let now = t("2026-12-02T10:20:00Z");
+        let mut b = policy(LimitsSpec { cost: Some(2.0), ..Default::default() }, OnExceeded::Skip);
+        admit(&mut b, "r0", now).expect("admitted");
+        finish(&mut b, "r0", now, usage(0, 0, 5.0));
+        match admit(&mut b, "r1", now) {
+            Err(Admit::Skip { why, .. }) => assert!(why.contains("cost 5.0000/2 used or reserved; resets at"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let next = t("2026-12-02T11:20:00Z");
+        admit(&mut b, "r2", next).expect("the next window takes one run");
+        match admit(&mut b, "r3", next) {
+            Err(Admit::Skip { why, .. }) => assert!(why.contains("cost 5.0000/2 used or reserved"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        finish(&mut b, "r2", next, usage(0, 0, 0.5));
+        // 0.5 used: the estimate (p95 of 5 and 0.5) does not fit what is left.
+        match admit(&mut b, "r4", next) {
+            Err(Admit::Skip { why, .. }) => {
+                assert!(why.contains("cost 0.5000/2 used or reserved, this run's estimate 5.0000 does not fit"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

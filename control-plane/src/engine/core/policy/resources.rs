@@ -34,6 +34,10 @@ use crate::model::RunRecord;
 use crate::model::run::{Outcome, ResourceHold, SkipReason};
 use crate::model::task::{OnResourceBusy, ResourceUse, TaskSpec};
 
+/// The largest debt a bucket carries, in minutes of its rate: usage
+/// reported beyond an estimate is charged up to this much.
+pub const MAX_DEBT_MINUTES: f64 = 5.0;
+
 /// A token bucket of one minute's capacity, refilled continuously.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bucket {
@@ -74,7 +78,7 @@ impl Bucket {
         if self.level >= need {
             return None;
         }
-        let secs = (need - self.level) * 60.0 / self.capacity;
+        let secs = ((need - self.level) * 60.0 / self.capacity).min(MAX_DEBT_MINUTES * 60.0 + 60.0);
         Some(now + Duration::milliseconds((secs * 1000.0).ceil() as i64))
     }
 
@@ -85,10 +89,12 @@ impl Bucket {
         self.level -= n;
     }
 
-    /// Gives back `n` (negative: charges more), never above the capacity.
+    /// Gives back `n` (negative: charges more), never above the capacity
+    /// nor below [`MAX_DEBT_MINUTES`] of it (usage far past any estimate
+    /// holds the resource back a few minutes, not for ever).
     pub fn settle(&mut self, n: f64, now: DateTime<Utc>) {
         self.refill(now);
-        self.level = (self.level + n).min(self.capacity);
+        self.level = (self.level + n).clamp(-self.capacity * MAX_DEBT_MINUTES, self.capacity);
     }
 }
 
@@ -355,7 +361,7 @@ impl Policy for Resources {
         let Some(a) = q.run.attempts.last() else { return AfterAttempt::Pass };
         // Settle the token reservation with the usage it reported.
         let here = self.reserved_here.remove(&a.execution_id);
-        let used = a.usage.map(|u| (u.input_tokens + u.output_tokens) as f64);
+        let used = a.usage.map(|u| u.input_tokens.saturating_add(u.output_tokens) as f64);
         for h in &a.holds {
             let Some(b) = self.state.get_mut(&h.name).and_then(|s| s.tokens.as_mut()) else { continue };
             let estimate = h.tokens as f64;
@@ -499,6 +505,13 @@ mod tests {
         b.take(60.0, t0 + Duration::hours(1));
         b.refill(t0);
         assert_eq!(b.level, 0.0);
+        // Found by an attack: usage of 10^18 tokens made a debt of 10^9
+        // minutes (and, larger, an instant past chrono's range: a panic
+        // at the next dispatch). The debt stops at MAX_DEBT_MINUTES.
+        let t1 = t0 + Duration::hours(2);
+        b.settle(-1e18, t1);
+        assert_eq!(b.level, -60.0 * MAX_DEBT_MINUTES);
+        assert_eq!(b.ready_at(1.0, t1), Some(t1 + Duration::milliseconds(((MAX_DEBT_MINUTES * 60.0 + 1.0) * 1000.0) as i64)));
     }
 
     /// At most `concurrency` units live across tasks; a permit follows its

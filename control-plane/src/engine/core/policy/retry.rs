@@ -94,6 +94,10 @@ pub fn rate_limited_since(run: &RunRecord) -> Option<DateTime<Utc>> {
     run.attempts.iter().rev().take_while(|a| a.outcome == Some(Outcome::RateLimited)).last().map(|a| a.dispatched_at)
 }
 
+/// The shortest wait after a `rate_limited` attempt (an agent answering
+/// `retry_after_seconds: 0` in a loop would start thousands of agents).
+pub const MIN_RATE_LIMIT_WAIT: Duration = Duration::seconds(1);
+
 impl Policy for Retry {
     fn name(&self) -> &'static str {
         "retry"
@@ -128,7 +132,13 @@ impl Policy for Retry {
                 let since = rate_limited_since(run).unwrap_or(q.now);
                 let give_up_at = since + Duration::seconds(max_wait as i64);
                 let streak = run.attempts.iter().rev().take_while(|a| a.outcome == Some(Outcome::RateLimited)).count() as u32;
-                let at = q.agent.retry_at.unwrap_or_else(|| q.now + retry::backoff(&backoff, streak.max(1), &run.run_id));
+                // A retry_at not in the future (retry_after_seconds 0, a
+                // past instant) is no wait at all: the streak's backoff
+                // stands instead, and any wait is at least MIN_RATE_LIMIT_WAIT.
+                let at = match q.agent.retry_at {
+                    Some(t) if t > q.now => t.max(q.now + MIN_RATE_LIMIT_WAIT),
+                    _ => q.now + retry::backoff(&backoff, streak.max(1), &run.run_id).max(MIN_RATE_LIMIT_WAIT),
+                };
                 if at > give_up_at {
                     let waited = (q.now - since).num_seconds();
                     let why = format!(
@@ -282,6 +292,12 @@ mod tests {
             decide(&run, &spec, now, &AgentOutcome::default()),
             AfterAttempt::RetryAt { at: now + Duration::seconds(20), counted: false }
         );
+        // Found by an attack: retry_after_seconds 0 (or a past retry_at)
+        // retried at once, 35 agents in 10 s; the streak's backoff stands.
+        let now_again = AgentOutcome { retry_at: Some(now), ..agent.clone() };
+        assert_eq!(decide(&run, &spec, now, &now_again), AfterAttempt::RetryAt { at: now + Duration::seconds(20), counted: false });
+        let soon = AgentOutcome { retry_at: Some(now + Duration::milliseconds(10)), ..agent.clone() };
+        assert_eq!(decide(&run, &spec, now, &soon), AfterAttempt::RetryAt { at: now + MIN_RATE_LIMIT_WAIT, counted: false });
         // A retry_at past 10:10 (600 s after the streak began) gives up.
         let late = AgentOutcome { retry_at: Some(t("2026-12-01T10:10:01Z")), ..agent.clone() };
         assert_eq!(
