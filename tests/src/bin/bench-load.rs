@@ -173,7 +173,7 @@ fn rss_mb(pid: i32) -> f64 {
 }
 
 /// The `--config` of a `--chain` row: a resource and a budget that never limit.
-const CHAIN_CONFIG: &str = "resources:\n  bench-llm: {concurrency: 1000000, requests_per_minute: 100000000, tokens_per_minute: 100000000000}\n\
+const CHAIN_CONFIG: &str = "resources:\n  bench-llm: {concurrency: 100000, requests_per_minute: 1000000, tokens_per_minute: 1000000000000}\n\
 budgets:\n  - name: bench\n    scope: {agent: true_agent}\n    window: 1d\n    limits: {cost: 1000000000, runs: 1000000000}\n";
 
 async fn start(binary: &Path, kind: &str, slots: u32, chain: bool) -> Target {
