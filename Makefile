@@ -5,12 +5,13 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-spawn bench-apply shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-events bench-spawn bench-apply shim-static fmt clippy clean
 
 all: build
 
 # Debian packages the demo and the tests use (etcd, prometheus/promtool,
-# openssl, python3), each checked by what is used from it and installed
+# openssl, python3, rabbitmq-server, nats-server), each checked by what is
+# used from it and installed
 # through apt when missing: scripts/deps.sh lists them. The build itself
 # needs only a Rust toolchain and a C compiler.
 deps:
@@ -39,7 +40,7 @@ demo: deps-demo build
 
 # Benches that print figures (not part of `make test`): idle cost, engine
 # transactions per run and throughput against the pre-issue-6 build.
-bench: bench-idle bench-engine bench-load bench-chain bench-spawn bench-apply
+bench: bench-idle bench-engine bench-load bench-chain bench-events bench-spawn bench-apply
 
 # Issue 6: store transactions per run and runs/s, embedded and etcd, before/after.
 bench-engine: deps deps-bench build
@@ -59,6 +60,13 @@ bench-load: deps deps-bench
 # the same load on the commit before resources and budgets (8d2f642).
 bench-chain: deps deps-bench
 	./scripts/bench-load.sh 8d2f642 --targets dev --rows 300 --chain $(ARGS)
+
+# Issue 21: events into runs on dev (release build): webhook request ->
+# run committed p50/p99, and RabbitMQ messages at a fixed rate into runs
+# (commit lag p50/p99, runs/s, loss): `make bench-events ARGS="--rate 2000"`.
+bench-events: deps
+	$(CARGO) build --quiet --release --workspace --bins
+	./target/release/bench-events --bin $(CURDIR)/target/release/punchclock $(ARGS)
 
 bench-apply: deps
 	$(CARGO) build --quiet --release --workspace --bins

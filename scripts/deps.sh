@@ -35,6 +35,8 @@ need=(
   "faketime|test -r /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1|the clock-step test (libfaketime steps dev's wall clock)"
   "docker-compose|docker-compose version|the deploy files test (docker-compose config checks deploy/compose)"
   "python3-venv|python3 -m venv --help|the deploy files test (kubernetes-validate, from PyPI, in a venv)"
+  "rabbitmq-server|test -x /usr/lib/rabbitmq/bin/rabbitmq-server && test -x /usr/lib/rabbitmq/bin/rabbitmqctl|the queue trigger tests (a real RabbitMQ node on free ports)"
+  "nats-server|nats-server --version|the queue trigger tests (a real NATS server with JetStream)"
 )
 if [ "$bench" = 1 ]; then
   need+=(

@@ -71,6 +71,10 @@ enum Cmd {
     /// waiting, what their rates allow now, held back until when.
     #[command(subcommand)]
     Resources(ResourcesCmd),
+    /// Events: `event publish TOPIC` starts a run of every task with an
+    /// event trigger on TOPIC, once per key.
+    #[command(subcommand)]
+    Event(EventCmd),
     /// Budgets (the control plane's config `budgets:`): each one's current
     /// window, spend settled and reserved against its limits, when it resets.
     #[command(subcommand)]
@@ -276,9 +280,14 @@ struct ServerArgs {
     /// Address other processes reach this replica at (default: http://LISTEN).
     #[arg(long)]
     advertise: Option<String>,
-    /// HTTP listen address (/healthz); off when not given.
+    /// HTTP listen address (/healthz, /metrics, webhooks); off when not given.
     #[arg(long)]
     http_listen: Option<SocketAddr>,
+    /// Address other replicas reach this one's HTTP port at: followers
+    /// forward webhook requests to the leader's (default: http://HTTP_LISTEN,
+    /// with --advertise's host when HTTP_LISTEN is 0.0.0.0).
+    #[arg(long)]
+    http_advertise: Option<String>,
     /// Replica id, unique in the cluster (default: cp-HOST-PID).
     #[arg(long)]
     node_id: Option<String>,
@@ -426,6 +435,22 @@ enum RunnersCmd {
 enum ResourcesCmd {
     /// Every resource as the leader holds it now.
     List,
+}
+
+#[derive(Subcommand, Debug)]
+enum EventCmd {
+    /// Publishes an event (PublishEvent): one run per task with
+    /// `{type: event, topic: TOPIC}`, exactly one per --key.
+    Publish {
+        /// Topic: 1 to 128 letters, digits, `_ - .`.
+        topic: String,
+        /// JSON payload (the agent gets it as `params.event.payload`).
+        #[arg(long, default_value = "")]
+        payload: String,
+        /// Idempotency key (required): publishing again with it makes no new run.
+        #[arg(long)]
+        key: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -627,6 +652,26 @@ pub async fn run(cli: Cli) -> Res {
             }
             Ok(())
         }
+        Cmd::Event(EventCmd::Publish { topic, payload, key }) => {
+            let mut c = TaskServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let r = c
+                .publish_event(pb::PublishEventRequest { topic, payload_json: payload, idempotency_key: key })
+                .await
+                .map_err(grpc)?
+                .into_inner();
+            if fmt == Format::Json {
+                let runs = r.runs.iter().map(|p| serde_json::json!({"task_id": p.task_id, "run_id": p.run_id, "created": p.created}));
+                print_json(&serde_json::Value::Array(runs.collect()));
+            } else if r.runs.is_empty() {
+                println!("no task has an event trigger on this topic: no run");
+            } else {
+                table(
+                    &["TASK", "RUN", "CREATED"],
+                    r.runs.iter().map(|p| vec![p.task_id.clone(), p.run_id.clone(), p.created.to_string()]).collect(),
+                );
+            }
+            Ok(())
+        }
         Cmd::Budgets(BudgetsCmd::List) => {
             let mut c = ClusterServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
             let r = c.list_budgets(pb::ListBudgetsRequest {}).await.map_err(grpc)?.into_inner();
@@ -754,6 +799,7 @@ async fn dev(a: DevArgs) -> Res {
         listen: a.listen,
         advertise: None,
         http_listen: Some(a.http_listen.unwrap_or(http_next)),
+        http_advertise: None,
         http_listen_fallback: a.http_listen.is_none(),
         store: StoreSpec::Embedded(a.data_dir.clone()),
         key_prefix: "/punchclock/".into(),
@@ -830,6 +876,7 @@ async fn server(a: ServerArgs) -> Res {
         listen: a.listen,
         advertise,
         http_listen: a.http_listen,
+        http_advertise: a.http_advertise.clone(),
         http_listen_fallback: false,
         store,
         key_prefix: a.key_prefix,

@@ -12,7 +12,7 @@ use crate::clock::SharedClock;
 use crate::election::{Election, LeaderInfo};
 use crate::engine::core::Triggered;
 use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
-use crate::engine::{EngineHandle, RunnerSnapshot, TriggerRequest};
+use crate::engine::{EngineHandle, EventAdmitted, RunnerSnapshot, TriggerRequest};
 use crate::error::{Error, Result};
 use crate::model::{Cursor, RunRecord, RunStatus, TaskRecord, TaskSpec};
 use crate::repo::{ApplyOutcome, Repo, record_for};
@@ -133,8 +133,28 @@ fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Co
             ));
         }
     }
-    let schedules = spec.schedules()?;
-    for (i, s) in schedules.iter().enumerate() {
+    for (i, t) in spec.all_triggers().into_iter().enumerate() {
+        if let crate::model::task::TriggerSpec::Queue(q) = t {
+            let field = format!("{}.broker", spec.trigger_path(i));
+            let Some(b) = config.brokers.get(&q.broker) else {
+                return Err(Error::invalid(
+                    field,
+                    format!("broker {:?} is not defined in the control plane's config (brokers:)", q.broker),
+                ));
+            };
+            let wants = if q.queue.is_some() { crate::config::BrokerKind::Amqp } else { crate::config::BrokerKind::Nats };
+            if b.kind != wants {
+                let (has, give) = match b.kind {
+                    crate::config::BrokerKind::Amqp => ("RabbitMQ (amqp)", "queue"),
+                    crate::config::BrokerKind::Nats => ("NATS (nats)", "subject and stream"),
+                };
+                return Err(Error::invalid(field, format!("broker {:?} is {has}: give {give}", q.broker)));
+            }
+        }
+    }
+    for i in 0..spec.all_triggers().len() {
+        let Some(s) = spec.compile_trigger(i) else { continue };
+        let s = s?;
         if !matches!(s, Schedule::Once { .. }) && s.next_after(now).is_none() {
             let path = if spec.trigger.is_some() && i == 0 {
                 "trigger".to_string()
@@ -175,6 +195,11 @@ pub struct Core {
     /// Traces are exported (a new leader then emits again the spans of
     /// runs that ended just before its term).
     pub traces: bool,
+    /// Tokens and roles: the HTTP port's `POST /events/{topic}` checks
+    /// them as the gRPC port does.
+    pub auth: Arc<crate::auth::Auth>,
+    /// How this leader's queue consumers are (`/readyz`, `/metrics`).
+    pub consumers: Arc<crate::events::consumers::ConsumerHealth>,
 }
 
 impl Core {
@@ -230,12 +255,22 @@ impl Core {
         let new = crate::config::Config::load(path)?;
         let current = self.config.current();
         let dropped: Vec<&String> = current.resources.keys().filter(|k| !new.resources.contains_key(*k)).collect();
-        if !dropped.is_empty() {
+        // A broker a task consumes from may change (a new URL), not go,
+        // nor change its protocol.
+        let gone: Vec<&String> =
+            current.brokers.iter().filter(|(k, b)| new.brokers.get(*k).is_none_or(|n| n.kind != b.kind)).map(|(k, _)| k).collect();
+        if !dropped.is_empty() || !gone.is_empty() {
             for (rec, _) in self.repo.load_tasks().await? {
                 if let Some(r) = rec.spec.execution.resources.iter().find(|r| dropped.contains(&&r.name)) {
                     return Err(Error::invalid(
                         format!("resources.{}", r.name),
                         format!("task {:?} still uses it (execution.resources): remove it from the task first", rec.spec.task_id),
+                    ));
+                }
+                if let Some(q) = rec.spec.queues().into_iter().find(|q| gone.contains(&&q.broker)) {
+                    return Err(Error::invalid(
+                        format!("brokers.{}", q.broker),
+                        format!("task {:?} still consumes from it (a queue trigger): remove the trigger first", rec.spec.task_id),
                     ));
                 }
             }
@@ -257,6 +292,7 @@ impl Core {
         let spec = validate_spec(spec_json, now, &self.config.current())?;
         let mut warnings = self.agent_warnings(&spec).await;
         warnings.extend(self.sink_warnings(&spec));
+        warnings.extend(self.check_across(&[&spec]).await?.into_values().flatten());
         for _ in 0..CAS_ATTEMPTS {
             let prev = self.repo.get_task(&spec.task_id).await?;
             let (rec, outcome) = record_for(&spec, prev.as_ref().map(|(r, _)| r), now);
@@ -289,6 +325,7 @@ impl Core {
         let specs = tokio::task::spawn_blocking(move || validate_all(&spec_jsons, now, &config))
             .await
             .map_err(|e| Error::Internal(format!("validation task failed: {e}")))??;
+        let mut across = self.check_across(&specs.iter().collect::<Vec<_>>()).await?;
         let outcomes = if dry_run {
             self.repo.preview_apply(&specs, now).await?
         } else {
@@ -317,9 +354,71 @@ impl Core {
             };
             let mut warnings = warnings;
             warnings.extend(self.sink_warnings(&spec));
+            warnings.extend(across.remove(&spec.task_id).unwrap_or_default());
             out.push(AppliedTask { task_id: spec.task_id, outcome, warnings });
         }
         Ok(out)
+    }
+
+    /// The rules across tasks of definitions with webhook or `after`
+    /// triggers (one task per webhook path, no cycle of `after`, at most
+    /// [`crate::engine::core::policy::dependencies::MAX_FOLLOWERS`] tasks
+    /// following one), checked against every stored task; and warnings by
+    /// task: a followed task that does not exist (yet), a webhook secret
+    /// this replica cannot read.
+    ///
+    /// Errors: `InvalidArgument` naming the field (`trigger.path`,
+    /// `triggers[1].task`; for several definitions, `tasks` listing each).
+    async fn check_across(&self, specs: &[&TaskSpec]) -> Result<std::collections::HashMap<String, Vec<String>>> {
+        let mut warnings: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
+        for spec in specs {
+            let events = spec.all_triggers().iter().any(|t| !t.is_time() && !matches!(t, crate::model::task::TriggerSpec::After(_)));
+            if events && spec.execution.overlap_policy == crate::model::task::OverlapPolicy::Skip {
+                warnings.entry(spec.task_id.clone()).or_default().push(format!(
+                    "overlap_policy skip: an event that arrives while {} run(s) are active is recorded SKIPPED; events usually want overlap_policy: queue",
+                    spec.execution.concurrency_limit
+                ));
+            }
+        }
+        if !specs.iter().any(|s| !s.webhooks().is_empty() || !s.follows().is_empty()) {
+            return Ok(warnings);
+        }
+        let stored: Vec<TaskSpec> = self.repo.load_tasks().await?.into_iter().map(|(r, _)| r.spec).collect();
+        let problems = crate::model::trigger::check_across(specs, stored.iter(), crate::engine::core::policy::dependencies::MAX_FOLLOWERS);
+        match problems.as_slice() {
+            [] => {}
+            [p] if specs.len() == 1 => return Err(Error::invalid(p.field.clone(), p.reason.clone())),
+            ps => {
+                let lines: Vec<String> = ps.iter().map(|p| format!("task {}: {}: {}", p.task_id, p.field, p.reason)).collect();
+                return Err(Error::invalid(
+                    "tasks",
+                    format!("{} problems across tasks; nothing applied:\n  {}", ps.len(), lines.join("\n  ")),
+                ));
+            }
+        }
+        let known: std::collections::HashSet<&str> =
+            stored.iter().map(|s| s.task_id.as_str()).chain(specs.iter().map(|s| s.task_id.as_str())).collect();
+        for spec in specs {
+            let w = warnings.entry(spec.task_id.clone()).or_default();
+            for a in spec.follows() {
+                if !known.contains(a.task.as_str()) {
+                    w.push(format!("follows task {:?}, which does not exist (yet): its runs start once it does", a.task));
+                }
+            }
+            for hook in spec.webhooks() {
+                let file = match &hook.auth {
+                    crate::model::trigger::WebhookAuth::Hmac(h) => Some(&h.secret_file),
+                    crate::model::trigger::WebhookAuth::Bearer(b) => Some(&b.token_file),
+                    crate::model::trigger::WebhookAuth::None => None,
+                };
+                if let Some(f) = file
+                    && std::fs::metadata(f).is_err()
+                {
+                    w.push(format!("{}: {f} cannot be read on this control plane: requests are refused (503) until it can", hook.path));
+                }
+            }
+        }
+        Ok(warnings)
     }
 
     /// "notify names webhook://X, which this replica's --config does not
@@ -480,6 +579,62 @@ impl Core {
             return Err(Error::NotFound { kind: "task", id: req.task_id });
         }
         self.engine().await?.trigger(req).await
+    }
+
+    /// `PublishEvent`: one run per task with an event trigger on `topic`,
+    /// per `key` (the same key again finds the same runs, `created:
+    /// false`). Each task's run goes through the event admission (every
+    /// policy applies) with trigger kind `event`; the agent gets
+    /// `context.event = {source: event, name: topic, key, received_at,
+    /// body: the payload}`. Returns once every run is committed, in task
+    /// id order, with what became of each.
+    ///
+    /// Errors: `InvalidArgument` naming `topic`, `idempotency_key` or
+    /// `payload_json` (not JSON, over 64 KiB); `Unavailable` off the leader.
+    pub async fn publish_event(&self, topic: &str, payload_json: &str, key: &str) -> Result<Vec<(String, EventAdmitted)>> {
+        crate::model::trigger::validate_topic("topic", topic)?;
+        if key.is_empty() {
+            return Err(Error::invalid("idempotency_key", "required: the same key never makes a second run of a task"));
+        }
+        crate::model::task::validate_id("idempotency_key", key)?;
+        if payload_json.len() > crate::model::task::MAX_PARAMS_BYTES {
+            return Err(Error::invalid(
+                "payload_json",
+                format!("{} bytes; at most {} (it is kept whole with every run)", payload_json.len(), crate::model::task::MAX_PARAMS_BYTES),
+            ));
+        }
+        let payload = if payload_json.trim().is_empty() { "null" } else { payload_json };
+        serde_json::from_str::<serde_json::Value>(payload).map_err(|e| Error::invalid("payload_json", format!("not JSON: {e}")))?;
+        let engine = self.engine().await?;
+        let tasks = engine.topic_tasks(topic.to_string()).await?;
+        let received_at = self.clock.now();
+        let events = tasks
+            .iter()
+            .map(|task_id| {
+                crate::events::event_request(
+                    task_id,
+                    crate::model::event::published_run_id(task_id, topic, key),
+                    crate::model::run::TriggerKind::Event,
+                    topic,
+                    key,
+                    received_at,
+                    Default::default(),
+                    Default::default(),
+                    payload.as_bytes(),
+                )
+            })
+            .collect();
+        let answers = engine.events(events).await?;
+        let mut out = Vec::new();
+        for (task_id, a) in tasks.into_iter().zip(answers) {
+            match a {
+                Ok(a) => out.push((task_id, a)),
+                // Deleted between the listing and the event.
+                Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     /// `GetSchedulingStats`: figures of the runs (of `task_id`, or all when

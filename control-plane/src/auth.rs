@@ -127,6 +127,7 @@ pub const METHODS: &[(&str, Access)] = &[
     ("/punchclock.v1.TaskService/ListTasks", Access::Read),
     ("/punchclock.v1.TaskService/DeleteTask", Access::Operate),
     ("/punchclock.v1.TaskService/PauseTask", Access::Operate),
+    ("/punchclock.v1.TaskService/PublishEvent", Access::Operate),
     ("/punchclock.v1.TaskService/ResumeTask", Access::Operate),
     ("/punchclock.v1.TaskService/TriggerTask", Access::Operate),
     ("/punchclock.v1.TaskService/ResetBreaker", Access::Operate),

@@ -69,6 +69,11 @@ pub struct ServerConfig {
     pub advertise: Option<String>,
     /// HTTP listen address for `/healthz` (none = no HTTP port).
     pub http_listen: Option<SocketAddr>,
+    /// Address other replicas reach this one's HTTP port at (followers
+    /// forward webhook requests to the leader's); default: `http://` and
+    /// the bound address, with the host of `advertise` when it is
+    /// unspecified (`0.0.0.0`).
+    pub http_advertise: Option<String>,
     /// When `http_listen`'s port is taken, listen on a free port of the
     /// same address instead of failing (`dev`, whose HTTP port defaults to
     /// the one next to the API's).
@@ -139,6 +144,9 @@ impl RunningServer {
 ///
 /// Errors: the store cannot be opened, or a port cannot be bound.
 pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<RunningServer> {
+    // Every HTTPS client of the process (notifications, a follower's
+    // forwarded webhooks, brokers) uses ring; installed once, first.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let store: Arc<dyn KvStore> = match &cfg.store {
         StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
         StoreSpec::Etcd(endpoints) => Arc::new(connect_etcd(endpoints, &cfg.etcd).await),
@@ -152,10 +160,20 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let addr = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let advertise = cfg.advertise.clone().unwrap_or_else(|| format!("{scheme}://{addr}"));
+    let http_listener = match cfg.http_listen {
+        Some(a) => Some(crate::http::bind(a, cfg.http_listen_fallback).await?),
+        None => None,
+    };
+    let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let http_advertise = match (&cfg.http_advertise, http_addr) {
+        (Some(a), _) => a.clone(),
+        (None, Some(a)) => crate::http::advertise_of(a, &advertise),
+        (None, None) => String::new(),
+    };
     let keys = Keys::new(&cfg.key_prefix);
     let election: Arc<dyn Election> = match &cfg.store {
         StoreSpec::Embedded(_) => Arc::new(SingleNode::new(cfg.node_id.clone(), advertise)),
-        StoreSpec::Etcd(_) => EtcdElection::start(store.clone(), keys.clone(), cfg.node_id.clone(), advertise, cfg.timing),
+        StoreSpec::Etcd(_) => EtcdElection::start(store.clone(), keys.clone(), cfg.node_id.clone(), advertise, http_advertise, cfg.timing),
     };
     let metrics = crate::metrics::Metrics::new();
     let bus = lifecycle::bus();
@@ -172,16 +190,17 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         engine_problem: std::sync::Mutex::new(None),
         metrics: metrics.clone(),
         config: cfg.config.clone(),
+        auth: cfg.auth.clone(),
+        consumers: Default::default(),
     });
     tokio::spawn(metrics.follow(core.lifecycle.clone()));
     if cfg.traces {
         tokio::spawn(crate::telemetry::follow(core.lifecycle.clone()));
     }
 
-    let http_addr = match cfg.http_listen {
-        Some(a) => Some(crate::http::serve(a, cfg.http_listen_fallback, core.clone()).await?),
-        None => None,
-    };
+    if let Some(listener) = http_listener {
+        crate::http::serve(listener, core.clone());
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let leader_loop = tokio::spawn(follow_leadership(core.clone(), cfg.timing, cfg.retention, stop_rx.clone()));
@@ -321,6 +340,7 @@ async fn follow_leadership(
                     leader_id: core.election.id(),
                     bus: core.lifecycle.clone(),
                     config: core.config.clone(),
+                    consumer_health: core.consumers.clone(),
                     notifier: crate::notify::deliver::Notifier {
                         repo: core.repo.clone(),
                         config: core.config.clone(),

@@ -2,7 +2,8 @@
 //! `GET /healthz` (ready: the store takes writes, and a leader runs its
 //! engine — 200, else 503 with the reasons; JSON with leadership either
 //! way), as Kubernetes probes expect; `GET /metrics` (Prometheus, see
-//! [`crate::metrics`]).
+//! [`crate::metrics`]); `POST /hooks/...` (webhook triggers) and `POST
+//! /events/{topic}` (published events), see [`crate::events::webhook`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,11 +26,19 @@ async fn readyz(State(core): State<Arc<Core>>) -> (StatusCode, Json<serde_json::
     let leader = core.leader().await.map(|l| l.advertise_address).unwrap_or_default();
     let reasons = core.readiness().await;
     let ready = reasons.is_empty();
+    // Not a reason to stop serving: the rest of the control plane goes on.
+    let degraded: Vec<String> = core
+        .consumers
+        .snapshot()
+        .into_iter()
+        .filter_map(|(name, s)| s.error.map(|e| format!("queue consumer {name} (broker {}): {e}; retrying", s.broker)))
+        .collect();
     let body = serde_json::json!({
         "status": if ready { "ok" } else { "not_ready" },
         "live": true,
         "ready": ready,
         "reasons": reasons,
+        "degraded": degraded,
         "leader": leading,
         "leader_address": leader,
         "store": core.repo.store().describe(),
@@ -38,11 +47,10 @@ async fn readyz(State(core): State<Arc<Core>>) -> (StatusCode, Json<serde_json::
 }
 
 /// Binds `addr` (with `fallback`, a free port of the same address when
-/// its port is taken) and serves until the process ends; returns the bound
-/// address.
+/// its port is taken).
 ///
 /// Errors: `FailedPrecondition` naming the address and the flag to change.
-pub async fn serve(addr: SocketAddr, fallback: bool, core: Arc<Core>) -> Result<SocketAddr> {
+pub async fn bind(addr: SocketAddr, fallback: bool) -> Result<TcpListener> {
     let listener = match TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) if fallback && e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -52,19 +60,39 @@ pub async fn serve(addr: SocketAddr, fallback: bool, core: Arc<Core>) -> Result<
         }
         Err(e) => return Err(bind_error(addr, e)),
     };
-    let bound = listener.local_addr().map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(listener)
+}
+
+/// The address other replicas reach an HTTP port bound at `bound` at:
+/// `http://bound`, with the host of `advertise` (the API's advertised
+/// URL) when `bound`'s address is unspecified (`0.0.0.0`, `::`).
+pub fn advertise_of(bound: SocketAddr, advertise: &str) -> String {
+    if !bound.ip().is_unspecified() {
+        return format!("http://{bound}");
+    }
+    let host = advertise.split("://").nth(1).unwrap_or(advertise);
+    let host = host.split('/').next().unwrap_or(host);
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    };
+    format!("http://{host}:{}", bound.port())
+}
+
+/// Serves the HTTP port on `listener` until the process ends.
+pub fn serve(listener: TcpListener, core: Arc<Core>) {
     let app = Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::events::webhook::routes())
         .with_state(core);
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        if let Err(e) = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await {
             tracing::error!(error = %e, "http server failed");
         }
     });
-    Ok(bound)
 }
 
 /// `GET /metrics`: every metric, in the OpenMetrics text format when the
@@ -81,6 +109,7 @@ async fn metrics(State(core): State<Arc<Core>>, headers: axum::http::HeaderMap) 
         None => None,
     };
     core.metrics.set_engine(leading);
+    core.metrics.set_consumers(&core.consumers.snapshot());
     let openmetrics =
         headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(crate::metrics::prefers_openmetrics);
     let text = core.metrics.encode();

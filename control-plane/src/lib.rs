@@ -16,6 +16,7 @@ pub mod bootstrap;
 pub mod dispatch;
 pub mod election;
 pub mod engine;
+pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod notify;

@@ -95,6 +95,25 @@ pub struct SinkLabel {
     pub sink: String,
 }
 
+/// `source` (`webhook`, `queue`, `event`) and `result` (`created`,
+/// `deduplicated`, `skipped`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// What it came through.
+    pub source: String,
+    /// What became of it.
+    pub result: String,
+}
+
+/// `consumer` (`task/broker/queue`, bounded by the tasks) and `broker`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabels {
+    /// The consumer.
+    pub consumer: String,
+    /// Its broker (a name of the config's `brokers:`).
+    pub broker: String,
+}
+
 /// `resource`: a name of the config's `resources:` (bounded by the config).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabel {
@@ -168,6 +187,8 @@ pub struct Metrics {
     breaker_state: Family<BreakerLabels, Gauge>,
     breaker_openings: Family<TaskLabel, Counter>,
     store_txn: Family<OpLabel, Histogram>,
+    events: Family<EventLabels, Counter>,
+    consumer_up: Family<ConsumerLabels, Gauge>,
     resource_in_use: Family<ResourceLabel, Gauge>,
     resource_limit: Family<ResourceLabel, Gauge>,
     resource_waiting: Family<ResourceLabel, Gauge>,
@@ -227,6 +248,8 @@ impl Metrics {
             breaker_state: Family::default(),
             breaker_openings: Family::default(),
             store_txn,
+            events: Family::default(),
+            consumer_up: Family::default(),
             resource_in_use: Family::default(),
             resource_limit: Family::default(),
             resource_waiting: Family::default(),
@@ -288,6 +311,16 @@ impl Metrics {
         );
         r.register("breaker_openings", "Circuit breaker openings decided by this replica, per task", m.breaker_openings.clone());
         r.register_with_unit("store_txn_duration", "Latency of the leader's fenced store transactions", Unit::Seconds, m.store_txn.clone());
+        r.register(
+            "events",
+            "Events admitted (webhook requests, queue messages, published events), by source and result",
+            m.events.clone(),
+        );
+        r.register(
+            "queue_consumer_up",
+            "Each queue consumer of the leader: 1 while it consumes, 0 while its broker is down or refuses (retrying)",
+            m.consumer_up.clone(),
+        );
         r.register(
             "resource_in_use",
             "Concurrency units of each shared resource held by live agents (leader only)",
@@ -416,6 +449,9 @@ impl Metrics {
             Lifecycle::RunnerLost { .. } => {
                 self.runners_lost.inc();
             }
+            Lifecycle::EventAdmitted { source, result } => {
+                self.events.get_or_create(&EventLabels { source: source.as_str().into(), result: (*result).into() }).inc();
+            }
             Lifecycle::ResourceWaited { resource, seconds } => {
                 self.resource_wait.get_or_create(&ResourceLabel { resource: resource.clone() }).observe(*seconds);
             }
@@ -512,6 +548,16 @@ impl Metrics {
                 let v = i64::from(state == phase);
                 self.breaker_state.get_or_create(&BreakerLabels { task_id: task_id.clone(), state: state.into() }).set(v);
             }
+        }
+    }
+
+    /// Sets each queue consumer's gauge (none on a follower).
+    pub fn set_consumers(&self, consumers: &std::collections::BTreeMap<String, crate::events::consumers::ConsumerState>) {
+        self.consumer_up.clear();
+        for (name, s) in consumers {
+            self.consumer_up
+                .get_or_create(&ConsumerLabels { consumer: name.clone(), broker: s.broker.clone() })
+                .set(i64::from(s.error.is_none()));
         }
     }
 

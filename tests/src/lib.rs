@@ -2,6 +2,7 @@
 //! processes on free loopback ports, talk to them over real gRPC, and wait
 //! on events (WatchRuns streams, process exits), not on sleeps.
 
+pub mod brokers;
 pub mod etcd;
 pub mod pki;
 pub mod receiver;
@@ -563,6 +564,7 @@ pub async fn in_process_server(
         listen: "127.0.0.1:0".parse().expect("addr"),
         advertise: None,
         http_listen: None,
+        http_advertise: None,
         http_listen_fallback: false,
         store: StoreSpec::Embedded(dir.to_path_buf()),
         key_prefix: "/punchclock/".into(),
@@ -776,6 +778,34 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+}
+
+/// `POST path` over plain HTTP/1.1 (`Connection: close`) to `addr`
+/// (`host:port`) with `headers` and `body`: the status code (0 when
+/// nothing answers) and the body. With `body` `None` only the headers go
+/// (`Expect: 100-continue` and the given `Content-Length`), as a client
+/// does that waits to hear whether a large body is wanted.
+pub fn http_post(addr: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return (0, String::new()) };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut head = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    match body {
+        Some(b) => head.push_str(&format!("Content-Length: {}\r\n\r\n", b.len())),
+        None => head.push_str("Expect: 100-continue\r\n\r\n"),
+    }
+    let _ = s.write_all(head.as_bytes());
+    if let Some(b) = body {
+        let _ = s.write_all(b);
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     (code, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
 }

@@ -47,6 +47,7 @@ const TABLE: &[(&str, Needs)] = &[
     ("/punchclock.v1.TaskService/ListTasks", Needs::Read),
     ("/punchclock.v1.TaskService/DeleteTask", Needs::Operate),
     ("/punchclock.v1.TaskService/PauseTask", Needs::Operate),
+    ("/punchclock.v1.TaskService/PublishEvent", Needs::Operate),
     ("/punchclock.v1.TaskService/ResumeTask", Needs::Operate),
     ("/punchclock.v1.TaskService/TriggerTask", Needs::Operate),
     ("/punchclock.v1.TaskService/ResetBreaker", Needs::Operate),

@@ -13,10 +13,13 @@
 //! rate_limit_max_hold: 1h                  # longest retry_at an agent's rate_limited may ask for
 //! budgets: [...]                           # spend limits over windows (budgets.rs)
 //! prices: {gpt-4o: {input_per_1k: 0.0025, output_per_1k: 0.01}}
+//! brokers:                                 # what queue triggers consume (brokers.rs)
+//!   rabbit: {amqp: {url: "amqp://127.0.0.1:5672/%2f", credentials_file: /etc/punchclock/rabbit.cred}}
 //! ```
 //!
 //! Errors name the field (`resources.openai.tokens_per_minute: ...`).
 
+pub mod brokers;
 pub mod budgets;
 pub mod resources;
 
@@ -28,6 +31,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::watch;
 
+pub use brokers::{Broker, BrokerKind};
 pub use budgets::{BudgetDef, BudgetScope, BudgetWindow, OnExceeded, Price};
 pub use resources::ResourceLimits;
 
@@ -65,6 +69,9 @@ pub struct ConfigFile {
     /// Prices per model, for agents that report tokens and a model but no cost.
     #[serde(default)]
     pub prices: BTreeMap<String, budgets::PriceSpec>,
+    /// Message brokers of queue triggers, by name.
+    #[serde(default)]
+    pub brokers: BTreeMap<String, brokers::BrokerSpec>,
 }
 
 /// The validated configuration.
@@ -82,6 +89,8 @@ pub struct Config {
     pub budgets: Vec<BudgetDef>,
     /// Prices per model.
     pub prices: BTreeMap<String, Price>,
+    /// Brokers by name.
+    pub brokers: BTreeMap<String, Broker>,
 }
 
 impl Config {
@@ -146,7 +155,11 @@ impl Config {
             }
             budgets.push(def);
         }
-        Ok(Config { notify, resources, quota_backoff, rate_limit_max_hold, budgets, prices })
+        let mut brokers = BTreeMap::new();
+        for (name, spec) in &file.brokers {
+            brokers.insert(name.clone(), brokers::validate(name, spec)?);
+        }
+        Ok(Config { notify, resources, quota_backoff, rate_limit_max_hold, budgets, prices, brokers })
     }
 
     /// The defaults (no file).

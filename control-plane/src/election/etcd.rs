@@ -47,6 +47,9 @@ pub struct MemberInfo {
     pub id: String,
     /// Advertised API address.
     pub advertise_address: String,
+    /// Its HTTP port's address (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub http_address: String,
 }
 
 /// Resolves when the flag is set (returns `()`, not a borrow guard, so it
@@ -85,13 +88,13 @@ pub const IGNORE_LEASE_LOSS_ENV: &str = "PUNCHCLOCK_TEST_IGNORE_LEASE_LOSS";
 
 impl EtcdElection {
     /// Starts campaigning (and the member heartbeat) in the background.
-    pub fn start(store: Arc<dyn KvStore>, keys: Keys, id: String, advertise: String, timing: Timing) -> Arc<Self> {
+    pub fn start(store: Arc<dyn KvStore>, keys: Keys, id: String, advertise: String, http_address: String, timing: Timing) -> Arc<Self> {
         let (tx, _) = watch::channel(None);
         let (resigned, _) = watch::channel(false);
         let e = Arc::new(EtcdElection {
             store,
             keys,
-            me: MemberInfo { id, advertise_address: advertise },
+            me: MemberInfo { id, advertise_address: advertise, http_address },
             timing,
             tx,
             resign: Notify::new(),
@@ -307,7 +310,12 @@ impl Election for EtcdElection {
     async fn leader(&self) -> Option<LeaderInfo> {
         let kv = self.store.get(&self.leader_key()).await.ok()??;
         let m: MemberInfo = codec::decode("member", &kv.value).ok()?;
-        Some(LeaderInfo { leader_id: m.id, advertise_address: m.advertise_address, token: kv.create_revision as u64 })
+        Some(LeaderInfo {
+            leader_id: m.id,
+            advertise_address: m.advertise_address,
+            http_address: m.http_address,
+            token: kv.create_revision as u64,
+        })
     }
 
     fn id(&self) -> String {

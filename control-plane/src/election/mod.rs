@@ -30,6 +30,9 @@ pub struct LeaderInfo {
     pub leader_id: String,
     /// Leader's advertised API address.
     pub advertise_address: String,
+    /// Leader's HTTP port (`http://host:port`; empty when it has none or
+    /// did not say): a follower forwards webhook requests there.
+    pub http_address: String,
     /// Leader's fencing token.
     pub token: u64,
 }

@@ -30,7 +30,7 @@ impl Election for SingleNode {
     }
 
     async fn leader(&self) -> Option<LeaderInfo> {
-        Some(LeaderInfo { leader_id: self.id.clone(), advertise_address: self.advertise.clone(), token: 1 })
+        Some(LeaderInfo { leader_id: self.id.clone(), advertise_address: self.advertise.clone(), http_address: String::new(), token: 1 })
     }
 
     fn id(&self) -> String {

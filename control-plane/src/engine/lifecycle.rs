@@ -110,6 +110,14 @@ pub enum Lifecycle {
         /// once per opening).
         opened: bool,
     },
+    /// An event (webhook request, queue message, published event) was
+    /// admitted: it made a record, or found the one its id had made.
+    EventAdmitted {
+        /// `webhook`, `queue` or `event`.
+        source: crate::model::run::TriggerKind,
+        /// `created`, `deduplicated`, or `skipped` (recorded SKIPPED).
+        result: &'static str,
+    },
     /// A run that waited for a shared resource was dispatched.
     ResourceWaited {
         /// The resource (a name of the config's `resources:`).

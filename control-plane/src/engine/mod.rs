@@ -51,6 +51,41 @@ pub struct TriggerRequest {
     pub baggage: String,
 }
 
+/// An event for one task, from any source (a webhook's request, a queue's
+/// message, a published event): it enters through the same admission as a
+/// slot, and its run id derives from its id (`model::event`), so the same
+/// event never makes a second run.
+#[derive(Debug, Clone)]
+pub struct EventRequest {
+    /// Task.
+    pub task_id: String,
+    /// Its run (`event_run_id`, `published_run_id`).
+    pub run_id: String,
+    /// What the agent gets as `context.event` (the body in it when at
+    /// most `EVENT_INLINE_BYTES`).
+    pub info: crate::model::event::EventInfo,
+    /// A larger body: stored beside the run, in the same transaction.
+    pub stored_body: Option<std::sync::Arc<Vec<u8>>>,
+    /// Added to the task's priority (AMQP message priority), within bounds.
+    pub priority: i32,
+    /// The trigger cannot take it: recorded SKIPPED `invalid_event` with
+    /// this reason.
+    pub invalid: Option<String>,
+}
+
+/// What became of one [`EventRequest`], once committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventAdmitted {
+    /// Its run (or SKIPPED record).
+    pub run_id: String,
+    /// False: its id had made this run already (a duplicate).
+    pub created: bool,
+    /// It was recorded SKIPPED, for this reason.
+    pub skipped: Option<crate::model::run::SkipReason>,
+    /// The task's runs waiting for dispatch (PENDING, RETRYING) after it.
+    pub waiting: u64,
+}
+
 /// The trace context of a `TriggerTask` caller (W3C Trace Context).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CallerTrace {
@@ -99,6 +134,10 @@ pub(crate) enum Command {
     ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
     ListResources { reply: oneshot::Sender<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> },
     ListBudgets { reply: oneshot::Sender<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> },
+    TopicTasks { topic: String, reply: oneshot::Sender<Vec<String>> },
+    Events { events: Vec<EventRequest>, reply: oneshot::Sender<Vec<Result<EventAdmitted>>> },
+    Waiting { task_id: String, reply: oneshot::Sender<u64> },
+    Webhook { path: String, reply: oneshot::Sender<Option<(String, crate::model::trigger::WebhookTrigger)>> },
     Gauges { reply: oneshot::Sender<crate::metrics::EngineGauges> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
@@ -112,6 +151,21 @@ pub(crate) enum Command {
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
     leadership: crate::election::Leadership,
+}
+
+/// A handle that does not keep the engine alive (its workers hold one):
+/// [`WeakEngineHandle::upgrade`] fails once the engine is gone.
+#[derive(Debug, Clone)]
+pub struct WeakEngineHandle {
+    tx: mpsc::WeakSender<Command>,
+    leadership: crate::election::Leadership,
+}
+
+impl WeakEngineHandle {
+    /// The handle, while the engine runs.
+    pub fn upgrade(&self) -> Option<EngineHandle> {
+        self.tx.upgrade().map(|tx| EngineHandle { tx, leadership: self.leadership.clone() })
+    }
 }
 
 fn gone() -> Error {
@@ -134,6 +188,11 @@ impl EngineHandle {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx)).await?;
         rx.await.map_err(|_| gone())
+    }
+
+    /// A handle that does not keep the engine alive.
+    pub fn downgrade(&self) -> WeakEngineHandle {
+        WeakEngineHandle { tx: self.tx.downgrade(), leadership: self.leadership.clone() }
     }
 
     /// Registers a runner stream; returns its session number. Messages for
@@ -186,6 +245,27 @@ impl EngineHandle {
     /// The config's shared resources as the leader holds them now.
     pub async fn list_resources(&self) -> Result<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> {
         self.ask(|reply| Command::ListResources { reply }).await
+    }
+
+    /// The tasks with an event trigger on `topic` (not deleted), by id.
+    pub async fn topic_tasks(&self, topic: String) -> Result<Vec<String>> {
+        self.ask(|reply| Command::TopicTasks { topic, reply }).await
+    }
+
+    /// Admits a batch of events: answers, in order, once every record they
+    /// made is committed (an error for an event whose task is gone).
+    pub async fn events(&self, events: Vec<EventRequest>) -> Result<Vec<Result<EventAdmitted>>> {
+        self.ask(|reply| Command::Events { events, reply }).await
+    }
+
+    /// The task and trigger a webhook path belongs to, if any.
+    pub async fn webhook(&self, path: String) -> Result<Option<(String, crate::model::trigger::WebhookTrigger)>> {
+        self.ask(|reply| Command::Webhook { path, reply }).await
+    }
+
+    /// The task's runs waiting for dispatch (PENDING, RETRYING).
+    pub async fn waiting(&self, task_id: String) -> Result<u64> {
+        self.ask(|reply| Command::Waiting { task_id, reply }).await
     }
 
     /// The config's budgets, their current windows' spend as the leader

@@ -155,6 +155,10 @@ pub struct Assignment {
     pub trace_state: String,
     /// The caller's W3C `baggage` (empty = none).
     pub baggage: String,
+    /// The run's event body is stored beside it (`events/{run_id}`): the
+    /// shell reads it and puts it in `context_json`'s `event.body` before
+    /// sending (never sent as such).
+    pub stored_event_body: bool,
 }
 
 /// A message from the leader to one runner.

@@ -104,7 +104,8 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
     let histories = repo.task_histories(&ids).await?;
     let mut doomed = Vec::new();
     for (task, runs) in by_task {
-        let (keep_last, max_age) = policy(histories.get(&task).and_then(Option::as_ref), defaults);
+        let (history, dedup) = histories.get(&task).map_or((None, 0), |(h, d)| (h.as_ref(), *d));
+        let (keep_last, max_age) = policy(history, defaults);
         // An age beyond the calendar keeps everything (validation bounds
         // it; a stored task from an older version may not be).
         let cutoff = now.checked_sub_signed(max_age).unwrap_or(DateTime::<Utc>::MIN_UTC);
@@ -117,13 +118,30 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
         let young = |r: &RunKey| slot_of_run_id(&r.run_id).is_some_and(|(_, slot)| slot >= cutoff);
         let unknown: Vec<&str> = newest.iter().take(keep_last).filter(|r| !young(r)).map(|r| r.run_id.as_str()).collect();
         let times = if unknown.is_empty() { HashMap::new() } else { repo.run_times(&unknown).await? };
-        let (delete, keep) = expired(runs, keep_last, cutoff, |r| if young(r) { Some(now) } else { times.get(&r.run_id).copied() });
+        let (mut delete, mut keep) = expired(runs, keep_last, cutoff, |r| if young(r) { Some(now) } else { times.get(&r.run_id).copied() });
+        // A webhook's run is its delivery id's dedup record: kept at least
+        // the trigger's dedup window.
+        if dedup > 0 {
+            let floor = now - chrono::Duration::seconds(dedup as i64);
+            let hooks: Vec<&str> = delete.iter().filter(|r| is_webhook_run(&r.run_id)).map(|r| r.run_id.as_str()).collect();
+            if !hooks.is_empty() {
+                let times = repo.run_times(&hooks).await?;
+                let before = delete.len();
+                delete.retain(|r| times.get(&r.run_id).is_none_or(|t| *t < floor));
+                keep += before - delete.len();
+            }
+        }
         kept += keep;
         doomed.extend(delete);
     }
     let deleted = repo.delete_runs(lead, &doomed).await?;
     kept += doomed.len() - deleted;
     Ok(PruneReport { deleted, kept, revision, note: None })
+}
+
+/// Whether a run id is a webhook delivery's run (`{task}.webhook-…`).
+fn is_webhook_run(run_id: &str) -> bool {
+    run_id.split_once('.').is_some_and(|(_, rest)| rest.starts_with("webhook-"))
 }
 
 /// Passes every `cfg.interval` while `lead` holds — runs and notification

@@ -88,6 +88,8 @@ pub struct EngineConfig {
     /// The running configuration (resources, budgets, ...): the core is
     /// told each new one.
     pub config: crate::config::ConfigHandle,
+    /// Where this leader's queue consumers say how they are.
+    pub consumer_health: std::sync::Arc<crate::events::consumers::ConsumerHealth>,
 }
 
 struct Link {
@@ -101,6 +103,7 @@ enum Pending {
     Trigger(oneshot::Sender<Result<Triggered>>),
     Cancel(oneshot::Sender<Result<RunRecord>>),
     ResetBreaker(oneshot::Sender<Result<crate::model::breaker::Breaker>>),
+    Events(oneshot::Sender<Vec<Result<super::EventAdmitted>>>),
 }
 
 /// The engine task's state.
@@ -124,6 +127,10 @@ pub struct Engine {
     /// Folds the budgets' ledger; stops with the engine.
     _ledger: crate::worker::Worker,
     _notifier: crate::worker::Worker,
+    /// The queue consumers; stop with the engine.
+    _consumers: Option<crate::worker::Worker>,
+    /// The tasks' queue triggers, for the consumers.
+    sources: tokio::sync::watch::Sender<(u64, Vec<(String, crate::model::trigger::QueueTrigger)>)>,
 }
 
 impl Engine {
@@ -155,12 +162,8 @@ impl Engine {
         })
         .await
         .map_err(|e| crate::error::Error::Internal(format!("loading the engine: {e}")))?;
-        let retention = crate::worker::Worker::spawn(super::retention::run(
-            cfg.repo.clone(),
-            cfg.leadership.clone(),
-            cfg.retention,
-            cfg.clock.clone(),
-        ));
+        let retention =
+            crate::worker::Worker::spawn(super::retention::run(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone()));
         let ledger = crate::worker::Worker::spawn(super::retention::fold_ledgers(
             cfg.repo.clone(),
             cfg.leadership.clone(),
@@ -169,6 +172,7 @@ impl Engine {
             cfg.config.clone(),
         ));
         let notifier = crate::worker::Worker::spawn(crate::notify::deliver::run(cfg.notifier, cfg.leadership.clone()));
+        let (sources, sources_rx) = tokio::sync::watch::channel(core.queue_sources());
         let engine = Engine {
             core,
             repo: cfg.repo,
@@ -185,10 +189,21 @@ impl Engine {
             _retention: retention,
             _ledger: ledger,
             _notifier: notifier,
+            _consumers: None,
+            sources,
         };
         let leadership = engine.leadership.clone();
+        let handle = EngineHandle { tx, leadership };
+        let ctx = crate::events::consumers::ConsumerContext {
+            engine: handle.downgrade(),
+            bus: engine.bus.clone(),
+            clock: engine.clock.clone(),
+            health: cfg.consumer_health,
+        };
+        let mut engine = engine;
+        engine._consumers = Some(crate::worker::Worker::spawn(crate::events::consumers::run(ctx, sources_rx, cfg.config)));
         let join = tokio::spawn(engine.run(watch));
-        Ok((EngineHandle { tx, leadership }, join))
+        Ok((handle, join))
     }
 
     async fn run(mut self, mut watch: BoxStream<'static, Result<TaskChange>>) -> EngineExit {
@@ -274,6 +289,11 @@ impl Engine {
         };
         let _ = self.bus.send(Lifecycle::LeadershipLost { token: self.leadership.token });
         tracing::info!(?exit, token = self.leadership.token, transactions = self.transactions, "engine stopped");
+        // The consumers first: nothing is taken from a broker once the
+        // engine stops (what they hold is redelivered to the next leader).
+        if let Some(c) = self._consumers.as_mut() {
+            c.stop().await;
+        }
         // The workers hold the store (an embedded store's file lock): they
         // are gone before the engine says it stopped.
         self._notifier.stop().await;
@@ -370,6 +390,19 @@ impl Engine {
             Command::ListBudgets { reply } => {
                 let _ = reply.send(self.core.budgets(now.wall));
             }
+            Command::TopicTasks { topic, reply } => {
+                let _ = reply.send(self.core.topic_tasks(&topic));
+            }
+            Command::Events { events, reply } => {
+                let id = self.reply_id(Pending::Events(reply));
+                self.core.handle(now, Input::Events { reply: id, events });
+            }
+            Command::Waiting { task_id, reply } => {
+                let _ = reply.send(self.core.waiting(&task_id));
+            }
+            Command::Webhook { path, reply } => {
+                let _ = reply.send(self.core.webhook(&path));
+            }
             Command::ListRunners { reply } => {
                 let _ = reply.send(self.core.runner_snapshots());
             }
@@ -397,6 +430,10 @@ impl Engine {
     /// of its effects to be performed once it commits
     /// ([`Engine::committed`]).
     async fn perform(&mut self) -> std::result::Result<Option<InFlight>, EngineExit> {
+        // The consumers follow the tasks' queue triggers.
+        if self.core.queues_version() != self.sources.borrow().0 {
+            self.sources.send_replace(self.core.queue_sources());
+        }
         loop {
             let mut fx = self.core.poll_effects();
             if fx.is_empty() {
@@ -452,7 +489,9 @@ impl Engine {
             }
         }
         let now = self.clock.read();
-        for out in fx.sends {
+        let mut sends = fx.sends;
+        self.fill_event_bodies(&mut sends).await?;
+        for out in sends {
             let failed = match self.links.get(&out.runner_id) {
                 Some(link) if link.session == out.session => match link.tx.try_send(out.msg) {
                     Ok(()) => None,
@@ -482,6 +521,9 @@ impl Engine {
                 (Some(Pending::ResetBreaker(tx)), Reply::ResetBreaker(r)) => {
                     let _ = tx.send(r);
                 }
+                (Some(Pending::Events(tx)), Reply::Events(r)) => {
+                    let _ = tx.send(r);
+                }
                 _ => tracing::error!(reply = id, "reply of the wrong kind or to nobody"),
             }
         }
@@ -492,6 +534,15 @@ impl Engine {
                 Err(e) => tracing::error!(error = %e, task_id, "cannot pause the task"),
             }
         }
+        for (reply, run_ids) in fx.run_checks {
+            match self.repo.runs_exist(&run_ids).await {
+                Ok(exists) => self.core.handle(self.clock.read(), Input::EventsLoaded { reply, exists }),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot look up the runs of a batch of events; the engine restarts");
+                    return Err(EngineExit::Failed);
+                }
+            }
+        }
         for (run_id, purpose) in fx.reads {
             match self.repo.get_run(&run_id).await {
                 Ok(run) => self.core.handle(self.clock.read(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
@@ -500,6 +551,55 @@ impl Engine {
                     return Err(EngineExit::Failed);
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Puts each assignment's stored event body (`events/{run_id}`) into
+    /// its context's `event.body`: the core never holds large bodies. A
+    /// body that is gone (a crash between the pieces of an oversized
+    /// write) is given as `null`, and said.
+    async fn fill_event_bodies(&self, sends: &mut [super::core::Outbound]) -> std::result::Result<(), EngineExit> {
+        let want: Vec<usize> = sends
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(&o.msg, ToRunner::Assign(a) if a.stored_event_body))
+            .map(|(i, _)| i)
+            .collect();
+        if want.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = want
+            .iter()
+            .filter_map(|i| match &sends[*i].msg {
+                ToRunner::Assign(a) => Some(a.run_id.clone()),
+                _ => None,
+            })
+            .collect();
+        let bodies = match self.repo.event_bodies(&ids).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read stored event bodies; the engine restarts");
+                return Err(EngineExit::Failed);
+            }
+        };
+        for (i, body) in want.into_iter().zip(bodies) {
+            let ToRunner::Assign(a) = &mut sends[i].msg else { continue };
+            let Ok(mut ctx) = serde_json::from_str::<serde_json::Value>(&a.context_json) else { continue };
+            let value = match body {
+                Some(bytes) => crate::model::event::body_value(&bytes).0,
+                None => {
+                    tracing::error!(run_id = %a.run_id, "the run's stored event body is missing; the agent gets null");
+                    serde_json::Value::Null
+                }
+            };
+            if let Some(ev) = ctx.get_mut("event").and_then(|e| e.as_object_mut()) {
+                ev.insert("body".into(), value);
+            }
+            a.context_json = ctx.to_string();
+            a.stored_event_body = false;
         }
         Ok(())
     }

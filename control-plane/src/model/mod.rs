@@ -3,10 +3,12 @@
 
 pub mod breaker;
 pub mod budget;
+pub mod event;
 pub mod notification;
 pub mod run;
 pub mod task;
 pub mod trace;
+pub mod trigger;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -166,7 +166,7 @@ pub fn payload(id: &str, event: NotifyEvent, now: DateTime<Utc>, run: &RunRecord
 /// same idempotency key may make a new run once the old one was pruned.
 /// Slot runs are unique per slot already.
 pub fn notification_base(run: &RunRecord) -> String {
-    if run.trigger == super::run::TriggerKind::Manual {
+    if matches!(run.trigger, super::run::TriggerKind::Manual | super::run::TriggerKind::Event) {
         format!("{}-{}", run.run_id, run.scheduled_at.timestamp_millis())
     } else {
         run.run_id.clone()

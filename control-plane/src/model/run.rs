@@ -58,7 +58,8 @@ impl RunStatus {
     }
 }
 
-/// What created a run; stored and shown as `cron`, `interval`, `once`, `manual`.
+/// What created a run; stored and shown as `cron`, `interval`, `once`,
+/// `manual`, `event`, `webhook`, `queue`, `after`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TriggerKind {
@@ -70,6 +71,14 @@ pub enum TriggerKind {
     Once,
     /// `TriggerTask`.
     Manual,
+    /// A published event on one of its `event` triggers' topics.
+    Event,
+    /// A request to one of its `webhook` triggers' paths.
+    Webhook,
+    /// A message of one of its `queue` triggers.
+    Queue,
+    /// The end of a run of a task it follows (`after`).
+    After,
 }
 
 impl TriggerKind {
@@ -80,7 +89,17 @@ impl TriggerKind {
             TriggerKind::Interval => "interval",
             TriggerKind::Once => "once",
             TriggerKind::Manual => "manual",
+            TriggerKind::Event => "event",
+            TriggerKind::Webhook => "webhook",
+            TriggerKind::Queue => "queue",
+            TriggerKind::After => "after",
         }
+    }
+
+    /// Whether its runs are time slots (their records commit with the
+    /// task's cursor).
+    pub fn is_slot(self) -> bool {
+        matches!(self, TriggerKind::Cron | TriggerKind::Interval | TriggerKind::Once)
     }
 }
 
@@ -102,6 +121,11 @@ pub enum SkipReason {
     ResourceBusy,
     /// A budget covering the task was over a hard limit.
     BudgetExceeded,
+    /// An event the trigger cannot take (not JSON when it wants JSON, over
+    /// its size limit).
+    InvalidEvent,
+    /// The run of the task it follows ended in a status it did not ask for.
+    UpstreamUnmet,
 }
 
 impl SkipReason {
@@ -114,6 +138,8 @@ impl SkipReason {
             SkipReason::CircuitOpen => "circuit_open",
             SkipReason::ResourceBusy => "resource_busy",
             SkipReason::BudgetExceeded => "budget_exceeded",
+            SkipReason::InvalidEvent => "invalid_event",
+            SkipReason::UpstreamUnmet => "upstream_unmet",
         }
     }
 }
@@ -487,6 +513,14 @@ pub struct RunRecord {
     /// admission (a new leader re-reserves them for the runs it loads).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub charges: Vec<super::budget::BudgetCharge>,
+    /// The event that started it (webhook, queue, published event): the
+    /// agent gets it as `context.event`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<super::event::EventInfo>,
+    /// The run it follows (`after`): the agent gets it as
+    /// `context.upstream`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<super::event::Upstream>,
 }
 
 impl RunRecord {
@@ -534,6 +568,8 @@ impl RunRecord {
             trace_state: String::new(),
             baggage: String::new(),
             charges: Vec::new(),
+            event: None,
+            upstream: None,
         }
     }
 
@@ -672,6 +708,12 @@ pub fn slot_of_run_id(run_id: &str) -> Option<(&str, DateTime<Utc>)> {
 /// Run id of a manual trigger: `{task_id}.manual-{key}`.
 pub fn manual_run_id(task_id: &str, key: &str) -> String {
     format!("{task_id}.manual-{key}")
+}
+
+/// The run of an event published on `topic` with `key` for one task:
+/// `{task}.event-{topic}-{key}` — one per (task, topic, key).
+pub fn event_run_id(task_id: &str, topic: &str, key: &str) -> String {
+    format!("{task_id}.event-{topic}-{key}")
 }
 
 /// The task id part of a run id.

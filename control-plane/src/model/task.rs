@@ -19,8 +19,6 @@ pub const MAX_TIMEOUT_SECONDS: i64 = 365 * 86_400;
 pub const MAX_GRACE_SECONDS: u64 = 365 * 86_400;
 /// Largest `retry_backoff` value in seconds: seven days.
 pub const MAX_BACKOFF_SECONDS: f64 = 7.0 * 86_400.0;
-/// Largest `jitter_seconds` of a trigger: one day.
-pub const MAX_JITTER_SECONDS: u64 = 86_400;
 /// Largest `execution.concurrency_limit`.
 pub const MAX_CONCURRENCY: u32 = 10_000;
 /// Dispatch priority bounds: `-1000..=1000` (higher dispatches first).
@@ -158,101 +156,9 @@ impl HistorySpec {
     }
 }
 
-/// A time trigger, tagged by `type`. Deserialized by hand (below) so that
-/// errors inside a trigger keep their field path (`trigger.every_seconds`),
-/// which serde's internally tagged enums lose.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum TriggerSpec {
-    /// Cron expression in an IANA zone.
-    Cron(CronTrigger),
-    /// Fixed period anchored at `start_at`.
-    Interval(IntervalTrigger),
-    /// A single instant.
-    Once(OnceTrigger),
-}
-
-/// Separates a nested field path from its message inside a serde error.
-const PATH_MARK: char = '\u{1}';
-
-impl<'de> Deserialize<'de> for TriggerSpec {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        use serde::de::Error as _;
-        let v = serde_json::Value::deserialize(d)?;
-        let serde_json::Value::Object(mut obj) = v else {
-            return Err(D::Error::custom("must be an object with a \"type\" (cron, interval or once)"));
-        };
-        let ty = match obj.remove("type") {
-            Some(serde_json::Value::String(t)) => t,
-            Some(_) => return Err(D::Error::custom(format!("{PATH_MARK}type{PATH_MARK}must be a string"))),
-            None => return Err(D::Error::custom(format!("{PATH_MARK}type{PATH_MARK}missing (cron, interval or once)"))),
-        };
-        fn inner<T: serde::de::DeserializeOwned>(obj: serde_json::Map<String, serde_json::Value>) -> std::result::Result<T, String> {
-            serde_path_to_error::deserialize(serde_json::Value::Object(obj)).map_err(|e| {
-                let path = e.path().to_string();
-                let mut msg = clean_serde_message(&e.inner().to_string());
-                // chrono's "input contains invalid characters" does not say
-                // what it wanted.
-                if matches!(path.as_str(), "at" | "start_at") {
-                    msg = format!("{msg}; expected an RFC 3339 instant such as \"2026-12-01T08:30:00Z\" or \"2026-12-01T16:30:00+08:00\"");
-                }
-                if path == "." { msg } else { format!("{PATH_MARK}{path}{PATH_MARK}{msg}") }
-            })
-        }
-        let r = match ty.as_str() {
-            "cron" => inner(obj).map(TriggerSpec::Cron),
-            "interval" => inner(obj).map(TriggerSpec::Interval),
-            "once" => inner(obj).map(TriggerSpec::Once),
-            other => Err(format!("{PATH_MARK}type{PATH_MARK}unknown trigger type {other:?} (cron, interval or once)")),
-        };
-        r.map_err(D::Error::custom)
-    }
-}
-
-/// `{type: cron, expr, timezone, jitter_seconds}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CronTrigger {
-    /// 5 fields (minute first), 6 (seconds first), 7 (with year), or an `@alias`.
-    pub expr: String,
-    /// IANA zone name; default `UTC`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timezone: Option<String>,
-    /// Deterministic per-slot delay in `[0, jitter_seconds)` seconds; default 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub jitter_seconds: u64,
-}
-
-/// `{type: interval, every | every_seconds, start_at, jitter_seconds}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IntervalTrigger {
-    /// Period as `"30s"`, `"10m"`, `"2h"`, `"1d"` or combinations (`"1h30m"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub every: Option<String>,
-    /// Period in whole seconds (alternative to `every`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub every_seconds: Option<u64>,
-    /// Anchor (RFC 3339); slots are `start_at + k*every`. Default: the Unix epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_at: Option<DateTime<Utc>>,
-    /// Deterministic per-slot delay in `[0, jitter_seconds)` seconds; default 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub jitter_seconds: u64,
-}
-
-/// `{type: once, at}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OnceTrigger {
-    /// The instant (RFC 3339). If already past when the task is first
-    /// applied, the task runs once right away.
-    pub at: DateTime<Utc>,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
+use super::trigger::PATH_MARK;
+pub use super::trigger::{MAX_JITTER_SECONDS, TriggerSpec};
+pub use crate::schedule::{CronTrigger, IntervalTrigger, MisfirePolicy, OnceTrigger};
 
 /// What to do when a slot comes while `concurrency_limit` runs are active.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -265,19 +171,6 @@ pub enum OverlapPolicy {
     Queue,
     /// Cancel the oldest active run, then start the new one.
     CancelRunning,
-}
-
-/// What to do with slots missed while no scheduler ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MisfirePolicy {
-    /// Run the latest missed slot once, if within the grace (default).
-    #[default]
-    RunOnce,
-    /// Run every missed slot within the grace, oldest first.
-    RunAll,
-    /// Run none.
-    Skip,
 }
 
 /// `retry_backoff`: delay before retry k (1-based) is
@@ -379,6 +272,10 @@ pub struct ResourceUse {
     /// Estimated tokens per attempt.
     #[serde(skip_serializing_if = "is_zero")]
     pub tokens: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn is_one(v: &u32) -> bool {
@@ -552,7 +449,7 @@ impl TaskSpec {
     }
 
     /// Field path prefix of the i-th trigger, for error messages.
-    fn trigger_path(&self, i: usize) -> String {
+    pub fn trigger_path(&self, i: usize) -> String {
         if self.trigger.is_some() && i == 0 {
             "trigger".into()
         } else {
@@ -716,42 +613,72 @@ impl TaskSpec {
             p.push(Error::invalid("triggers", "give either trigger or triggers, not both"));
         }
         for (i, t) in self.all_triggers().iter().enumerate() {
-            let path = self.trigger_path(i);
-            if let TriggerSpec::Once(o) = t
-                && o.at.timestamp_subsec_nanos() >= 1_000_000_000
+            for e in t.problems(&self.trigger_path(i)) {
+                p.push(e);
+            }
+            if let TriggerSpec::After(a) = t
+                && a.task == self.task_id
             {
-                p.push(Error::invalid(
-                    format!("{path}.at"),
-                    "is a leap second (:60), which UTC clocks here never show; use :59 or the next minute",
-                ));
+                p.push(Error::invalid(format!("{}.task", self.trigger_path(i)), "a task cannot follow itself"));
             }
-            let jitter = match t {
-                TriggerSpec::Cron(c) => c.jitter_seconds,
-                TriggerSpec::Interval(iv) => iv.jitter_seconds,
-                TriggerSpec::Once(_) => 0,
-            };
-            if jitter > MAX_JITTER_SECONDS {
-                p.push(Error::invalid(format!("{path}.jitter_seconds"), format!("must be at most {MAX_JITTER_SECONDS} (1 day)")));
-            }
-            let compiled = self.compile_trigger(i);
-            if let Ok(Schedule::Interval { period_ms, .. }) = &compiled
-                && (jitter as i64) * 1000 >= *period_ms
-            {
-                p.push(Error::invalid(format!("{path}.jitter_seconds"), "must be shorter than the interval"));
-            }
-            p.check(compiled.map(|_| ()));
         }
     }
 
-    /// Compiles the i-th trigger into a [`Schedule`]; errors name the field.
-    pub fn compile_trigger(&self, i: usize) -> Result<Schedule> {
-        let t = self.all_triggers()[i];
-        schedule::compile(t, &self.trigger_path(i))
+    /// Compiles the i-th trigger into a [`Schedule`] if it is a time
+    /// trigger (`None` for the others); errors name the field.
+    pub fn compile_trigger(&self, i: usize) -> Option<Result<Schedule>> {
+        let t = self.all_triggers()[i].time()?;
+        Some(schedule::compile(t, &self.trigger_path(i)))
     }
 
-    /// Compiles every trigger. Only fails for specs that skipped [`TaskSpec::validate`].
+    /// Compiles every time trigger (the others have no schedule). Only
+    /// fails for specs that skipped [`TaskSpec::validate`].
     pub fn schedules(&self) -> Result<Vec<Schedule>> {
-        (0..self.all_triggers().len()).map(|i| self.compile_trigger(i)).collect()
+        (0..self.all_triggers().len()).filter_map(|i| self.compile_trigger(i)).collect()
+    }
+
+    /// The topics of its event triggers.
+    pub fn event_topics(&self) -> Vec<&str> {
+        self.all_triggers()
+            .into_iter()
+            .filter_map(|t| match t {
+                TriggerSpec::Event(e) => Some(e.topic.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Its webhook triggers.
+    pub fn webhooks(&self) -> Vec<&super::trigger::WebhookTrigger> {
+        self.all_triggers()
+            .into_iter()
+            .filter_map(|t| match t {
+                TriggerSpec::Webhook(w) => Some(w),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Its queue triggers.
+    pub fn queues(&self) -> Vec<&super::trigger::QueueTrigger> {
+        self.all_triggers()
+            .into_iter()
+            .filter_map(|t| match t {
+                TriggerSpec::Queue(q) => Some(q),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Its `after` triggers: the tasks it follows.
+    pub fn follows(&self) -> Vec<&super::trigger::AfterTrigger> {
+        self.all_triggers()
+            .into_iter()
+            .filter_map(|t| match t {
+                TriggerSpec::After(a) => Some(a),
+                _ => None,
+            })
+            .collect()
     }
 
     /// `context.params`, or an empty object.
@@ -878,7 +805,7 @@ pub fn validate_id(field: &str, id: &str) -> Result<()> {
 }
 
 /// serde's messages end with " at line 1 column 7"; the field path says where.
-fn clean_serde_message(msg: &str) -> String {
+pub(crate) fn clean_serde_message(msg: &str) -> String {
     match msg.rfind(" at line ") {
         Some(i) => msg[..i].to_string(),
         None => msg.to_string(),

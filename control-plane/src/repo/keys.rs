@@ -58,6 +58,11 @@ impl Keys {
     pub fn active_run(&self, run_id: &str) -> String {
         format!("{}active/{run_id}", self.prefix)
     }
+    /// `{prefix}events/{run_id}`: the body of the event that started a
+    /// run, when too large for its record (raw bytes as received).
+    pub fn event_body(&self, run_id: &str) -> String {
+        format!("{}events/{run_id}", self.prefix)
+    }
     /// `{prefix}outbox/`: notifications to deliver (pending) or dead-lettered.
     pub fn outbox(&self) -> String {
         format!("{}outbox/", self.prefix)

@@ -213,6 +213,14 @@ pub enum StoreOp {
     },
     /// Put a notification in the outbox (with the run state it reports).
     PutNotification(Box<crate::model::notification::Notification>),
+    /// The body of the event that started a run, too large for its
+    /// record: stored beside it, in the same group (`events/{run_id}`).
+    PutEventBody {
+        /// The run.
+        run_id: String,
+        /// The body, as received.
+        body: Arc<Vec<u8>>,
+    },
     /// A finished run's spend against one budget's window (with the run's
     /// final record: the ledger never counts a run the store does not
     /// hold as finished, nor one twice — the key is the run's).
@@ -562,6 +570,18 @@ impl Repo {
             .boxed())
     }
 
+    /// The stored event bodies of `run_ids`, in order (`None`: none stored).
+    pub async fn event_bodies(&self, run_ids: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        let kvs = self.get_many(run_ids.iter().map(|id| self.keys.event_body(id)), 16).await?;
+        Ok(kvs.into_iter().map(|kv| kv.map(|kv| kv.value)).collect())
+    }
+
+    /// Which of `run_ids` exist, in order (one read per 128 runs).
+    pub async fn runs_exist(&self, run_ids: &[String]) -> Result<Vec<bool>> {
+        let kvs = self.get_many(run_ids.iter().map(|id| self.keys.run(id)), 128).await?;
+        Ok(kvs.into_iter().map(|kv| kv.is_some()).collect())
+    }
+
     /// Every run in the `active/` index (non-terminal, or holding an agent
     /// its runner has not confirmed gone), read in batched transactions of
     /// gets: one round trip per 100 runs, so a new leader is up quickly even
@@ -605,6 +625,9 @@ impl Repo {
             }
             StoreOp::DeleteCursor { task_id } => (Vec::new(), vec![TxnOp::delete(self.keys.cursor(task_id))], Vec::new()),
             StoreOp::PutNotification(n) => (Vec::new(), vec![TxnOp::put(self.keys.outbox_item(&n.id), codec::encode(n)?)], Vec::new()),
+            StoreOp::PutEventBody { run_id, body } => {
+                (Vec::new(), vec![TxnOp::put(self.keys.event_body(run_id), body.to_vec())], Vec::new())
+            }
             StoreOp::PutCharge { budget, window_start, run_id, amount } => (
                 Vec::new(),
                 vec![TxnOp::put(self.keys.budget_charge(budget, window_start.timestamp(), run_id), codec::encode(amount)?)],

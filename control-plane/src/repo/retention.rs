@@ -49,16 +49,18 @@ impl Repo {
         Ok(self.keys_under(&prefix).await?.iter().filter_map(|kv| self.keys.id_after(&prefix, &kv.key).map(str::to_string)).collect())
     }
 
-    /// The `history` of each task of `ids` that exists (`None`: it has
-    /// none); tasks that do not exist are left out.
-    pub async fn task_histories(&self, ids: &[&str]) -> Result<HashMap<String, Option<HistorySpec>>> {
+    /// The retention of each task of `ids` that exists: its `history`
+    /// (`None`: it has none) and its webhooks' longest dedup window, in
+    /// seconds (0: none); tasks that do not exist are left out.
+    pub async fn task_histories(&self, ids: &[&str]) -> Result<HashMap<String, (Option<HistorySpec>, u64)>> {
         let mut out = HashMap::new();
         let gets = self.get_many(ids.iter().map(|id| self.keys.task(id)), usize::MAX).await?;
         for (id, kv) in ids.iter().zip(gets) {
             if let Some(kv) = kv {
                 match codec::decode::<TaskRecord>("task", &kv.value) {
                     Ok(rec) => {
-                        out.insert(id.to_string(), rec.spec.history);
+                        let dedup = rec.spec.webhooks().iter().map(|w| w.dedup_ttl_seconds()).max().unwrap_or(0);
+                        out.insert(id.to_string(), (rec.spec.history, dedup));
                     }
                     Err(e) => tracing::error!(task_id = %id, error = %e, "unreadable task"),
                 }
@@ -92,9 +94,13 @@ impl Repo {
         let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
         let part_of = |r: &RunKey| {
             let key = self.keys.run(&r.run_id);
+            let mut deletes = vec![TxnOp::delete(key.clone())];
+            if crate::model::event::may_store_body(&r.run_id) {
+                deletes.push(TxnOp::delete(self.keys.event_body(&r.run_id)));
+            }
             Part::from((
                 vec![Compare::mod_revision(&key, r.mod_revision), Compare::absent(self.keys.active_run(&r.run_id))],
-                vec![TxnOp::delete(key)],
+                deletes,
                 Vec::new(),
             ))
         };

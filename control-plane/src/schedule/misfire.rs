@@ -15,7 +15,20 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::{Schedule, next_slot};
 use crate::model::run::TriggerKind;
-use crate::model::task::MisfirePolicy;
+
+/// What to do with slots missed while no scheduler ran (a task's
+/// `execution.misfire_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MisfirePolicy {
+    /// Run the latest missed slot once, if within the grace (default).
+    #[default]
+    RunOnce,
+    /// Run every missed slot within the grace, oldest first.
+    RunAll,
+    /// Run none.
+    Skip,
+}
 
 /// Longest enumeration of slots older than the grace window; past it the
 /// coalesced `missed_count` is a lower bound (a per-second cron over 11 days).

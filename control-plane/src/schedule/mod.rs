@@ -5,15 +5,16 @@
 
 mod cron;
 mod misfire;
+mod spec;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 pub use cron::CronSchedule;
-pub use misfire::{DuePlan, SlotWindow, count_slots, plan_due_slots};
+pub use misfire::{DuePlan, MisfirePolicy, SlotWindow, count_slots, plan_due_slots};
+pub use spec::{CronTrigger, IntervalTrigger, OnceTrigger, TimeTrigger};
 
 use crate::error::{Error, Result};
 use crate::model::run::TriggerKind;
-use crate::model::task::TriggerSpec;
 
 /// A compiled time trigger.
 #[derive(Debug, Clone)]
@@ -90,16 +91,16 @@ pub fn jitter_for(task_id: &str, slot: DateTime<Utc>, jitter_ms: u64) -> Duratio
     Duration::milliseconds((h % jitter_ms) as i64)
 }
 
-/// Compiles a trigger spec. `path` is the field path used in errors
+/// Compiles a time trigger. `path` is the field path used in errors
 /// (`trigger`, `triggers[1]`).
-pub fn compile(t: &TriggerSpec, path: &str) -> Result<Schedule> {
+pub fn compile(t: TimeTrigger<'_>, path: &str) -> Result<Schedule> {
     match t {
-        TriggerSpec::Cron(c) => {
+        TimeTrigger::Cron(c) => {
             let tz = c.timezone.as_deref().unwrap_or("UTC");
             let s = CronSchedule::parse(&c.expr, tz, c.jitter_seconds.saturating_mul(1000)).map_err(|e| e.at(path))?;
             Ok(Schedule::Cron(Box::new(s)))
         }
-        TriggerSpec::Interval(i) => {
+        TimeTrigger::Interval(i) => {
             let period_s = match (&i.every, i.every_seconds) {
                 (Some(_), Some(_)) => {
                     return Err(Error::invalid(format!("{path}.every_seconds"), "give either every or every_seconds, not both"));
@@ -120,7 +121,7 @@ pub fn compile(t: &TriggerSpec, path: &str) -> Result<Schedule> {
                 jitter_ms: i.jitter_seconds.saturating_mul(1000),
             })
         }
-        TriggerSpec::Once(o) => Ok(Schedule::Once { at: o.at }),
+        TimeTrigger::Once(o) => Ok(Schedule::Once { at: o.at }),
     }
 }
 

@@ -15,6 +15,10 @@ pub fn trigger_to_pb(t: TriggerKind) -> pb::TriggerKind {
         TriggerKind::Interval => pb::TriggerKind::Interval,
         TriggerKind::Once => pb::TriggerKind::Once,
         TriggerKind::Manual => pb::TriggerKind::Manual,
+        TriggerKind::Event => pb::TriggerKind::Event,
+        TriggerKind::Webhook => pb::TriggerKind::Webhook,
+        TriggerKind::Queue => pb::TriggerKind::Queue,
+        TriggerKind::After => pb::TriggerKind::After,
     }
 }
 
@@ -28,6 +32,8 @@ pub fn skip_to_pb(s: Option<SkipReason>) -> pb::SkipReason {
         Some(SkipReason::CircuitOpen) => pb::SkipReason::CircuitOpen,
         Some(SkipReason::ResourceBusy) => pb::SkipReason::ResourceBusy,
         Some(SkipReason::BudgetExceeded) => pb::SkipReason::BudgetExceeded,
+        Some(SkipReason::InvalidEvent) => pb::SkipReason::InvalidEvent,
+        Some(SkipReason::UpstreamUnmet) => pb::SkipReason::UpstreamUnmet,
     }
 }
 
@@ -162,6 +168,9 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
         start_by: ots(r.start_by),
         interruptions: r.interruptions,
         elided_attempts: r.elided_attempts.total,
+        event_json: r.event.as_ref().map(|e| serde_json::to_string(e).unwrap_or_default()).unwrap_or_default(),
+        upstream_json: r.upstream.as_ref().map(|u| serde_json::to_string(u).unwrap_or_default()).unwrap_or_default(),
+        priority: r.priority,
         trace_id: r.trace_id.clone(),
         span_id: r.span_id.clone(),
     }

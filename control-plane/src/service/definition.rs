@@ -28,7 +28,12 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
         for (i, t) in d.triggers.iter().enumerate() {
             let path = |f: &str| format!("triggers[{i}].{f}");
             let v = match &t.kind {
-                None => return Err(Error::invalid(format!("triggers[{i}]"), "no trigger kind set (cron, interval or once)")),
+                None => {
+                    return Err(Error::invalid(
+                        format!("triggers[{i}]"),
+                        "no trigger kind set (cron, interval, once, event, webhook, queue or after)",
+                    ));
+                }
                 Some(pb::trigger::Kind::Cron(c)) => {
                     let mut v = json!({"type": "cron", "expr": c.expr});
                     if !c.timezone.is_empty() {
@@ -63,6 +68,33 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
                         .ok_or_else(|| Error::invalid(path("at"), "required"))
                         .and_then(|t| from_timestamp(t).ok_or_else(|| Error::invalid(path("at"), "not a valid timestamp")))?;
                     json!({"type": "once", "at": at.to_rfc3339()})
+                }
+                Some(pb::trigger::Kind::Event(ev)) => json!({"type": "event", "topic": ev.topic}),
+                Some(pb::trigger::Kind::Webhook(w)) => webhook_json(w),
+                Some(pb::trigger::Kind::Queue(q)) => {
+                    let mut v = json!({"type": "queue", "broker": q.broker});
+                    for (k, x) in [("queue", &q.queue), ("subject", &q.subject), ("stream", &q.stream), ("format", &q.format)] {
+                        if !x.is_empty() {
+                            v[k] = x.clone().into();
+                        }
+                    }
+                    if q.max_pending > 0 {
+                        v["max_pending"] = q.max_pending.into();
+                    }
+                    if q.prefetch > 0 {
+                        v["prefetch"] = q.prefetch.into();
+                    }
+                    if q.max_body_bytes > 0 {
+                        v["max_body_bytes"] = q.max_body_bytes.into();
+                    }
+                    v
+                }
+                Some(pb::trigger::Kind::After(a)) => {
+                    let mut v = json!({"type": "after", "task": a.task});
+                    if !a.status.is_empty() {
+                        v["status"] = a.status.clone().into();
+                    }
+                    v
                 }
             };
             list.push(v);
@@ -103,6 +135,82 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
         o.insert("history".into(), Value::Object(v));
     }
     Ok(Value::Object(o))
+}
+
+fn webhook_json(w: &pb::WebhookTrigger) -> Value {
+    let mut v = json!({"type": "webhook", "path": w.path});
+    match &w.auth {
+        Some(pb::webhook_trigger::Auth::Hmac(h)) => {
+            let mut a = json!({"secret_file": h.secret_file, "header": h.header});
+            for (k, x) in
+                [("algorithm", &h.algorithm), ("encoding", &h.encoding), ("prefix", &h.prefix), ("timestamp_header", &h.timestamp_header)]
+            {
+                if !x.is_empty() {
+                    a[k] = x.clone().into();
+                }
+            }
+            if h.tolerance_seconds > 0 {
+                a["tolerance_seconds"] = h.tolerance_seconds.into();
+            }
+            v["auth"] = json!({ "hmac": a });
+        }
+        Some(pb::webhook_trigger::Auth::Bearer(b)) => v["auth"] = json!({"bearer": {"token_file": b.token_file}}),
+        Some(pb::webhook_trigger::Auth::None(_)) => v["auth"] = "none".into(),
+        // Left out: validation says auth is required.
+        None => {}
+    }
+    if !w.dedup_header.is_empty() || !w.dedup_body_field.is_empty() || !w.dedup_ttl.is_empty() {
+        let mut d = Map::new();
+        for (k, x) in [("header", &w.dedup_header), ("body_field", &w.dedup_body_field), ("ttl", &w.dedup_ttl)] {
+            if !x.is_empty() {
+                d.insert(k.into(), x.clone().into());
+            }
+        }
+        v["dedup"] = Value::Object(d);
+    }
+    if !w.headers.is_empty() {
+        v["headers"] = w.headers.clone().into();
+    }
+    if w.max_body_bytes > 0 {
+        v["max_body_bytes"] = w.max_body_bytes.into();
+    }
+    v
+}
+
+/// A stored webhook trigger as its typed message.
+fn webhook_pb(w: &crate::model::trigger::WebhookTrigger) -> pb::WebhookTrigger {
+    use crate::model::trigger::{HmacAlgorithm, SignatureEncoding, WebhookAuth};
+    let auth = match &w.auth {
+        WebhookAuth::Hmac(h) => pb::webhook_trigger::Auth::Hmac(pb::HmacAuth {
+            secret_file: h.secret_file.clone(),
+            header: h.header.clone(),
+            algorithm: match h.algorithm {
+                HmacAlgorithm::Sha256 => "sha256",
+                HmacAlgorithm::Sha1 => "sha1",
+            }
+            .into(),
+            encoding: match h.encoding {
+                SignatureEncoding::Hex => "hex",
+                SignatureEncoding::Base64 => "base64",
+            }
+            .into(),
+            prefix: h.prefix.clone(),
+            timestamp_header: h.timestamp_header.clone().unwrap_or_default(),
+            tolerance_seconds: h.tolerance_seconds,
+        }),
+        WebhookAuth::Bearer(b) => pb::webhook_trigger::Auth::Bearer(pb::BearerAuth { token_file: b.token_file.clone() }),
+        WebhookAuth::None => pb::webhook_trigger::Auth::None(true),
+    };
+    let d = w.dedup.as_ref();
+    pb::WebhookTrigger {
+        path: w.path.clone(),
+        auth: Some(auth),
+        dedup_header: d.and_then(|d| d.header.clone()).unwrap_or_default(),
+        dedup_body_field: d.and_then(|d| d.body_field.clone()).unwrap_or_default(),
+        dedup_ttl: d.and_then(|d| d.ttl.clone()).unwrap_or_default(),
+        headers: w.headers.clone().unwrap_or_default(),
+        max_body_bytes: w.max_body_bytes.unwrap_or(0),
+    }
 }
 
 fn execution_json(e: &pb::Execution) -> Value {
@@ -197,6 +305,25 @@ pub fn definition_of(spec: &TaskSpec) -> pb::TaskDefinition {
                     jitter_seconds: iv.jitter_seconds,
                 }),
                 TriggerSpec::Once(o) => pb::trigger::Kind::Once(pb::OnceTrigger { at: Some(to_timestamp(o.at)) }),
+                TriggerSpec::Event(e) => pb::trigger::Kind::Event(pb::EventTrigger { topic: e.topic.clone() }),
+                TriggerSpec::Webhook(w) => pb::trigger::Kind::Webhook(webhook_pb(w)),
+                TriggerSpec::Queue(q) => pb::trigger::Kind::Queue(pb::QueueTrigger {
+                    broker: q.broker.clone(),
+                    queue: q.queue.clone().unwrap_or_default(),
+                    subject: q.subject.clone().unwrap_or_default(),
+                    stream: q.stream.clone().unwrap_or_default(),
+                    format: match q.format {
+                        crate::model::trigger::EventFormat::Json => "json",
+                        crate::model::trigger::EventFormat::Raw => "raw",
+                    }
+                    .into(),
+                    max_pending: q.max_pending,
+                    prefetch: q.prefetch.unwrap_or(0),
+                    max_body_bytes: q.max_body_bytes.unwrap_or(0),
+                }),
+                TriggerSpec::After(a) => {
+                    pb::trigger::Kind::After(pb::AfterTrigger { task: a.task.clone(), status: a.status.as_str().into() })
+                }
             }),
         })
         .collect();

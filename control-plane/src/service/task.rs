@@ -182,6 +182,14 @@ impl TaskService for TaskSvc {
         }))
     }
 
+    async fn publish_event(&self, req: Request<pb::PublishEventRequest>) -> Result<Response<pb::PublishEventResponse>, Status> {
+        let r = req.into_inner();
+        let runs = self.0.publish_event(&r.topic, &r.payload_json, &r.idempotency_key).await.map_err(status)?;
+        Ok(Response::new(pb::PublishEventResponse {
+            runs: runs.into_iter().map(|(task_id, a)| pb::PublishedRun { task_id, run_id: a.run_id, created: a.created }).collect(),
+        }))
+    }
+
     async fn preview_schedule(&self, req: Request<pb::PreviewScheduleRequest>) -> Result<Response<pb::PreviewScheduleResponse>, Status> {
         let r = req.into_inner();
         let after = r.after.as_ref().and_then(from_timestamp);

@@ -20,7 +20,8 @@ impl EngineCore {
     /// Applies what the policies want written for `run_id`: a breaker
     /// goes in its task's cursor, and the run's write joins the cursor's
     /// group (with the `on_breaker_open` notification when it opened);
-    /// store ops go in the run's group; a pause goes to the shell.
+    /// store ops go in the run's group; a following task's run is created
+    /// in it too; a pause goes to the shell.
     pub(super) fn apply_writes(&mut self, now: Now, run_id: &str, writes: Vec<Write>) {
         for w in writes {
             match w {
@@ -33,6 +34,7 @@ impl EngineCore {
                 }
                 Write::Op(op) => self.writes.with_run(run_id, [op]),
                 Write::PauseTask { task_id, why } => self.fx.pauses.push((task_id, why)),
+                Write::Follow { task_id, upstream, unmet } => self.follow(now, &task_id, upstream, unmet),
                 // Taken onto the run at its creation (`admit`).
                 Write::Charges(_) => {}
             }

@@ -23,6 +23,7 @@
 
 mod breaker;
 mod deadlines;
+mod events;
 mod notify;
 pub mod policy;
 mod runners;
@@ -42,7 +43,7 @@ use chrono::{DateTime, Utc};
 
 use super::lifecycle::Lifecycle;
 use super::protocol::{FinishedReport, FromRunner, ToRunner};
-use super::{RunnerSnapshot, TriggerRequest};
+use super::{EventAdmitted, EventRequest, RunnerSnapshot, TriggerRequest};
 use crate::clock::{Mono, Now};
 use crate::dispatch::queue::AgentQueues;
 use crate::dispatch::registry::Registry;
@@ -92,6 +93,8 @@ pub enum Reply {
     Cancel(Result<Box<RunRecord>>),
     /// To [`Input::ResetBreaker`]: the breaker as stored.
     ResetBreaker(Result<crate::model::breaker::Breaker>),
+    /// To [`Input::Events`]: one answer per event, in order.
+    Events(Vec<Result<EventAdmitted>>),
 }
 
 /// Why the core asked the shell to read a run.
@@ -194,6 +197,20 @@ pub enum Input {
         /// Task.
         task_id: String,
     },
+    /// A batch of events (webhook requests, queue messages, published events).
+    Events {
+        /// Reply to.
+        reply: ReplyId,
+        /// The events, each for one task.
+        events: Vec<EventRequest>,
+    },
+    /// Which runs of a batch of events exist in the store ([`Effects::run_checks`]).
+    EventsLoaded {
+        /// The batch's reply.
+        reply: ReplyId,
+        /// One per run id asked, in order.
+        exists: Vec<bool>,
+    },
     /// A run the core asked for ([`Effects::reads`]).
     RunLoaded {
         /// Run.
@@ -219,7 +236,8 @@ pub struct Outbound {
 /// What the shell must do after a turn, in this order: commit `writes`
 /// (each inner group atomically, groups in order), close `disconnects`,
 /// send `sends`, publish `events`, deliver `replies`, write `pauses`, then
-/// perform `reads` and feed each back as [`Input::RunLoaded`].
+/// perform `reads` and feed each back as [`Input::RunLoaded`], and
+/// `run_checks`, each fed back as [`Input::EventsLoaded`].
 #[derive(Debug, Default)]
 pub struct Effects {
     /// Groups of store operations.
@@ -234,6 +252,9 @@ pub struct Effects {
     pub replies: Vec<(ReplyId, Reply)>,
     /// Runs to read from the store: `(run_id, purpose)`.
     pub reads: Vec<(String, ReadPurpose)>,
+    /// Runs of a batch of events whose existence the store must tell
+    /// (one read per batch): `(reply, run ids)`.
+    pub run_checks: Vec<(ReplyId, Vec<String>)>,
     /// Tasks to pause, with why (a policy asked): the shell writes their
     /// definitions as a user's pause does, after this turn's writes.
     pub pauses: Vec<(String, String)>,
@@ -248,6 +269,7 @@ impl Effects {
             && self.events.is_empty()
             && self.replies.is_empty()
             && self.reads.is_empty()
+            && self.run_checks.is_empty()
             && self.pauses.is_empty()
     }
 }
@@ -296,6 +318,10 @@ pub struct EngineCore {
     writes: WriteSet,
     /// This turn's other effects.
     fx: Effects,
+    /// Batches of events waiting for their store lookup.
+    pending_events: HashMap<ReplyId, events::PendingEvents>,
+    /// Where events find their tasks.
+    routes: events::Routes,
 }
 
 /// What the core knows of the clocks.
@@ -354,6 +380,8 @@ impl EngineCore {
             seen: Seen::default(),
             writes: WriteSet::default(),
             fx: Effects::default(),
+            pending_events: HashMap::new(),
+            routes: events::Routes::default(),
         }
     }
 
@@ -402,6 +430,8 @@ impl EngineCore {
             Input::Trigger { reply, req, explicit_key } => self.trigger(now, reply, req, explicit_key),
             Input::Cancel { reply, run_id, reason } => self.cancel_command(now, reply, &run_id, &reason),
             Input::ResetBreaker { reply, task_id } => self.reset_breaker(now, reply, &task_id),
+            Input::Events { reply, events } => self.events(now, reply, events),
+            Input::EventsLoaded { reply, exists } => self.events_loaded(now, reply, exists),
             Input::RunLoaded { run_id, run, purpose } => self.on_run_loaded(now, &run_id, run.map(|r| *r), purpose),
         }
         self.after_input(now);
@@ -528,6 +558,16 @@ impl EngineCore {
     /// reservations (`punchclock budgets list`).
     pub fn budgets(&self, now: DateTime<Utc>) -> Vec<policy::budgets::BudgetSnapshot> {
         self.policies.budgets.snapshot(now)
+    }
+
+    /// The tasks (not deleted) with an event trigger on `topic`, by id.
+    pub fn topic_tasks(&self, topic: &str) -> Vec<String> {
+        self.routes.topic(topic).into_iter().filter(|id| self.tasks.get(id).is_some_and(|e| !e.deleted)).collect()
+    }
+
+    /// A task's runs waiting for dispatch (PENDING, RETRYING).
+    pub fn waiting(&self, task_id: &str) -> u64 {
+        self.waiting_runs(task_id)
     }
 
     /// Takes the budgets' ledger from the store (before [`EngineCore::load`]).

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use crate::clock::Now;
 
 use super::policy::{ActiveRun, Admit, AdmitQuery, AfterAttempt, AgentOutcome, AttemptQuery, Dispatch, DispatchQuery, FinishQuery, Write};
+use super::writes::Home;
 use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
 use crate::dispatch::queue::ReadyKey;
 use crate::engine::TriggerRequest;
@@ -96,8 +97,17 @@ impl EngineCore {
             run.span_id = span_id;
         }
         let id = run.run_id.clone();
+        // Where its record is written: a slot with its task's cursor, a
+        // follower with the end of the run it follows, an event's alone.
+        let home = if run.trigger.is_slot() {
+            Home::Task
+        } else if let Some(up) = run.upstream.as_ref() {
+            Home::With(up.run_id.clone())
+        } else {
+            Home::Own
+        };
         self.remember_run(run);
-        self.writes.created(&id);
+        self.writes.created(&id, home);
     }
 
     /// Makes a PENDING run (no open attempt) wait for dispatch: a timer
@@ -197,10 +207,15 @@ impl EngineCore {
     }
 
     /// Records `run` (not yet created) as SKIPPED for `reason`: one slot.
-    fn skip_one(&mut self, now: Now, run: &RunRecord, reason: SkipReason, why: String) {
+    pub(super) fn skip_one(&mut self, now: Now, run: &RunRecord, reason: SkipReason, why: String) {
         let slot = run.scheduled_at;
-        let skipped =
+        let mut skipped =
             RunRecord::skipped(run.run_id.clone(), &run.task_id, &run.agent_id, run.trigger, reason, (1, slot, slot), why, now.wall);
+        // What started it stays on the record (an event, the run it follows).
+        skipped.event = run.event.clone();
+        skipped.upstream = run.upstream.clone();
+        skipped.params = run.params.clone();
+        skipped.priority = run.priority;
         let run_id = skipped.run_id.clone();
         self.create(now, skipped);
         tracing::info!(run_id = %run_id, reason = reason.as_str(), "slot skipped");
@@ -413,6 +428,19 @@ impl EngineCore {
         ctx.insert("trigger".into(), run.trigger.as_str().into());
         ctx.insert("params".into(), serde_json::Value::Object(run.params.clone()));
         ctx.insert("checkpoint".into(), run.progress.as_ref().and_then(|p| p.checkpoint.clone()).unwrap_or(serde_json::Value::Null));
+        // A body stored beside the run is put in by the shell at dispatch
+        // (`Assignment::stored_event_body`).
+        if let Some(ev) = &run.event {
+            let mut v = serde_json::to_value(ev).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("body_stored");
+                o.entry("body").or_insert(serde_json::Value::Null);
+            }
+            ctx.insert("event".into(), v);
+        }
+        if let Some(up) = &run.upstream {
+            ctx.insert("upstream".into(), serde_json::to_value(up).unwrap_or_default());
+        }
         serde_json::Value::Object(ctx).to_string()
     }
 
@@ -471,6 +499,7 @@ impl EngineCore {
             span_id: if run.trace_id.is_empty() { String::new() } else { crate::model::trace::attempt_span_id(&execution_id) },
             trace_state: run.trace_state.clone(),
             baggage: run.baggage.clone(),
+            stored_event_body: run.event.as_ref().is_some_and(|e| e.body_stored),
         };
         if let (Some(run), Some(task)) = (self.runs.get(run_id), self.tasks.get(&task_id)) {
             let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents: 0 };

@@ -71,6 +71,8 @@ impl EngineCore {
                     return;
                 }
                 let baseline = e.baseline();
+                self.policies.task_changed(&id, Some(&rec.spec));
+                self.routes.task_changed(&id, Some(&rec.spec));
                 let old = std::mem::replace(&mut e.record, rec);
                 // Slots the old definition made due are settled by it first.
                 if !e.deleted && !old.paused && next_slot(&schedules(&old), baseline).is_some_and(|(s, _)| s <= now.wall) {
@@ -102,6 +104,8 @@ impl EngineCore {
             deferred: false,
             catchup: HashSet::new(),
         };
+        self.policies.task_changed(&id, Some(&entry.record.spec));
+        self.routes.task_changed(&id, Some(&entry.record.spec));
         self.tasks.insert(id.clone(), entry);
         Some(id)
     }
@@ -131,6 +135,8 @@ impl EngineCore {
             e.settle.push_back((rec, now.wall));
         }
         e.deleted = true;
+        self.policies.task_changed(task_id, None);
+        self.routes.task_changed(task_id, None);
         if e.settle.is_empty() {
             self.remove_task(now, task_id);
         } else {

@@ -72,6 +72,7 @@ impl H {
             events: fx.events.clone(),
             replies: Vec::new(),
             reads: fx.reads.clone(),
+            run_checks: fx.run_checks.clone(),
             pauses: fx.pauses.clone(),
         };
         self.log.push(copy);
@@ -1282,4 +1283,150 @@ fn runs_carry_their_trace_and_assignments_the_attempt_span() {
     let a2 = one_assign(&h.trigger("m", "t2"));
     let run2 = h.run(&a2.run_id);
     assert!(run2.trace_id.len() == 32 && run2.trace_id != run.trace_id && run2.parent_span_id.is_empty());
+}
+
+// ------------------------------------------------------------------ events
+
+fn event(task: &str, key: &str, body: &[u8]) -> crate::engine::EventRequest {
+    let run_id = crate::model::event::event_run_id(task, TriggerKind::Webhook, "/hooks/x", key);
+    crate::events::event_request(task, run_id, TriggerKind::Webhook, "/hooks/x", key, t0(), Default::default(), Default::default(), body)
+}
+
+fn event_task(task: &str) -> serde_json::Value {
+    serde_json::json!({"task_id": task, "agent_id": "a", "trigger": {"type": "webhook", "path": format!("/hooks/{task}"), "auth": "none"},
+                       "execution": {"overlap_policy": "queue", "concurrency_limit": 10}})
+}
+
+impl H {
+    /// Sends a batch of events; answers the store lookup with `stored`
+    /// (the run ids that exist there); returns the effects and the answers.
+    fn events(&mut self, evs: Vec<crate::engine::EventRequest>, stored: &[&str]) -> (Effects, Vec<Result<crate::engine::EventAdmitted>>) {
+        self.core.handle(self.clocks(), Input::Events { reply: 9, events: evs });
+        let mut fx = self.drain();
+        if let Some((reply, ids)) = fx.run_checks.pop() {
+            let exists = ids.iter().map(|id| stored.contains(&id.as_str())).collect();
+            self.core.handle(self.clocks(), Input::EventsLoaded { reply, exists });
+            fx = self.drain();
+        }
+        let answers = fx
+            .replies
+            .iter_mut()
+            .find_map(|(_, r)| match r {
+                Reply::Events(a) => Some(std::mem::take(a)),
+                _ => None,
+            })
+            .expect("the batch is answered");
+        (fx, answers)
+    }
+}
+
+/// Issue 21: one record per event id — a repeat in the same batch, one in
+/// memory, one the store has: none makes a second run; each event's run
+/// is written in a group of its own (a batch for one task never makes an
+/// oversized transaction).
+#[test]
+fn an_event_id_makes_one_run_whether_repeated_in_memory_or_in_the_store() {
+    let mut h = H::new();
+    h.task(event_task("w"));
+    let stored_id = event("w", "old", b"{}").run_id;
+    let (fx, answers) =
+        h.events(vec![event("w", "k1", b"{\"n\": 1}"), event("w", "old", b"{}"), event("w", "k1", b"{\"n\": 1}")], &[&stored_id]);
+    let answers: Vec<(bool, Option<SkipReason>)> = answers.into_iter().map(|a| a.map(|a| (a.created, a.skipped)).expect("ok")).collect();
+    assert_eq!(answers, vec![(true, None), (false, None), (false, None)]);
+    let groups: Vec<usize> = fx.writes.iter().map(|g| g.iter().filter(|op| matches!(op, StoreOp::CreateRun(_))).count()).collect();
+    assert_eq!(groups, vec![1], "{:?}", fx.writes);
+    let k1 = event("w", "k1", b"").run_id;
+    let run = h.run(&k1);
+    assert_eq!((run.trigger, run.status), (TriggerKind::Webhook, RunStatus::Pending));
+    assert_eq!(run.event.as_ref().and_then(|e| e.body.clone()), Some(serde_json::json!({"n": 1})));
+    // Again later: in memory, no lookup.
+    h.core.handle(h.clocks(), Input::Events { reply: 10, events: vec![event("w", "k1", b"")] });
+    let fx = h.drain();
+    assert!(fx.run_checks.is_empty() && fx.writes.is_empty());
+    assert!(matches!(&fx.replies[..], [(10, Reply::Events(a))] if a.len() == 1 && a[0].as_ref().is_ok_and(|a| !a.created)));
+    // An event for a task that is gone says so.
+    let (_, answers) = h.events(vec![event("nope", "k", b"")], &[]);
+    assert!(matches!(answers[0], Err(Error::NotFound { .. })));
+}
+
+/// Issue 21: every event leaves a record — a paused task's, an invalid
+/// one's, a budget's refusal — SKIPPED with its reason and the event.
+#[test]
+fn an_event_that_cannot_run_is_recorded_skipped_with_why() {
+    let mut h = H::new();
+    h.task(event_task("w"));
+    let mut bad = event("w", "bad", b"not json");
+    bad.invalid = Some("not a JSON document".into());
+    let (_, answers) = h.events(vec![bad], &[]);
+    assert_eq!(answers[0].as_ref().expect("ok").skipped, Some(SkipReason::InvalidEvent));
+    let stored = h.stored(&event("w", "bad", b"").run_id).expect("recorded");
+    assert_eq!((stored.status, stored.error.as_deref()), (RunStatus::Skipped, Some("not a JSON document")));
+    assert_eq!(stored.event.as_ref().map(|e| e.key.as_str()), Some("bad"), "the record says which event");
+    let mut rec = h.record(event_task("w"));
+    rec.paused = true;
+    h.put(rec);
+    let (_, answers) = h.events(vec![event("w", "p", b"{}")], &[]);
+    assert_eq!(answers[0].as_ref().expect("ok").skipped, Some(SkipReason::Paused));
+}
+
+/// Issue 21: a body over 16 KiB is written beside its run, in its group,
+/// and never kept in the leader's memory; the assignment says the shell
+/// must put it in.
+#[test]
+fn a_large_event_body_is_stored_beside_its_run() {
+    let mut h = H::new();
+    h.task(event_task("w"));
+    let body = format!("{{\"blob\": \"{}\"}}", "x".repeat(20_000));
+    let (fx, answers) = h.events(vec![event("w", "big", body.as_bytes())], &[]);
+    let run_id = answers[0].as_ref().expect("ok").run_id.clone();
+    let group = fx.writes.iter().find(|g| g.iter().any(|op| matches!(op, StoreOp::CreateRun(r) if r.run_id == run_id))).expect("group");
+    assert!(group.iter().any(|op| matches!(op, StoreOp::PutEventBody { run_id: id, body: b } if *id == run_id && b.len() == body.len())));
+    let run = h.run(&run_id);
+    let ev = run.event.as_ref().expect("event");
+    assert!(ev.body_stored && ev.body.is_none() && ev.body_bytes == body.len() as u64);
+    let (_, fx) = h.hello("r1", &["a"], 4);
+    let a = one_assign(&fx);
+    assert!(a.stored_event_body);
+    let ctx: serde_json::Value = serde_json::from_str(&a.context_json).expect("context");
+    assert_eq!(ctx["event"]["key"], "big");
+    assert!(ctx["event"]["body"].is_null(), "filled by the shell");
+}
+
+/// Issue 21, chains: a run of A that ends creates B's run (it asked for
+/// success) and C's SKIPPED `upstream_unmet` (it asked for failure) in
+/// the very group that makes A's run terminal; B's agent gets A's run as
+/// `upstream`; a cancelled B follows nothing it did not ask for.
+#[test]
+fn a_run_that_ends_creates_its_followers_in_its_own_transaction() {
+    let mut h = H::new();
+    h.task(manual("a"));
+    h.task(serde_json::json!({"task_id": "b", "agent_id": "a", "trigger": {"type": "after", "task": "a"}}));
+    h.task(serde_json::json!({"task_id": "c", "agent_id": "a", "trigger": {"type": "after", "task": "a", "status": "failed"}}));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let fx = h.trigger("a", "k");
+    let a = one_assign(&fx);
+    let fx = h.finished("r1", s, &a, ReportedOutcome::Succeeded);
+    let group = fx.writes.iter().find(|g| g.iter().any(|op| matches!(op, StoreOp::PutRun(r) if r.run_id == a.run_id))).expect("a's end");
+    let b_id = crate::model::event::after_run_id("b", &a.run_id);
+    let c_id = crate::model::event::after_run_id("c", &a.run_id);
+    let created: Vec<(String, RunStatus, Option<SkipReason>)> = group
+        .iter()
+        .filter_map(|op| match op {
+            StoreOp::CreateRun(r) => Some((r.run_id.clone(), r.status, r.skip_reason)),
+            _ => None,
+        })
+        .collect();
+    assert!(created.contains(&(c_id.clone(), RunStatus::Skipped, Some(SkipReason::UpstreamUnmet))), "{created:?}");
+    assert!(created.iter().any(|(id, _, skip)| *id == b_id && skip.is_none()), "{created:?}");
+    let b = assigns(&fx).into_iter().map(|(_, a)| a).find(|x| x.run_id == b_id).expect("b dispatched");
+    let ctx: serde_json::Value = serde_json::from_str(&b.context_json).expect("context");
+    assert_eq!(ctx["upstream"]["run_id"], a.run_id);
+    assert_eq!(ctx["upstream"]["status"], "SUCCEEDED");
+    assert_eq!(ctx["upstream"]["result"], serde_json::json!({"by": "r1"}));
+    assert_eq!(ctx["trigger"], "after");
+    let c = h.stored(&c_id).expect("c recorded");
+    assert!(c.error.as_deref().is_some_and(|e| e.contains("ended SUCCEEDED") && e.contains(&a.run_id)), "{c:?}");
+    // B's end starts nothing: nobody follows B.
+    let fx = h.finished("r1", s, &b, ReportedOutcome::Succeeded);
+    assert!(fx.writes.iter().flatten().all(|op| !matches!(op, StoreOp::CreateRun(_))));
 }

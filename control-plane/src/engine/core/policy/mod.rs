@@ -18,12 +18,14 @@
 //! policy), `breaker.rs` (circuit breaker), `retry.rs` (retries, backoff
 //! and the agent's outcome contract), `resources.rs` (cluster-wide
 //! concurrency, request and token rates, hold-backs), `budgets.rs` (spend
-//! limits over windows, reserved at admission, settled with the run).
-//! Adding one touches
+//! limits over windows, reserved at admission, settled with the run),
+//! `dependencies.rs` (tasks that follow tasks: a run's end starts its
+//! followers' runs). Adding one touches
 //! its file and [`Policies`].
 
 pub mod breaker;
 pub mod budgets;
+pub mod dependencies;
 pub mod overlap;
 pub mod resources;
 pub mod retry;
@@ -225,6 +227,17 @@ pub enum Write {
     /// What the new run is charged against budgets (from
     /// [`Policy::created`]: it goes on the run record, created with it).
     Charges(Vec<crate::model::budget::BudgetCharge>),
+    /// A task follows the run that ended (`after`): its run — or, with
+    /// `unmet`, its SKIPPED `upstream_unmet` record — is created in the
+    /// ended run's group.
+    Follow {
+        /// The following task.
+        task_id: String,
+        /// What its run carries of the ended one.
+        upstream: crate::model::event::Upstream,
+        /// Why it does not run, if it does not.
+        unmet: Option<String>,
+    },
     /// The task is to be paused (its definition is written by the shell,
     /// as a user's pause is).
     PauseTask {
@@ -247,6 +260,8 @@ pub trait Policy {
     fn run_changed(&mut self, _run: &RunRecord) {}
     /// A run left memory.
     fn run_forgotten(&mut self, _run: &RunRecord) {}
+    /// A task was created or changed (`Some`), or deleted (`None`).
+    fn task_changed(&mut self, _task_id: &str, _spec: Option<&TaskSpec>) {}
     /// A run asks to be created.
     fn admit(&mut self, _q: &AdmitQuery<'_>) -> Admit {
         Admit::Pass
@@ -288,12 +303,14 @@ pub struct Policies {
     pub overlap: overlap::Overlap,
     /// Retries and the outcome contract.
     pub retry: retry::Retry,
+    /// Tasks that follow tasks.
+    pub dependencies: dependencies::Dependencies,
 }
 
 impl Policies {
     /// Every policy, in order: the one list they are registered in.
-    pub fn chain(&mut self) -> [&mut dyn Policy; 5] {
-        [&mut self.breaker, &mut self.overlap, &mut self.resources, &mut self.budgets, &mut self.retry]
+    pub fn chain(&mut self) -> [&mut dyn Policy; 6] {
+        [&mut self.breaker, &mut self.overlap, &mut self.resources, &mut self.budgets, &mut self.retry, &mut self.dependencies]
     }
 
     /// The configuration changed (or the term began): each policy takes
@@ -315,6 +332,13 @@ impl Policies {
     pub fn run_forgotten(&mut self, run: &RunRecord) {
         for p in self.chain() {
             p.run_forgotten(run);
+        }
+    }
+
+    /// A task was created or changed (`Some`), or deleted (`None`).
+    pub fn task_changed(&mut self, task_id: &str, spec: Option<&TaskSpec>) {
+        for p in self.chain() {
+            p.task_changed(task_id, spec);
         }
     }
 

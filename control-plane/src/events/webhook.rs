@@ -1,0 +1,298 @@
+//! Webhook triggers and published events over HTTP, on the control plane's
+//! HTTP port:
+//!
+//! - `POST /hooks/...`: the task whose `webhook` trigger has that path
+//!   gets a run. The request is authenticated (`signature.rs`), its
+//!   delivery id taken from the trigger's `dedup` (else `Idempotency-Key`),
+//!   and it is answered `202 {run_id, deduplicated}` only once the run's
+//!   record is committed — so a sender's retry is always safe. `401` a bad
+//!   signature (no record; logged once per path and source a minute),
+//!   `404` an unknown path, `413` a body over the limit, `400` a delivery
+//!   without its dedup id, `408` a body that does not arrive within 30 s,
+//!   `503` with `Retry-After` when no leader can admit it (or its secret
+//!   cannot be read here, or 64 bodies are being read already).
+//! - `POST /events/{topic}`: `PublishEvent` (a bearer token of role
+//!   `operator` when auth is on; `Idempotency-Key` header required).
+//!
+//! Any replica accepts: a follower forwards the request as it came to the
+//! leader's HTTP port (`LeaderInfo::http_address`) and relays the answer.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+
+use super::signature::{self, Refusal};
+use crate::api::Core;
+use crate::error::Error;
+use crate::model::event::event_run_id;
+use crate::model::run::TriggerKind;
+use crate::model::trigger::{MAX_EVENT_BODY_BYTES, WebhookTrigger};
+
+/// Set on a request a follower forwards (its replica id): a replica that
+/// gets one and does not lead answers 503 instead of forwarding again.
+const FORWARDED: &str = "x-punchclock-forwarded-by";
+/// The original sender of a forwarded request.
+const FORWARDED_FOR: &str = "x-punchclock-forwarded-for";
+/// Longest delivery id taken (its run id is a digest of it).
+const MAX_KEY_CHARS: usize = 512;
+/// Longest header value given to the agent.
+const MAX_HEADER_VALUE: usize = 1024;
+/// Requests whose bodies are read at once (each up to 1 MiB): a flood of
+/// large or slow requests holds at most this many bodies in memory; the
+/// others wait for a turn, and get 503 after [`BODY_TURN_WAIT`].
+const MAX_BODIES_IN_FLIGHT: usize = 64;
+/// How long a request waits for its turn to be read.
+const BODY_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a body may take to arrive (a client that trickles it gets 408).
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn bodies() -> &'static tokio::sync::Semaphore {
+    static BODIES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    BODIES.get_or_init(|| tokio::sync::Semaphore::new(MAX_BODIES_IN_FLIGHT))
+}
+
+/// The routes (bodies are read with the limit of their endpoint: a
+/// larger one is refused 413, before it is read whole).
+pub fn routes() -> Router<Arc<Core>> {
+    Router::new().route("/hooks/{*rest}", post(hook)).route("/events/{topic}", post(publish))
+}
+
+fn answer(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    answer(status, serde_json::json!({ "error": msg.into() }))
+}
+
+fn unavailable(msg: impl Into<String>, retry_after: u32) -> Response {
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg);
+    r.headers_mut().insert("retry-after", HeaderValue::from(retry_after));
+    r
+}
+
+fn header_of(headers: &HeaderMap) -> impl Fn(&str) -> Option<String> + '_ {
+    move |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// Reads a body of at most `limit` bytes: `413` as soon as its
+/// `Content-Length` says it is larger (before it is sent, to a client
+/// that waits for `100 Continue`), or once it passes the limit.
+/// At most [`MAX_BODIES_IN_FLIGHT`] bodies are read (and held) at once;
+/// one that takes longer than [`BODY_READ_TIMEOUT`] to arrive is refused
+/// `408`.
+async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<(Bytes, tokio::sync::SemaphorePermit<'static>), Response> {
+    let too_large = |n: String| error(StatusCode::PAYLOAD_TOO_LARGE, format!("{n} bytes; this endpoint takes at most {limit}"));
+    if let Some(n) = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
+        && n > limit
+    {
+        return Err(too_large(n.to_string()));
+    }
+    let permit = match tokio::time::timeout(BODY_TURN_WAIT, bodies().acquire()).await {
+        Ok(Ok(p)) => p,
+        _ => return Err(unavailable("too many requests are being read; try again", 1)),
+    };
+    match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit as usize)).await {
+        Ok(Ok(b)) => Ok((b, permit)),
+        Ok(Err(_)) => Err(too_large("more than that".into())),
+        Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, format!("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs()))),
+    }
+}
+
+/// `POST /hooks/...`.
+async fn hook(
+    State(core): State<Arc<Core>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let path = uri.path().to_string();
+    let Ok(engine) = core.engine().await else {
+        let (body, _turn) = match read_body(&headers, body, MAX_EVENT_BODY_BYTES).await {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        return forward(&core, &uri, &headers, body, peer).await;
+    };
+    let route = match engine.webhook(path.clone()).await {
+        Ok(r) => r,
+        Err(e) => return unavailable(format!("no leader can take it now: {e}"), 1),
+    };
+    let Some((task_id, trigger)) = route else {
+        return error(StatusCode::NOT_FOUND, format!("no task has a webhook at {path}"));
+    };
+    let (body, _turn) = match read_body(&headers, body, trigger.max_body()).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let source = headers.get(FORWARDED_FOR).and_then(|v| v.to_str().ok()).map_or_else(|| peer.ip().to_string(), str::to_string);
+    match signature::verify(&trigger.auth, &header_of(&headers), &body, core.clock.now().timestamp()) {
+        Ok(()) => {}
+        Err(Refusal::Unauthorized(why)) => {
+            if let Some(repeats) = crate::auth::refusal_due(&format!("webhook {path} {source}")) {
+                tracing::warn!(path, source, why, repeats, "webhook request refused: not authenticated (no record made)");
+            }
+            return error(StatusCode::UNAUTHORIZED, "not authenticated");
+        }
+        Err(Refusal::NoSecret(why)) => {
+            if crate::auth::refusal_due(&format!("webhook secret {path}")).is_some() {
+                tracing::error!(path, why, "a webhook's secret cannot be read on this control plane: its requests are refused 503");
+            }
+            return unavailable("this webhook's secret cannot be read here", 30);
+        }
+    }
+    let key = match delivery_id(&trigger, &headers, &body) {
+        Ok(k) => k,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let mut kept = BTreeMap::new();
+    for name in trigger.allowed_headers() {
+        if let Some(v) = headers.get(name.as_str()).and_then(|v| v.to_str().ok()) {
+            kept.insert(name, v.chars().take(MAX_HEADER_VALUE).collect());
+        }
+    }
+    let mut attributes = BTreeMap::new();
+    attributes.insert("source".to_string(), source);
+    let run_id = event_run_id(&task_id, TriggerKind::Webhook, &path, &key);
+    let ev = super::event_request(&task_id, run_id, TriggerKind::Webhook, &path, &key, core.clock.now(), kept, attributes, &body);
+    match engine.events(vec![ev]).await.map(|mut a| a.pop()) {
+        Ok(Some(Ok(a))) => answer(
+            StatusCode::ACCEPTED,
+            serde_json::json!({"run_id": a.run_id, "deduplicated": !a.created, "skipped": a.skipped.map(|s| s.as_str())}),
+        ),
+        Ok(Some(Err(Error::NotFound { .. }))) => error(StatusCode::NOT_FOUND, format!("no task has a webhook at {path}")),
+        Ok(Some(Err(e))) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Ok(None) => error(StatusCode::INTERNAL_SERVER_ERROR, "no answer"),
+        Err(e) => unavailable(format!("no leader can take it now: {e}"), 1),
+    }
+}
+
+/// The delivery id of a request: the trigger's dedup header or body field,
+/// else the `Idempotency-Key` header, else a fresh one (no dedup).
+fn delivery_id(trigger: &WebhookTrigger, headers: &HeaderMap, body: &[u8]) -> Result<String, String> {
+    let key = match trigger.dedup.as_ref() {
+        Some(d) => match (&d.header, &d.body_field) {
+            (Some(h), _) => headers
+                .get(h.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+                .ok_or_else(|| format!("no {h} header (this webhook's dedup id)"))?,
+            (None, Some(field)) => {
+                let doc: serde_json::Value = serde_json::from_slice(body)
+                    .map_err(|_| format!("the body is not JSON, so it has no {field} (this webhook's dedup id)"))?;
+                let v = field
+                    .split('.')
+                    .try_fold(&doc, |v, k| v.get(k))
+                    .ok_or_else(|| format!("the body has no {field} (this webhook's dedup id)"))?;
+                match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Number(n) => n.to_string(),
+                    _ => return Err(format!("{field} is not a string or a number (this webhook's dedup id)")),
+                }
+            }
+            (None, None) => uuid::Uuid::new_v4().to_string(),
+        },
+        None => match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+            Some(k) => k.to_string(),
+            None => uuid::Uuid::new_v4().to_string(),
+        },
+    };
+    if key.is_empty() || key.chars().count() > MAX_KEY_CHARS {
+        return Err(format!("the delivery id must be 1 to {MAX_KEY_CHARS} characters"));
+    }
+    Ok(key)
+}
+
+/// `POST /events/{topic}`: publishes an event (as `PublishEvent`).
+async fn publish(
+    State(core): State<Arc<Core>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(topic): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(status) = core.auth.authorize("/punchclock.v1.TaskService/PublishEvent", &headers, None) {
+        let code = if status.code() == tonic::Code::PermissionDenied { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
+        return error(code, status.message());
+    }
+    let (body, _turn) = match read_body(&headers, body, crate::model::task::MAX_PARAMS_BYTES as u64).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if core.engine().await.is_err() {
+        return forward(&core, &uri, &headers, body, peer).await;
+    }
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return error(StatusCode::BAD_REQUEST, "Idempotency-Key header required: the same key never makes a second run of a task");
+    };
+    let Ok(payload) = std::str::from_utf8(&body) else {
+        return error(StatusCode::BAD_REQUEST, "payload_json: not UTF-8 JSON");
+    };
+    match core.publish_event(&topic, payload, key).await {
+        Ok(runs) => answer(
+            StatusCode::ACCEPTED,
+            serde_json::json!({"runs": runs.into_iter().map(|(task_id, a)| serde_json::json!({
+                "task_id": task_id, "run_id": a.run_id, "created": a.created, "skipped": a.skipped.map(|s| s.as_str())})).collect::<Vec<_>>()}),
+        ),
+        Err(e @ Error::InvalidArgument { .. }) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => unavailable(e.to_string(), 1),
+    }
+}
+
+/// A follower's part: the request goes to the leader's HTTP port as it
+/// came, and its answer comes back as it is. `503` with `Retry-After`
+/// when no leader is known (or it is this one, whose engine is not up), or
+/// the request was forwarded once already.
+async fn forward(core: &Core, uri: &Uri, headers: &HeaderMap, body: Bytes, peer: SocketAddr) -> Response {
+    if headers.contains_key(FORWARDED) {
+        return unavailable("forwarded to a replica that no longer leads; try again", 1);
+    }
+    let leader = core.leader().await.filter(|l| l.leader_id != core.election.id());
+    let Some(base) = leader.map(|l| l.http_address).filter(|a| !a.is_empty()) else {
+        return unavailable("no leader can take it now (none elected, or it has no HTTP port)", 1);
+    };
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let client = CLIENT.get_or_init(|| {
+        reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default()
+    });
+    let url = format!("{}{}", base.trim_end_matches('/'), uri.path_and_query().map_or(uri.path(), |p| p.as_str()));
+    let mut req = client.post(&url).body(body);
+    for (name, value) in headers {
+        if !matches!(name.as_str(), "host" | "content-length" | "connection" | "transfer-encoding" | "keep-alive" | "upgrade") {
+            req = req.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let source = headers.get(FORWARDED_FOR).and_then(|v| v.to_str().ok()).map_or_else(|| peer.ip().to_string(), str::to_string);
+    req = req.header(FORWARDED, core.election.id()).header(FORWARDED_FOR, source);
+    match req.send().await {
+        Ok(resp) => {
+            let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let retry = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
+            // The leader's answers are small JSON documents.
+            let bytes = resp.bytes().await.unwrap_or_default();
+            let mut r = (status, bytes).into_response();
+            if let Some(v) = retry.and_then(|v| HeaderValue::from_str(&v).ok()) {
+                r.headers_mut().insert("retry-after", v);
+            }
+            if let Some(v) = ctype.and_then(|v| HeaderValue::from_str(&v).ok()) {
+                r.headers_mut().insert("content-type", v);
+            }
+            r
+        }
+        Err(e) => unavailable(format!("the leader at {base} cannot be reached: {e}"), 1),
+    }
+}
