@@ -13,6 +13,9 @@ PORT=${PUNCHCLOCK_DEMO_PORT:-7700}
 
 rm -rf "$DATA"
 mkdir -p "$DATA"
+DATA_ABS=$(cd "$DATA" && pwd)
+# The bearer token of the demo's webhook task (examples/tasks/events.yaml).
+python3 -c 'import secrets; print(secrets.token_hex(16))' > "$DATA/webhook.token"
 DEV=
 RECEIVER=
 cleanup() {
@@ -89,11 +92,31 @@ echo "   other shells: export PUNCHCLOCK_ENDPOINT=$API"
 # The example tasks check the local health endpoint at its default address;
 # they get the one this dev listens on.
 for f in examples/tasks/*.json examples/tasks/*.yaml; do
-  sed "s#http://127.0.0.1:7701/healthz#$HEALTH#g" "$f" > "$DATA/$(basename "$f")"
+  sed -e "s#http://127.0.0.1:7701/healthz#$HEALTH#g" -e "s#__DEMO_DATA__#$DATA_ABS#g" "$f" > "$DATA/$(basename "$f")"
   "$BIN" task apply -f "$DATA/$(basename "$f")"
 done
 echo
 "$BIN" task list
+echo
+# The webhook task: one ticket now (and the same again, deduplicated), and
+# the line to post more.
+HOOK="${HEALTH%/healthz}/hooks/demo-tickets"
+post_ticket() {
+  python3 - "$HOOK" "$DATA/webhook.token" "$1" "$2" <<'PY'
+import json, sys, urllib.request
+url, token_file, key, body = sys.argv[1:]
+token = open(token_file).read().strip()
+req = urllib.request.Request(url, data=body.encode(), method="POST",
+                             headers={"Authorization": "Bearer " + token, "Idempotency-Key": key, "Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=10) as r:
+    print(f"   POST {url} (Idempotency-Key: {key}) -> {r.status} {r.read().decode()}")
+PY
+}
+echo "== a webhook task (demo_tickets) and a chain (demo_report_digest follows each demo_report that succeeds)"
+post_ticket ticket-1 '{"ticket": 1, "text": "disk full on db-2"}' || true
+post_ticket ticket-1 '{"ticket": 1, "text": "disk full on db-2"}' || true
+echo "   post your own:"
+echo "   curl -H \"Authorization: Bearer \$(cat $DATA/webhook.token)\" -H 'Idempotency-Key: ticket-2' -d '{\"ticket\": 2, \"text\": \"checkout is down\"}' $HOOK"
 echo
 echo "== runs (refreshing every 10 s; Ctrl-C to stop)"
 # Ctrl-C reaches `punchclock dev` too: once it is gone, stop quietly.
@@ -101,7 +124,7 @@ while kill -0 "$DEV" 2>/dev/null; do
   sleep 10 & wait $! || true   # `wait` lets the INT trap run at once
   kill -0 "$DEV" 2>/dev/null || break
   echo "--- $(date -u +%FT%TZ)"
-  "$BIN" runs list --limit 12 || kill -0 "$DEV" 2>/dev/null || break
+  "$BIN" runs list --limit 14 || kill -0 "$DEV" 2>/dev/null || break
   echo "--- shared resources"
   "$BIN" resources list || true
   echo "--- budgets"
