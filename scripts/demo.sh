@@ -115,8 +115,8 @@ PY
 echo "== a webhook task (demo_tickets) and a chain (demo_report_digest follows each demo_report that succeeds)"
 post_ticket ticket-1 '{"ticket": 1, "text": "disk full on db-2"}' || true
 post_ticket ticket-1 '{"ticket": 1, "text": "disk full on db-2"}' || true
-echo "   post your own:"
-echo "   curl -H \"Authorization: Bearer \$(cat $DATA/webhook.token)\" -H 'Idempotency-Key: ticket-2' -d '{\"ticket\": 2, \"text\": \"checkout is down\"}' $HOOK"
+echo "   post your own (then: punchclock runs list --task demo_tickets):"
+echo "   curl -H \"Authorization: Bearer \$(cat $DATA_ABS/webhook.token)\" -H 'Idempotency-Key: ticket-2' -d '{\"ticket\": 2, \"text\": \"checkout is down\"}' $HOOK"
 echo
 echo "== runs (refreshing every 10 s; Ctrl-C to stop)"
 # Ctrl-C reaches `punchclock dev` too: once it is gone, stop quietly.

@@ -287,6 +287,29 @@ pub fn task_details(tk: &pb::Task, next: &pb::PreviewScheduleResponse) -> Vec<(&
             format!("every {every}{}", t["start_at"].as_str().map(|s| format!(" from {s}")).unwrap_or_default())
         }
         Some("once") => format!("once at {}", t["at"].as_str().unwrap_or("?")),
+        Some("webhook") => {
+            let auth = match &t["auth"] {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => o.keys().next().cloned().unwrap_or_default(),
+                _ => "?".into(),
+            };
+            format!("webhook POST {} (auth {auth})", t["path"].as_str().unwrap_or("?"))
+        }
+        Some("queue") => match (t["queue"].as_str(), t["subject"].as_str()) {
+            (Some(q), _) => format!("queue {} of broker {}", q, t["broker"].as_str().unwrap_or("?")),
+            (None, Some(subj)) => {
+                format!(
+                    "subject {subj} of stream {} on broker {}",
+                    t["stream"].as_str().unwrap_or("?"),
+                    t["broker"].as_str().unwrap_or("?")
+                )
+            }
+            _ => t.to_string(),
+        },
+        Some("event") => format!("event on topic {}", t["topic"].as_str().unwrap_or("?")),
+        Some("after") => {
+            format!("after each run of {} that ends {}", t["task"].as_str().unwrap_or("?"), t["status"].as_str().unwrap_or("succeeded"))
+        }
         _ => t.to_string(),
     };
     let mut triggers: Vec<String> = Vec::new();

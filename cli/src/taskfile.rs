@@ -127,7 +127,8 @@ impl<'de> Deserialize<'de> for Documents {
 
 /// Reads a task file (`-`: standard input). Returns each task as a JSON
 /// document, in file order. A file named `*.json` is JSON; standard input
-/// is JSON when it starts with `{` or `[`; anything else is YAML.
+/// is JSON when it starts with `{` or `[` (YAML when it is not valid JSON:
+/// flow style such as `{task_id: a}`); anything else is YAML.
 ///
 /// Errors (prefixed with the path, or `<stdin>`): unreadable file, syntax,
 /// a duplicate key (with its path, e.g. `[0].execution: duplicate key
@@ -152,20 +153,35 @@ pub fn read(path: &Path) -> Result<Vec<String>, String> {
             if msg.contains("cannot start any token") && text.contains('\t') { " (a tab: YAML indents with spaces only)" } else { "" };
         format!("{shown}: {msg}{tab}")
     };
-    let mut out: Vec<String> = Vec::new();
-    if json {
+    let parse_json = || -> Result<Vec<String>, String> {
         let mut de = serde_json::Deserializer::from_str(text);
         let Documents(docs) = serde_path_to_error::deserialize(&mut de).map_err(|e| fail(&located(&e)))?;
         // One JSON value per file (an array for several tasks): trailing
         // text is an error, not ignored.
         de.end().map_err(|e| fail(&e))?;
-        out.extend(docs);
-    } else {
+        Ok(docs)
+    };
+    let parse_yaml = || -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
         for doc in serde_yaml_ng::Deserializer::from_str(text) {
             let Documents(docs) = serde_path_to_error::deserialize(doc).map_err(|e| fail(&located(&e)))?;
             out.extend(docs);
         }
-    }
+        Ok(out)
+    };
+    let out = match (json, stdin) {
+        (false, _) => parse_yaml()?,
+        (true, false) => parse_json()?,
+        // Standard input that starts like JSON may be YAML's flow style
+        // (`{task_id: a, ...}`, unquoted keys): YAML takes it when JSON
+        // does not; both errors are said when neither does.
+        (true, true) => match parse_json() {
+            Ok(docs) => docs,
+            Err(json_err) => {
+                parse_yaml().map_err(|yaml_err| format!("{json_err} (read as JSON: it starts with {{ or [); as YAML: {yaml_err}"))?
+            }
+        },
+    };
     if out.is_empty() {
         return Err(format!("{shown}: no task in the file"));
     }

@@ -593,10 +593,7 @@ impl Core {
     /// `payload_json` (not JSON, over 64 KiB); `Unavailable` off the leader.
     pub async fn publish_event(&self, topic: &str, payload_json: &str, key: &str) -> Result<Vec<(String, EventAdmitted)>> {
         crate::model::trigger::validate_topic("topic", topic)?;
-        if key.is_empty() {
-            return Err(Error::invalid("idempotency_key", "required: the same key never makes a second run of a task"));
-        }
-        crate::model::task::validate_id("idempotency_key", key)?;
+        crate::model::event::validate_key("idempotency_key", key)?;
         if payload_json.len() > crate::model::task::MAX_PARAMS_BYTES {
             return Err(Error::invalid(
                 "payload_json",

@@ -51,7 +51,7 @@ async fn a_published_event_starts_one_run_per_listening_task_per_key() {
     assert!(bad.contains("topic"), "{bad}");
     let bad = cli_fails(&dev.addr, &["event", "publish", "data.updated", "--key", "k", "--payload", "{not json"]);
     assert!(bad.contains("payload_json"), "{bad}");
-    let bad = cli_fails(&dev.addr, &["event", "publish", "data.updated", "--key", "a b"]);
+    let bad = cli_fails(&dev.addr, &["event", "publish", "data.updated", "--key", "a\tb"]);
     assert!(bad.contains("idempotency_key"), "{bad}");
     let mut t = tasks(&dev.addr).await;
     let refused = t
@@ -109,6 +109,10 @@ async fn a_published_event_starts_one_run_per_listening_task_per_key() {
     assert_eq!(status(&b), pb::RunStatus::Succeeded);
     let spent = wait_run(&dev.addr, "ev_budget", Duration::from_secs(30), |r| r.run_id.contains("k2") && terminal(r)).await;
     assert_eq!((status(&spent), spent.skip_reason.as_str()), (pb::RunStatus::Skipped, "budget_exceeded"), "{spent:#?}");
+    // Any printable key (a version, a path): its run id uses a digest.
+    let dotted = publish(&dev.addr, "data.updated", "{}", "release v1.2.3/x").await;
+    assert!(dotted.iter().all(|r| r.created), "{dotted:?}");
+    assert!(publish(&dev.addr, "data.updated", "{}", "release v1.2.3/x").await.iter().all(|r| !r.created));
     // Nobody listens on this topic: no run, no error.
     assert!(publish(&dev.addr, "nobody.listens", "", "k3").await.is_empty());
 }

@@ -121,10 +121,30 @@ pub fn event_run_id(task_id: &str, kind: TriggerKind, name: &str, key: &str) -> 
 }
 
 /// The run of an event published on `topic` with `key` for one task:
-/// `{task}.event-{topic}-{key}` (both are id-safe) — one per (task,
-/// topic, key).
+/// `{task}.event-{topic}-{key}` when the key is at most 64 letters, digits,
+/// `_` and `-`; else `{task}.event-{topic}-{h}`, `h` the first 32 hex
+/// digits of its SHA-256 — one per (task, topic, key) either way.
 pub fn published_run_id(task_id: &str, topic: &str, key: &str) -> String {
-    format!("{task_id}.event-{topic}-{key}")
+    let plain = !key.is_empty() && key.len() <= 64 && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if plain {
+        return format!("{task_id}.event-{topic}-{key}");
+    }
+    let digest = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+    format!("{task_id}.event-{topic}-{}", &digest[..32])
+}
+
+/// Checks a published event's idempotency key: 1 to 256 characters, no
+/// control characters.
+///
+/// Errors: `InvalidArgument` naming `field`.
+pub fn validate_key(field: &str, key: &str) -> crate::error::Result<()> {
+    if key.is_empty() {
+        return Err(crate::error::Error::invalid(field, "required: the same key never makes a second run of a task"));
+    }
+    if key.chars().count() > 256 || key.chars().any(char::is_control) {
+        return Err(crate::error::Error::invalid(field, "1 to 256 characters, no control characters"));
+    }
+    Ok(())
 }
 
 /// The run of task `task_id` that follows `upstream_run_id`:

@@ -606,23 +606,30 @@ pub fn check_across<'a>(
     let path_of = |spec: &super::task::TaskSpec, pred: &dyn Fn(&TriggerSpec) -> bool| {
         spec.all_triggers().iter().position(|t| pred(t)).map(|i| spec.trigger_path(i)).unwrap_or_else(|| "triggers".into())
     };
-    // Webhook paths.
+    // Webhook paths: a path a stored task (not replaced by this apply)
+    // claims is its; among the applied, the first in the file keeps it.
+    let applied_ids: BTreeSet<&str> = applied.iter().map(|s| s.task_id.as_str()).collect();
     let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
     for (id, spec) in &all {
+        if applied_ids.contains(id) {
+            continue;
+        }
         for w in spec.webhooks() {
             owner.entry(w.path.as_str()).or_insert(id);
         }
     }
     for spec in applied {
         for w in spec.webhooks() {
-            if let Some(other) = owner.get(w.path.as_str()).filter(|o| **o != spec.task_id)
-                && (!applied.iter().any(|a| a.task_id == *other) || *other < spec.task_id.as_str())
-            {
-                problems.push(CrossProblem {
+            match owner.get(w.path.as_str()) {
+                Some(other) if *other != spec.task_id => problems.push(CrossProblem {
                     task_id: spec.task_id.clone(),
                     field: format!("{}.path", path_of(spec, &|t| matches!(t, TriggerSpec::Webhook(x) if x.path == w.path))),
                     reason: format!("{} is task {other:?}'s webhook already: one task per path", w.path),
-                });
+                }),
+                Some(_) => {}
+                None => {
+                    owner.insert(w.path.as_str(), spec.task_id.as_str());
+                }
             }
         }
     }
@@ -820,6 +827,14 @@ mod tests {
         assert!(check_across(&[&h1], [&h1], 16).is_empty(), "re-applying the owner is fine");
         let p = check_across(&[&h1, &h2], [], 16);
         assert_eq!(p.len(), 1, "two in one file: the second is refused: {p:?}");
+        assert_eq!(p[0].task_id, "h2");
+        let p = check_across(&[&h2, &h1], [], 16);
+        assert_eq!(p[0].task_id, "h1", "the first in the file keeps it, whatever the ids");
+        // Found by a walkthrough: a task whose id sorts first took a stored
+        // task's path (and its requests, bypassing its auth).
+        let a0 = hook("a0");
+        let p = check_across(&[&a0], [&h1], 16);
+        assert_eq!((p.len(), p[0].task_id.as_str()), (1, "a0"), "{p:?}");
         let fans: Vec<_> = (0..3).map(|i| t(&format!("f{i}"), serde_json::json!([{"type": "after", "task": "a"}]))).collect();
         let refs: Vec<&_> = fans.iter().collect();
         assert_eq!(check_across(&refs, [], 2).len(), 3);
