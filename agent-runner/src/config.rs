@@ -11,6 +11,16 @@
 //!     env_from_file:       # optional: variables read from files on this host
 //!       API_KEY: /etc/punchclock/secrets/api_key
 //!     working_dir: "."     # optional, relative to the runner's cwd
+//!   summarize:
+//!     type: http           # an agent served over HTTP (see crate::http_agent)
+//!     url: https://agents.internal/summarize
+//!     method: POST         # optional (POST)
+//!     headers: {X-Team: research}
+//!     timeout_seconds: 300 # optional: per request, within the run's deadline
+//!     tls: {ca_file: /etc/ca.pem, cert_file: /etc/c.pem, key_file: /etc/c.key}
+//!     signing_secret_file: /etc/punchclock/agent.secret
+//!     max_in_flight: 16    # optional: requests at once to this agent
+//!     cancel_url: https://agents.internal/summarize/cancel  # optional
 //! ```
 //!
 //! `env_from_file` is how an agent gets a credential: the file is read on
@@ -44,7 +54,55 @@ pub struct AgentsFile {
 pub enum AgentSpec {
     /// `type: process`: a local program run as a child process.
     Process(ProcessAgent),
+    /// `type: http`: a service the runner calls.
+    Http(HttpAgent),
 }
+
+/// A `type: http` agent: the runner `POST`s the run's context to `url`
+/// (see [`crate::http_agent`] for the request and the answers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpAgent {
+    /// `http://` or `https://` URL.
+    pub url: String,
+    /// `POST` (default), `PUT` or `PATCH`.
+    pub method: String,
+    /// Extra request headers.
+    pub headers: BTreeMap<String, String>,
+    /// Longest wait for the answer (and, for an asynchronous agent, for its
+    /// result), within the run's deadline; `None`: the deadline alone.
+    pub timeout: Option<Duration>,
+    /// CA to trust (PEM) instead of the webpki roots, and a client
+    /// certificate and key (PEM) for mTLS.
+    pub tls: HttpTls,
+    /// A file holding the secret that signs each request's body
+    /// (`Punchclock-Signature`, the scheme of outgoing notifications); read
+    /// at each request.
+    pub signing_secret_file: Option<PathBuf>,
+    /// Requests in flight to this agent at once (default 16); an
+    /// execution waits for its turn within its deadline.
+    pub max_in_flight: u32,
+    /// Called (`POST`, the same headers, `{"execution_id": ...}`) when an
+    /// asynchronous execution is cancelled or times out.
+    pub cancel_url: Option<String>,
+}
+
+/// TLS files of an HTTP agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTls {
+    /// CA certificate(s), PEM.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain, PEM (with `key_file`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// Client key, PEM.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
+
+/// Default `max_in_flight` of an HTTP agent.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
 
 /// A `type: process` agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +135,8 @@ impl AgentsFile {
         let file = Self::parse(&text).map_err(|message| Error::InvalidAgentsFile { path: path.to_owned(), message })?;
         // A secret file that is not there now is a mistake to report at
         // start, not at the first run (it is read again at every run).
-        for (id, AgentSpec::Process(agent)) in &file.agents {
+        for (id, agent) in &file.agents {
+            let AgentSpec::Process(agent) = agent else { continue };
             for (key, secret) in &agent.env_from_file {
                 if let Err(e) = std::fs::File::open(secret) {
                     return Err(Error::InvalidAgentsFile {
@@ -135,6 +194,14 @@ struct RawAgent {
     #[serde(default)]
     env_from_file: BTreeMap<String, PathBuf>,
     working_dir: Option<PathBuf>,
+    url: Option<String>,
+    method: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    timeout_seconds: Option<u64>,
+    tls: Option<HttpTls>,
+    signing_secret_file: Option<PathBuf>,
+    max_in_flight: Option<u32>,
+    cancel_url: Option<String>,
 }
 
 impl RawAgent {
@@ -145,8 +212,23 @@ impl RawAgent {
         }
         match self.kind.as_str() {
             "process" => {}
+            "http" => return self.validate_http(id),
             other => {
-                return Err(format!("{}: unknown agent type {other:?} (supported: \"process\")", field("type")));
+                return Err(format!("{}: unknown agent type {other:?} (supported: \"process\", \"http\")", field("type")));
+            }
+        }
+        for (name, set) in [
+            ("url", self.url.is_some()),
+            ("method", self.method.is_some()),
+            ("headers", self.headers.is_some()),
+            ("timeout_seconds", self.timeout_seconds.is_some()),
+            ("tls", self.tls.is_some()),
+            ("signing_secret_file", self.signing_secret_file.is_some()),
+            ("max_in_flight", self.max_in_flight.is_some()),
+            ("cancel_url", self.cancel_url.is_some()),
+        ] {
+            if set {
+                return Err(format!("{}: only for an http agent", field(name)));
             }
         }
 
@@ -186,6 +268,63 @@ impl RawAgent {
 
         Ok(AgentSpec::Process(ProcessAgent { command, env: self.env, env_from_file: self.env_from_file, working_dir: self.working_dir }))
     }
+
+    fn validate_http(self, id: &str) -> Result<AgentSpec, String> {
+        let field = |name: &str| format!("agents.{id}.{name}");
+        for (name, set) in [
+            ("command", self.command.is_some()),
+            ("env", !self.env.is_empty()),
+            ("env_from_file", !self.env_from_file.is_empty()),
+            ("working_dir", self.working_dir.is_some()),
+        ] {
+            if set {
+                return Err(format!("{}: only for a process agent", field(name)));
+            }
+        }
+        let url_ok = |u: &str| (u.starts_with("http://") || u.starts_with("https://")) && reqwest::Url::parse(u).is_ok();
+        let url = self.url.ok_or_else(|| format!("{}: required for an http agent", field("url")))?;
+        if !url_ok(&url) {
+            return Err(format!("{}: {url:?} is not an http:// or https:// URL", field("url")));
+        }
+        if let Some(c) = &self.cancel_url
+            && !url_ok(c)
+        {
+            return Err(format!("{}: {c:?} is not an http:// or https:// URL", field("cancel_url")));
+        }
+        let method = self.method.unwrap_or_else(|| "POST".into()).to_ascii_uppercase();
+        if !matches!(method.as_str(), "POST" | "PUT" | "PATCH") {
+            return Err(format!("{}: {method:?}: POST, PUT or PATCH (the context is the body)", field("method")));
+        }
+        let headers = self.headers.unwrap_or_default();
+        for (k, v) in &headers {
+            if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() || reqwest::header::HeaderValue::from_str(v).is_err() {
+                return Err(format!("{}.{k}: not a valid header", field("headers")));
+            }
+        }
+        if let Some(t) = self.timeout_seconds
+            && !(1..=365 * 86_400).contains(&t)
+        {
+            return Err(format!("{}: must be in 1..=31536000", field("timeout_seconds")));
+        }
+        let tls = self.tls.unwrap_or_default();
+        if tls.cert_file.is_some() != tls.key_file.is_some() {
+            return Err(format!("{}: give cert_file and key_file together", field("tls")));
+        }
+        let max_in_flight = self.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+        if !(1..=10_000).contains(&max_in_flight) {
+            return Err(format!("{}: must be in 1..=10000", field("max_in_flight")));
+        }
+        Ok(AgentSpec::Http(HttpAgent {
+            url,
+            method,
+            headers,
+            timeout: self.timeout_seconds.map(Duration::from_secs),
+            tls,
+            signing_secret_file: self.signing_secret_file,
+            max_in_flight,
+            cancel_url: self.cancel_url,
+        }))
+    }
 }
 
 /// Everything [`crate::session::run`] needs.
@@ -219,6 +358,12 @@ pub struct RunnerConfig {
     /// The runner's credentials: bearer token, TLS trust and client
     /// certificate.
     pub credentials: Credentials,
+    /// Where the callback server of asynchronous HTTP agents listens
+    /// (`None`: no server; a `202` answer then fails the attempt).
+    pub callback_listen: Option<std::net::SocketAddr>,
+    /// The base URL agents call back (default: `http://` and the bound
+    /// address).
+    pub callback_advertise: Option<String>,
 }
 
 /// How a runner proves who it is to the control plane.
@@ -327,6 +472,8 @@ impl RunnerConfig {
             kill_grace: DEFAULT_KILL_GRACE,
             work_dir: std::env::temp_dir().join("punchclock-runner"),
             credentials: Credentials::default(),
+            callback_listen: None,
+            callback_advertise: None,
         }
     }
 
@@ -429,7 +576,29 @@ agents:
     #[test]
     fn rejects_unknown_type_naming_it() {
         let err = AgentsFile::parse("agents:\n  a:\n    type: docker\n    command: [x]\n").expect_err("unknown type");
-        assert_eq!(err, r#"agents.a.type: unknown agent type "docker" (supported: "process")"#);
+        assert_eq!(err, r#"agents.a.type: unknown agent type "docker" (supported: "process", "http")"#);
+    }
+
+    #[test]
+    fn http_agents_are_parsed_and_checked() {
+        let ok = AgentsFile::parse(
+            "agents:\n  h:\n    type: http\n    url: https://x.test/run\n    headers: {X-Team: a}\n    timeout_seconds: 30\n    max_in_flight: 4\n",
+        )
+        .expect("valid");
+        let Some(AgentSpec::Http(h)) = ok.get("h") else { panic!("h") };
+        assert_eq!((h.method.as_str(), h.max_in_flight, h.timeout), ("POST", 4, Some(Duration::from_secs(30))));
+        let err = |y: &str| AgentsFile::parse(y).expect_err("invalid");
+        assert_eq!(err("agents:\n  h:\n    type: http\n"), "agents.h.url: required for an http agent");
+        assert!(err("agents:\n  h:\n    type: http\n    url: ftp://x\n").starts_with("agents.h.url:"));
+        assert!(
+            err("agents:\n  h:\n    type: http\n    url: http://x\n    command: [a]\n").starts_with("agents.h.command: only for a process")
+        );
+        assert!(
+            err("agents:\n  p:\n    type: process\n    command: [a]\n    url: http://x\n").starts_with("agents.p.url: only for an http")
+        );
+        assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    method: GET\n").starts_with("agents.h.method:"));
+        assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    tls: {cert_file: /c}\n").starts_with("agents.h.tls:"));
+        assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    max_in_flight: 0\n").starts_with("agents.h.max_in_flight:"));
     }
 
     #[test]

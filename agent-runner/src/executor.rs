@@ -127,6 +127,10 @@ pub struct ExecutorSettings {
     /// The shim's fork server, when agents are started through it (needs
     /// `shim`): one fork per execution instead of an exec of the shim.
     pub zygote: Option<Zygote>,
+    /// The HTTP agents' clients (a connection pool each), by agent id.
+    pub http: Arc<std::collections::HashMap<String, crate::http_agent::AgentClient>>,
+    /// The callback server's executions (asynchronous HTTP agents).
+    pub callbacks: Arc<crate::http_agent::Callbacks>,
 }
 
 impl From<&RunnerConfig> for ExecutorSettings {
@@ -138,6 +142,8 @@ impl From<&RunnerConfig> for ExecutorSettings {
             fence: crate::fence::Fence::new(config.work_dir.join(crate::fence::FENCE_FILE), config.kill_grace),
             dirs: ExecutionDirs::default(),
             zygote: config.shim.clone().filter(|_| config.zygote).map(Zygote::new),
+            http: Arc::default(),
+            callbacks: Arc::default(),
         }
     }
 }
@@ -173,6 +179,16 @@ pub struct Execution {
 }
 
 impl Execution {
+    /// A handle on an execution started elsewhere (an HTTP agent's call).
+    pub(crate) fn new(
+        in_flight: InFlight,
+        pid: u32,
+        started_at: prost_types::Timestamp,
+        cancel: oneshot::Sender<StopRequest>,
+    ) -> Execution {
+        Execution { in_flight, pid, started_at, cancel: Some(cancel) }
+    }
+
     /// The run this execution belongs to.
     pub fn run_id(&self) -> &str {
         &self.in_flight.run_id
@@ -1278,7 +1294,7 @@ fn parse_progress_line(line: &[u8]) -> Option<ProgressUpdate> {
 
 /// An outcome as the control plane's spans name it (`failed`, not
 /// `OUTCOME_FAILED`): one vocabulary across a run's trace.
-fn outcome_label(o: Outcome) -> String {
+pub(crate) fn outcome_label(o: Outcome) -> String {
     o.as_str_name().trim_start_matches("OUTCOME_").to_ascii_lowercase()
 }
 

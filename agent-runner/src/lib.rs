@@ -23,6 +23,7 @@ pub mod config;
 mod error;
 pub mod executor;
 pub mod fence;
+pub mod http_agent;
 pub mod session;
 mod time;
 mod trace;

@@ -34,6 +34,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::{Pin, pin};
+use std::sync::Arc;
 use std::time::Duration;
 
 use punchclock_proto::v1::runner_message::Msg as Outbound;
@@ -109,8 +110,53 @@ pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Re
         None => warn!("no agent shim: an agent's descendants may outlive the runner"),
     }
     let mut shutdown = pin!(shutdown);
-    Runner::new(config).run(shutdown.as_mut()).await;
+    let mut runner = Runner::new(config);
+    runner.executor.http = Arc::new(http_clients(&runner.config)?);
+    let _callbacks = serve_callbacks(&runner.config, &runner.executor.callbacks).await?;
+    runner.run(shutdown.as_mut()).await;
     Ok(())
+}
+
+/// A client (connection pool) per HTTP agent of the agents file.
+fn http_clients(config: &RunnerConfig) -> Result<HashMap<String, crate::http_agent::AgentClient>, Error> {
+    let mut out = HashMap::new();
+    for (id, spec) in &config.agents.agents {
+        if let AgentSpec::Http(agent) = spec {
+            out.insert(id.clone(), crate::http_agent::AgentClient::new(id, agent)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The callback server of asynchronous HTTP agents (`--callback-listen`),
+/// serving until the returned task is dropped (aborted).
+async fn serve_callbacks(config: &RunnerConfig, callbacks: &Arc<crate::http_agent::Callbacks>) -> Result<Option<AbortOnDrop>, Error> {
+    let Some(addr) = config.callback_listen else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::InvalidConfig(format!("callback_listen: cannot listen on {addr}: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| Error::InvalidConfig(format!("callback_listen: {e}")))?;
+    let base = match &config.callback_advertise {
+        Some(a) => a.trim_end_matches('/').to_string(),
+        None => format!("http://{bound}"),
+    };
+    info!(listen = %bound, advertise = %base, "callback server for asynchronous HTTP agents");
+    *callbacks.base.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(base);
+    let app = crate::http_agent::callback_routes(callbacks.clone());
+    Ok(Some(AbortOnDrop(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "the callback server stopped");
+        }
+    }))))
+}
+
+/// A task aborted when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// How long a starting runner waits for its work directory's lock: a
@@ -630,10 +676,11 @@ impl Runner {
     /// must not hold back the heartbeat acks behind it). `Err` is why it is
     /// not taken (unknown agent, no free slot, a duplicate): REFUSED.
     fn start(&mut self, assign: Assign) -> Result<(), Box<(Assign, String)>> {
-        let Some(AgentSpec::Process(agent)) = self.config.agents.get(&assign.agent_id) else {
+        let Some(spec) = self.config.agents.get(&assign.agent_id) else {
             let reason = format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id);
             return Err(Box::new((assign, reason)));
         };
+        let spec = spec.clone();
         if self.running.contains_key(&assign.execution_id) {
             let reason = format!("execution {} is already running on this runner", assign.execution_id);
             return Err(Box::new((assign, reason)));
@@ -649,10 +696,16 @@ impl Runner {
             started_at: None,
         };
         self.running.insert(assign.execution_id.clone(), Running { execution: None, in_flight, pending_stop: None });
-        let (agent, settings, events, starts) = (agent.clone(), self.executor.clone(), self.events_tx.clone(), self.starts_tx.clone());
+        let (settings, events, starts) = (self.executor.clone(), self.events_tx.clone(), self.starts_tx.clone());
         tokio::spawn(async move {
-            let result = executor::start(&agent, &assign, &settings, events).await.map_err(|err| err.to_string());
-            let _ = starts.send(StartDone { assign, result });
+            let result = match &spec {
+                AgentSpec::Process(agent) => executor::start(agent, &assign, &settings, events).await,
+                AgentSpec::Http(agent) => match settings.http.get(&assign.agent_id) {
+                    Some(client) => crate::http_agent::start(agent, client, &settings.callbacks, &assign, events),
+                    None => Err(Error::InvalidConfig(format!("no client for http agent {:?}", assign.agent_id))),
+                },
+            };
+            let _ = starts.send(StartDone { assign, result: result.map_err(|err| err.to_string()) });
         });
         Ok(())
     }

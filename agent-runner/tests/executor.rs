@@ -20,6 +20,8 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
         dirs: Default::default(),
         zygote: None,
+        http: Default::default(),
+        callbacks: Default::default(),
     }
 }
 

@@ -131,6 +131,8 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         kill_grace: Duration::from_millis(300),
         shim: Some(shim()),
         zygote: zygote_mode().then(|| Zygote::new(shim())),
+        http: Default::default(),
+        callbacks: Default::default(),
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
         dirs: Default::default(),
     }

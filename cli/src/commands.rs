@@ -258,6 +258,10 @@ struct DevArgs {
     /// default: half the CPU per agent start, same guarantees).
     #[arg(long)]
     no_agent_zygote: bool,
+    /// Where asynchronous HTTP agents call back (default: a free port on
+    /// 127.0.0.1).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    callback_listen: SocketAddr,
     /// Listen beyond loopback although `dev` has no TLS and no tokens.
     #[arg(long)]
     insecure: bool,
@@ -337,6 +341,13 @@ struct RunnerArgs {
     /// default: half the CPU per agent start, same guarantees).
     #[arg(long)]
     no_agent_zygote: bool,
+    /// Where asynchronous HTTP agents (a `202` answer) call back with their
+    /// progress and result (off when not given).
+    #[arg(long)]
+    callback_listen: Option<SocketAddr>,
+    /// The base URL agents call back at (default: http://CALLBACK_LISTEN).
+    #[arg(long)]
+    callback_advertise: Option<String>,
     #[command(flatten)]
     security: RunnerSecurityArgs,
 }
@@ -444,10 +455,11 @@ enum EventCmd {
     Publish {
         /// Topic: 1 to 128 letters, digits, `_ - .`.
         topic: String,
-        /// JSON payload (the agent gets it as `params.event.payload`).
+        /// JSON payload (the agent gets it as `context.event.body`).
         #[arg(long, default_value = "")]
         payload: String,
-        /// Idempotency key (required): publishing again with it makes no new run.
+        /// Idempotency key (required, 1 to 256 characters): publishing again
+        /// with it makes no new run.
         #[arg(long)]
         key: String,
     },
@@ -484,7 +496,14 @@ impl Cli {
 /// Sets up `tracing` for the long-running commands.
 pub fn init_tracing(cli: &Cli) {
     if cli.is_long_running() {
-        let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The broker clients log every failed connection attempt as an
+        // error; punchclock says it once a minute itself (and /readyz, the
+        // metrics): theirs are off unless the filter names them.
+        let quiet = |f: &str| {
+            if f.contains("lapin") || f.contains("async_nats") { f.to_string() } else { format!("{f},lapin=off,async_nats=warn") }
+        };
+        let filter =
+            tracing_subscriber::EnvFilter::try_new(quiet(&cli.log)).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet("info")));
         use std::io::IsTerminal;
         tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).init();
     }
@@ -830,6 +849,7 @@ async fn dev(a: DevArgs) -> Res {
         a.data_dir.join("runner"),
     )?;
     rcfg.zygote = !a.no_agent_zygote;
+    rcfg.callback_listen = Some(a.callback_listen);
     eprintln!(
         "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
         server.addr,
@@ -957,6 +977,8 @@ async fn runner(a: RunnerArgs, auth: &ClientAuthArgs) -> Res {
         runner_config(runner_id, cps, &a.agents, a.slots, parse_labels(&a.labels)?, Duration::from_millis(a.kill_grace_ms), work_dir)?;
     cfg.zygote = !a.no_agent_zygote;
     cfg.credentials = credentials;
+    cfg.callback_listen = a.callback_listen;
+    cfg.callback_advertise = a.callback_advertise.clone();
     cfg.validate().map_err(|e| e.to_string())?;
     let telemetry = a.otlp.start("punchclock-runner")?;
     let r = punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string());

@@ -214,3 +214,21 @@ pub mod bearer {
         }
     }
 }
+
+/// `Punchclock-Signature`: how punchclock signs what it sends over HTTP —
+/// notifications to sinks (control plane) and requests to HTTP agents
+/// (runner) — in Stripe's scheme: `t=<unix seconds>,v1=<hex
+/// HMAC-SHA256(secret, "<t>.<body>")>`. One function, so a receiver
+/// verifies both the same way.
+pub mod signature {
+    use hmac::{Hmac, Mac};
+    use sha2::Sha256;
+
+    /// The header's value for `body` signed at `unix_seconds`.
+    pub fn sign(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+        mac.update(format!("{unix_seconds}.").as_bytes());
+        mac.update(body);
+        format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
+    }
+}

@@ -21,9 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
 use serde::Deserialize;
-use sha2::Sha256;
 
 use crate::error::{Error, Result};
 
@@ -285,17 +283,17 @@ impl NotifyConfig {
 }
 
 /// `Punchclock-Signature` for `body` at `unix_seconds`: `t=…,v1=…`
-/// (HMAC-SHA256 over `"{t}.{body}"`, hex).
+/// (HMAC-SHA256 over `"{t}.{body}"`, hex): the one scheme, shared with the
+/// runner's HTTP agents ([`punchclock_proto::signature`]).
 pub fn signature(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(format!("{unix_seconds}.").as_bytes());
-    mac.update(body);
-    format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
+    punchclock_proto::signature::sign(secret, unix_seconds, body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hmac::{Hmac, Mac};
+    use sha2::Sha256;
 
     #[test]
     fn signature_is_hmac_sha256_of_timestamp_and_body() {

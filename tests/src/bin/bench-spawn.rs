@@ -66,6 +66,8 @@ async fn measure(shim: Option<ShimCommand>, zygote: bool, runs: usize, concurren
         work_dir: work.join("runs"),
         kill_grace: Duration::from_secs(1),
         zygote: shim.clone().filter(|_| zygote).map(Zygote::new),
+        http: Default::default(),
+        callbacks: Default::default(),
         shim,
         fence: Fence::new(work.join("fence"), Duration::from_secs(1)),
         dirs: Default::default(),

@@ -8,7 +8,7 @@
 //! | `interrupted` (first [`MAX_FREE_INTERRUPTIONS`]) | dispatched again, free |
 //! | `non_retryable`, `quota_exhausted` | FAILED now, whatever `max_retries` says |
 //! | `rate_limited` | again no earlier than the agent's `retry_at`, free, until `rate_limit_max_wait_seconds` of wall clock have passed since the first rate-limited attempt in a row: then FAILED |
-//! | `failed`, `lost`, `timeout`, more interruptions | again after `retry_backoff` while `max_retries` allow, else FAILED (TIMEOUT) |
+//! | `failed`, `lost`, `timeout`, more interruptions | again after `retry_backoff` — and no earlier than the agent's `retry_at` when it gave one (an HTTP agent's `Retry-After`) — while `max_retries` allow, else FAILED (TIMEOUT) |
 //!
 //! The contract (README "Writing an agent") is optional fields of the
 //! agent's result: `outcome`, `retry_after_seconds` or `retry_at`,
@@ -151,7 +151,9 @@ impl Policy for Retry {
             }
             Outcome::Failed | Outcome::Timeout | Outcome::Lost | Outcome::Interrupted => {
                 match retry::decide(q.now, run.counted_attempts(), max_retries, &backoff, &run.run_id) {
-                    RetryDecision::RetryAt(at) => AfterAttempt::RetryAt { at, counted: true },
+                    // An agent that said when (an HTTP agent's 503 with
+                    // Retry-After) is not asked again before.
+                    RetryDecision::RetryAt(at) => AfterAttempt::RetryAt { at: q.agent.retry_at.map_or(at, |t| t.max(at)), counted: true },
                     RetryDecision::GiveUp => {
                         let status = if q.outcome == Outcome::Timeout { RunStatus::Timeout } else { RunStatus::Failed };
                         AfterAttempt::Finish { status, why: error.to_string() }
@@ -227,6 +229,25 @@ mod tests {
         // Unknown outcomes and non-objects say nothing.
         assert_eq!(AgentOutcome::parse(Some(&serde_json::json!({"outcome": "meh"})), now, hour).kind, None);
         assert_eq!(AgentOutcome::parse(Some(&serde_json::json!([1])), now, hour), AgentOutcome::default());
+    }
+
+    /// Issue 22: an HTTP agent's 503 with `Retry-After` is retried (a
+    /// counted attempt) no earlier than it asked, nor than the backoff.
+    #[test]
+    fn a_failure_that_says_when_is_not_retried_before() {
+        let spec = task(2, 1800);
+        let now = t("2026-12-01T10:30:00Z");
+        let r = serde_json::json!({"outcome": "failure", "retry_after_seconds": 30});
+        let agent = AgentOutcome::parse(Some(&r), now, Duration::hours(1));
+        match decide(&run_with(&[Outcome::Failed]), &spec, now, &agent) {
+            AfterAttempt::RetryAt { at, counted } => assert_eq!((at, counted), (now + Duration::seconds(30), true)),
+            other => panic!("{other:?}"),
+        }
+        let soon = AgentOutcome::parse(Some(&serde_json::json!({"outcome": "failure", "retry_after_seconds": 1})), now, Duration::hours(1));
+        match decide(&run_with(&[Outcome::Failed]), &spec, now, &soon) {
+            AfterAttempt::RetryAt { at, .. } => assert_eq!(at, now + Duration::seconds(5), "the backoff (5 s) is longer"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
