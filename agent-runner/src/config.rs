@@ -11,6 +11,11 @@
 //!     env_from_file:       # optional: variables read from files on this host
 //!       API_KEY: /etc/punchclock/secrets/api_key
 //!     working_dir: "."     # optional, relative to the runner's cwd
+//!     limits:              # optional: cgroup limits (see crate::cgroup)
+//!       memory_max: 512Mi  # bytes (Ki, Mi, Gi, K, M, G suffixes)
+//!       cpu: 0.5           # cores
+//!       pids_max: 256      # processes and threads, the supervisor included
+//!       enforce: required  # or best_effort (default): see below
 //!   summarize:
 //!     type: http           # an agent served over HTTP (see crate::http_agent)
 //!     url: https://agents.internal/summarize
@@ -38,6 +43,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::Error;
+use crate::cgroup::Limits;
 
 /// Time between SIGTERM and SIGKILL when an agent is stopped (5 s).
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
@@ -118,6 +124,84 @@ pub struct ProcessAgent {
     /// Working directory of the agent; relative paths are resolved against
     /// the runner's current directory. `None`: the runner's current directory.
     pub working_dir: Option<PathBuf>,
+    /// CPU, memory and process limits of each execution (a task may lower
+    /// them, never raise them); [`Limits::default`]: none.
+    pub limits: Limits,
+    /// Whether the limits must be applied ([`Enforce::Required`]: a runner
+    /// whose host cannot refuses the agent at start) or are applied where
+    /// the host can ([`Enforce::BestEffort`]).
+    pub enforce: Enforce,
+}
+
+/// Whether an agent's limits must hold (`limits.enforce`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Enforce {
+    /// `best_effort` (default): what the host cannot limit is not limited
+    /// (logged once at start).
+    #[default]
+    BestEffort,
+    /// `required`: the runner refuses the agent at start when its host
+    /// cannot apply every limit, and fails an execution whose cgroup cannot
+    /// be made.
+    Required,
+}
+
+/// `limits` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    memory_max: Option<SizeOrNumber>,
+    cpu: Option<f64>,
+    pids_max: Option<u64>,
+    enforce: Option<String>,
+}
+
+/// A size as a string with a unit (`512Mi`) or a number of bytes.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeOrNumber {
+    Number(u64),
+    Text(String),
+}
+
+/// Smallest `memory_max`: 4 MiB (the agent's supervisor lives in the same
+/// cgroup).
+pub const MIN_MEMORY_MAX: u64 = 4 << 20;
+
+impl RawLimits {
+    /// Checks the limits; errors name the field under `field` (`agents.x.limits`).
+    fn validate(self, field: &str) -> Result<(Limits, Enforce), String> {
+        let memory_max = match self.memory_max {
+            None => None,
+            Some(SizeOrNumber::Number(n)) => Some(n),
+            Some(SizeOrNumber::Text(t)) => Some(crate::cgroup::parse_bytes(&t).map_err(|e| format!("{field}.memory_max: {e}"))?),
+        };
+        if let Some(m) = memory_max
+            && m < MIN_MEMORY_MAX
+        {
+            return Err(format!("{field}.memory_max: {m} bytes is below the minimum of 4Mi (the agent's supervisor shares the cgroup)"));
+        }
+        if let Some(c) = self.cpu
+            && !(c.is_finite() && (0.01..=1024.0).contains(&c))
+        {
+            return Err(format!("{field}.cpu: {c} cores: must be in 0.01..=1024"));
+        }
+        if let Some(p) = self.pids_max
+            && p < 2
+        {
+            return Err(format!("{field}.pids_max: must be at least 2 (the agent and its supervisor)"));
+        }
+        let enforce = match self.enforce.as_deref() {
+            None | Some("best_effort") => Enforce::BestEffort,
+            Some("required") => Enforce::Required,
+            Some(other) => return Err(format!("{field}.enforce: {other:?}: \"required\" or \"best_effort\"")),
+        };
+        let limits = Limits { memory_max, cpu: self.cpu, pids_max: self.pids_max };
+        if !limits.any() && enforce == Enforce::Required {
+            return Err(format!("{field}.enforce: required, but no limit is set"));
+        }
+        Ok((limits, enforce))
+    }
 }
 
 impl AgentsFile {
@@ -194,6 +278,7 @@ struct RawAgent {
     #[serde(default)]
     env_from_file: BTreeMap<String, PathBuf>,
     working_dir: Option<PathBuf>,
+    limits: Option<RawLimits>,
     url: Option<String>,
     method: Option<String>,
     headers: Option<BTreeMap<String, String>>,
@@ -266,7 +351,18 @@ impl RawAgent {
             return Err(format!("{}: must not be empty when set", field("working_dir")));
         }
 
-        Ok(AgentSpec::Process(ProcessAgent { command, env: self.env, env_from_file: self.env_from_file, working_dir: self.working_dir }))
+        let (limits, enforce) = match self.limits {
+            Some(raw) => raw.validate(&field("limits"))?,
+            None => (Limits::default(), Enforce::BestEffort),
+        };
+        Ok(AgentSpec::Process(ProcessAgent {
+            command,
+            env: self.env,
+            env_from_file: self.env_from_file,
+            working_dir: self.working_dir,
+            limits,
+            enforce,
+        }))
     }
 
     fn validate_http(self, id: &str) -> Result<AgentSpec, String> {
@@ -276,6 +372,7 @@ impl RawAgent {
             ("env", !self.env.is_empty()),
             ("env_from_file", !self.env_from_file.is_empty()),
             ("working_dir", self.working_dir.is_some()),
+            ("limits", self.limits.is_some()),
         ] {
             if set {
                 return Err(format!("{}: only for a process agent", field(name)));
@@ -364,6 +461,10 @@ pub struct RunnerConfig {
     /// The base URL agents call back (default: `http://` and the bound
     /// address).
     pub callback_advertise: Option<String>,
+    /// Where the host's cgroup hierarchies are mounted (`/sys/fs/cgroup`),
+    /// for agents' `limits`; `None`: no limits are applied (an agent with
+    /// `enforce: required` limits is then refused).
+    pub cgroup_root: Option<PathBuf>,
 }
 
 /// How a runner proves who it is to the control plane.
@@ -474,6 +575,7 @@ impl RunnerConfig {
             credentials: Credentials::default(),
             callback_listen: None,
             callback_advertise: None,
+            cgroup_root: Some(PathBuf::from("/sys/fs/cgroup")),
         }
     }
 
@@ -599,6 +701,30 @@ agents:
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    method: GET\n").starts_with("agents.h.method:"));
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    tls: {cert_file: /c}\n").starts_with("agents.h.tls:"));
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    max_in_flight: 0\n").starts_with("agents.h.max_in_flight:"));
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let a = AgentsFile::parse("agents:\n  a:\n    type: process\n    command: [x]\n    limits: {memory_max: 512Mi, cpu: 0.5, pids_max: 64, enforce: required}\n")
+            .expect("valid");
+        let Some(AgentSpec::Process(a)) = a.get("a") else { panic!("process") };
+        assert_eq!(a.limits, Limits { memory_max: Some(512 << 20), cpu: Some(0.5), pids_max: Some(64) });
+        assert_eq!(a.enforce, Enforce::Required);
+        for (limits, says) in [
+            ("{memory_max: lots}", "agents.a.limits.memory_max: \"lots\""),
+            ("{memory_max: 1000}", "agents.a.limits.memory_max: 1000 bytes is below the minimum"),
+            ("{cpu: 0}", "agents.a.limits.cpu: 0 cores"),
+            ("{pids_max: 1}", "agents.a.limits.pids_max: must be at least 2"),
+            ("{cpu: 1, enforce: always}", "agents.a.limits.enforce: \"always\""),
+            ("{enforce: required}", "agents.a.limits.enforce: required, but no limit is set"),
+            ("{cpus: 1}", "unknown field `cpus`"),
+        ] {
+            let err = AgentsFile::parse(&format!("agents:\n  a:\n    type: process\n    command: [x]\n    limits: {limits}\n"))
+                .expect_err(limits);
+            assert!(err.contains(says), "{limits}: {err}");
+        }
+        let http = AgentsFile::parse("agents:\n  h:\n    type: http\n    url: http://x/\n    limits: {cpu: 1}\n").expect_err("http");
+        assert!(http.contains("agents.h.limits: only for a process agent"), "{http}");
     }
 
     #[test]

@@ -131,6 +131,9 @@ pub struct ExecutorSettings {
     pub http: Arc<std::collections::HashMap<String, crate::http_agent::AgentClient>>,
     /// The callback server's executions (asynchronous HTTP agents).
     pub callbacks: Arc<crate::http_agent::Callbacks>,
+    /// Where executions' cgroups go (`None`: no limits are applied; an
+    /// agent with `enforce: required` limits then fails to start).
+    pub cgroups: Option<Arc<crate::cgroup::Cgroups>>,
 }
 
 impl From<&RunnerConfig> for ExecutorSettings {
@@ -144,6 +147,7 @@ impl From<&RunnerConfig> for ExecutorSettings {
             zygote: config.shim.clone().filter(|_| config.zygote).map(Zygote::new),
             http: Arc::default(),
             callbacks: Arc::default(),
+            cgroups: None,
         }
     }
 }
@@ -271,22 +275,82 @@ pub async fn start(
         }
         None => assign,
     };
+    let cgroup = execution_cgroup(agent, assign, settings).await?;
     let dir = ExecutionDir::create(&settings.work_dir, assign, &settings.dirs).await?;
+    let cg = cgroup.as_ref().map(|(cg, _)| cg);
     let spawned = match &settings.zygote {
-        Some(zygote) if settings.shim.is_some() => match spawn_by_zygote(zygote, agent, assign, settings, &dir).await {
+        Some(zygote) if settings.shim.is_some() => match spawn_by_zygote(zygote, agent, assign, settings, &dir, cg).await {
             // Too large a request for the zygote (nothing was sent): exec a
             // shim for this one.
-            Err(Error::Spawn { source, .. }) if source.raw_os_error() == Some(libc::EMSGSIZE) => spawn(agent, assign, settings, &dir),
+            Err(Error::Spawn { source, .. }) if source.raw_os_error() == Some(libc::EMSGSIZE) => spawn(agent, assign, settings, &dir, cg),
             spawned => spawned,
         },
-        _ => spawn(agent, assign, settings, &dir),
+        _ => spawn(agent, assign, settings, &dir, cg),
     };
     match spawned {
-        Ok(agent) => Ok(supervise(agent, dir, assign, settings, events, invoke)),
+        Ok(agent) => Ok(supervise(agent, dir, assign, settings, events, invoke, cgroup)),
         Err(err) => {
-            let _ = tokio::task::spawn_blocking(move || dir.remove()).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                dir.remove();
+                if let Some((cg, _)) = cgroup {
+                    cg.kill_and_remove();
+                }
+            })
+            .await;
             Err(err)
         }
+    }
+}
+
+/// The cgroup of an execution whose agent or task sets limits (the
+/// tighter of each), with its `memory_max` for the error text; `None`
+/// without limits, or (best effort) where the host cannot apply them.
+///
+/// # Errors
+///
+/// [`Error::Spawn`] when the agent's limits are `required` and cannot all
+/// be applied here (no cgroups, a missing controller, a cgroup that cannot
+/// be made).
+async fn execution_cgroup(
+    agent: &ProcessAgent,
+    assign: &Assign,
+    settings: &ExecutorSettings,
+) -> Result<Option<(crate::cgroup::ExecCgroup, crate::cgroup::Limits)>, Error> {
+    use crate::cgroup::Limits;
+    let task = assign.limits.as_ref().map_or(Limits::default(), |l| Limits {
+        memory_max: l.memory_max_bytes,
+        cpu: l.cpu.filter(|c| c.is_finite() && *c > 0.0),
+        pids_max: l.pids_max,
+    });
+    let limits = task.within(agent.limits);
+    if !limits.any() {
+        return Ok(None);
+    }
+    let required = agent.enforce == crate::config::Enforce::Required;
+    let refuse = |why: String| Error::Spawn {
+        agent_id: assign.agent_id.clone(),
+        program: "cgroup limits".into(),
+        source: io::Error::new(io::ErrorKind::Unsupported, why),
+    };
+    let Some(cgroups) = settings.cgroups.clone() else {
+        return if required { Err(refuse("this runner applies no cgroup limits".into())) } else { Ok(None) };
+    };
+    if let Some(why) = cgroups.missing(&limits)
+        && required
+    {
+        return Err(refuse(why));
+    }
+    let id = assign.execution_id.clone();
+    match tokio::task::spawn_blocking(move || cgroups.create(&id, &limits)).await {
+        Ok(Ok(Some(cg))) => Ok(Some((cg, limits))),
+        Ok(Ok(None)) if required => Err(refuse("this host has no cgroups".into())),
+        Ok(Ok(None)) => Ok(None),
+        Ok(Err(e)) if required => Err(refuse(format!("cannot make the execution's cgroup: {e}"))),
+        Ok(Err(e)) => {
+            warn!(execution_id = %assign.execution_id, error = %e, "cannot make the execution's cgroup; running it without limits (best_effort)");
+            Ok(None)
+        }
+        Err(e) => Err(refuse(format!("cannot make the execution's cgroup: {e}"))),
     }
 }
 
@@ -496,6 +560,7 @@ async fn spawn_by_zygote(
     assign: &Assign,
     settings: &ExecutorSettings,
     dir: &ExecutionDir,
+    cgroup: Option<&crate::cgroup::ExecCgroup>,
 ) -> Result<SpawnedAgent, Error> {
     let spawn_error =
         |source| Error::Spawn { agent_id: assign.agent_id.clone(), program: agent.command.first().cloned().unwrap_or_default(), source };
@@ -521,7 +586,7 @@ async fn spawn_by_zygote(
             })
             .collect(),
     };
-    let spawned = zygote.spawn(&mut request).await.map_err(spawn_error)?;
+    let spawned = zygote.spawn(&mut request, cgroup).await.map_err(spawn_error)?;
     Ok(SpawnedAgent {
         process: AgentProcess::Zygote(spawned.process),
         stdin: Some(Box::new(spawned.stdin)),
@@ -547,7 +612,13 @@ fn check_working_dir(agent: &ProcessAgent, assign: &Assign) -> Result<(), Error>
 
 /// Builds and spawns the agent command (directly or behind an exec'd
 /// shim), in a new process group.
-fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir: &ExecutionDir) -> Result<SpawnedAgent, Error> {
+fn spawn(
+    agent: &ProcessAgent,
+    assign: &Assign,
+    settings: &ExecutorSettings,
+    dir: &ExecutionDir,
+    cgroup: Option<&crate::cgroup::ExecCgroup>,
+) -> Result<SpawnedAgent, Error> {
     // `command` is non-empty: the agents-file validation guarantees it.
     let (program, args): (OsString, Vec<OsString>) = match &settings.shim {
         Some(shim) => (
@@ -587,6 +658,29 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         command.current_dir(working_dir);
     }
 
+    // The child joins the execution's cgroup before it execs (so nothing it
+    // starts is ever outside it): the `cgroup.procs` files are opened here,
+    // and the child writes "0" (itself) to each.
+    let procs = cgroup
+        .map(|cg| cg.procs_files().iter().map(|f| std::fs::OpenOptions::new().write(true).open(f)).collect::<io::Result<Vec<_>>>())
+        .transpose()
+        .map_err(|source| Error::Spawn { agent_id: assign.agent_id.clone(), program: "cgroup.procs".into(), source })?
+        .unwrap_or_default();
+    if !procs.is_empty() {
+        let fds: Vec<libc::c_int> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        // SAFETY: write(2) is async-signal-safe; `fds` is not reallocated.
+        unsafe {
+            command.pre_exec(move || {
+                for fd in &fds {
+                    if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+
     let runner_pid = std::process::id();
     if settings.shim.is_some() {
         // The shim arms its own parent-death signal and compares getppid()
@@ -618,6 +712,7 @@ fn spawn(agent: &ProcessAgent, assign: &Assign, settings: &ExecutorSettings, dir
         program: program.to_string_lossy().into_owned(),
         source,
     })?;
+    drop(procs);
     Ok(SpawnedAgent {
         stdin: child.stdin.take().map(|pipe| Box::new(pipe) as _),
         stdout: child.stdout.take().map(|pipe| Box::new(pipe) as _),
@@ -693,6 +788,7 @@ fn supervise(
     settings: &ExecutorSettings,
     events: mpsc::Sender<ExecutionEvent>,
     invoke: Option<crate::trace::InvokeSpan>,
+    cgroup: Option<(crate::cgroup::ExecCgroup, crate::cgroup::Limits)>,
 ) -> Execution {
     let started_at = clock::now_timestamp();
     let in_flight = InFlight {
@@ -750,6 +846,8 @@ fn supervise(
         escalated: false,
         events,
         invoke,
+        cgroup,
+        used: None,
     };
     info!(
         run_id = %in_flight.run_id,
@@ -798,6 +896,10 @@ struct Supervisor {
     /// have finished its sweep).
     escalated: bool,
     events: mpsc::Sender<ExecutionEvent>,
+    /// The execution's cgroup and its limits, until it is read and removed.
+    cgroup: Option<(crate::cgroup::ExecCgroup, crate::cgroup::Limits)>,
+    /// What the cgroup said the execution used (and its memory_max).
+    used: Option<(crate::cgroup::Usage, Option<u64>)>,
 }
 
 impl Supervisor {
@@ -808,6 +910,18 @@ impl Supervisor {
         // that the pipes close and nothing outlives the execution.
         if let Some(group) = self.group.take() {
             group.kill_remaining();
+        }
+        // And whatever left the group but not the cgroup (a `setsid`
+        // daemon); what it used is read first.
+        if let Some((cg, limits)) = self.cgroup.take() {
+            self.used = tokio::task::spawn_blocking(move || {
+                let used = cg.usage();
+                cg.kill_and_remove();
+                used
+            })
+            .await
+            .ok()
+            .map(|u| (u, limits.memory_max));
         }
         let stdout_closed = self.stdout.drain().await;
         let stderr_closed = self.stderr.drain().await;
@@ -985,6 +1099,12 @@ impl Supervisor {
                 (None, None) => (Outcome::Failed, format!("agent ended with {status}")),
             },
         };
+        let oom = self.used.as_ref().filter(|(u, _)| u.oom_killed && outcome == Outcome::Failed);
+        let error = match oom {
+            Some((_, Some(max))) => format!("out of memory: the OOM killer ended the agent at memory_max {max} bytes ({error})"),
+            Some((_, None)) => format!("out of memory: the OOM killer ended the agent ({error})"),
+            None => error,
+        };
         let error = [Some(error), result_problem].into_iter().flatten().filter(|part| !part.is_empty()).collect::<Vec<_>>().join("; ");
         if let Some(span) = &self.invoke {
             let at = |ts: prost_types::Timestamp| {
@@ -1004,6 +1124,9 @@ impl Supervisor {
             stderr_tail,
             finished_at: Some(clock::now_timestamp()),
             started_at: Some(self.started_at),
+            class: if oom.is_some() { "oom_killed".into() } else { String::new() },
+            peak_memory_bytes: self.used.and_then(|(u, _)| u.peak_memory_bytes),
+            cpu_seconds: self.used.and_then(|(u, _)| u.cpu_seconds),
         }
     }
 }

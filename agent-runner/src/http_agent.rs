@@ -350,6 +350,7 @@ impl Call {
             stderr_tail: String::new(),
             finished_at: Some(clock::now_timestamp()),
             started_at: Some(self.started_at),
+            ..Finished::default()
         };
         if let Some(span) = &self.invoke {
             let at = |ts: prost_types::Timestamp| {

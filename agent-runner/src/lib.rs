@@ -11,6 +11,8 @@
 //!   supervisor that keeps agents from outliving a killed runner or its
 //!   fence (its own binary, and the `punchclock __agent-shim` subcommand);
 //!   [`ShimCommand`] says which one the runner execs.
+//! * [`cgroup`]: CPU, memory and process limits of process agents (cgroup
+//!   v2 or v1), and what an execution used.
 //! * [`fence`]: the runner's self-fence deadline, shared with the shims.
 //! * [`zygote`]: the runner's side of the shim's fork server, which forks
 //!   each execution's supervisor instead of the runner exec'ing a shim.
@@ -19,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cgroup;
 pub mod config;
 mod error;
 pub mod executor;

@@ -92,8 +92,9 @@ pub const LEADER_METADATA: &str = "punchclock-leader";
 /// [`Error::InvalidConfig`] if `config` fails [`RunnerConfig::validate`];
 /// [`Error::WorkDirInUse`] if another live process runs on the same
 /// `config.work_dir`.
-pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+pub async fn run(mut config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     config.validate()?;
+    let cgroups = apply_cgroups(&mut config)?;
     raise_open_files_limit();
     // Held until this function returns; the kernel drops it if the process dies.
     let _lock = lock_work_dir_waiting(&config.work_dir, WORK_DIR_LOCK_WAIT).await?;
@@ -111,10 +112,48 @@ pub async fn run(config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Re
     }
     let mut shutdown = pin!(shutdown);
     let mut runner = Runner::new(config);
+    runner.executor.cgroups = Some(Arc::new(cgroups));
     runner.executor.http = Arc::new(http_clients(&runner.config)?);
     let _callbacks = serve_callbacks(&runner.config, &runner.executor.callbacks).await?;
     runner.run(shutdown.as_mut()).await;
     Ok(())
+}
+
+/// Finds what the host lets this runner limit, advertises it as the label
+/// `cgroup` (`v2`, `v1` or `none`; a label the operator set wins), and
+/// refuses every agent whose `enforce: required` limits it cannot apply
+/// (logged with the reason; it is not offered to the control plane).
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] when that leaves no agent, naming the reasons.
+fn apply_cgroups(config: &mut RunnerConfig) -> Result<crate::cgroup::Cgroups, Error> {
+    use crate::cgroup::Cgroups;
+    let cgroups = match &config.cgroup_root {
+        Some(root) => Cgroups::detect(root, &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(), &config.runner_id),
+        None => Cgroups::none("the runner was told not to use cgroups"),
+    };
+    config.labels.entry("cgroup".into()).or_insert_with(|| cgroups.capability().as_str().into());
+    let mut refused = Vec::new();
+    for (id, spec) in &config.agents.agents {
+        let AgentSpec::Process(agent) = spec else { continue };
+        let Some(why) = cgroups.missing(&agent.limits) else { continue };
+        if agent.enforce == crate::config::Enforce::Required {
+            tracing::error!(agent_id = %id, reason = %why, "refusing the agent: its limits are required and this runner cannot apply them");
+            refused.push((id.clone(), why));
+        } else {
+            warn!(agent_id = %id, reason = %why, "the agent's limits are best_effort: this runner does not apply all of them");
+        }
+    }
+    for (id, _) in &refused {
+        config.agents.agents.remove(id);
+    }
+    if config.agents.agents.is_empty() && !refused.is_empty() {
+        let reasons: Vec<String> = refused.iter().map(|(id, why)| format!("agents.{id}.limits: enforce: required, but {why}")).collect();
+        return Err(Error::InvalidConfig(format!("no agent left to offer: {}", reasons.join("; "))));
+    }
+    info!(cgroup = cgroups.capability().as_str(), "agent limits");
+    Ok(cgroups)
 }
 
 /// A client (connection pool) per HTTP agent of the agents file.

@@ -140,8 +140,9 @@ impl Zygote {
     /// the caller execs a shim instead); the zygote cannot be started or
     /// refused the request (its errno, e.g. `EAGAIN` from `fork`); it did
     /// not answer within its patience ([`ZYGOTE_PATIENCE`]) (`TimedOut`); pipes or sockets
-    /// cannot be created.
-    pub(crate) async fn spawn(&self, request: &mut Request) -> io::Result<Spawned> {
+    /// cannot be created; the supervisor cannot join `cgroup` (the
+    /// execution's, which it and the agent then live in).
+    pub(crate) async fn spawn(&self, request: &mut Request, cgroup: Option<&crate::cgroup::ExecCgroup>) -> io::Result<Spawned> {
         if request.argv.iter().chain(&request.env).any(|s| s.as_encoded_bytes().contains(&0)) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "an argument or environment entry contains a NUL byte"));
         }
@@ -172,6 +173,11 @@ impl Zygote {
             stderr: pipe::Receiver::from_owned_fd(stderr)?,
             process: ZygoteProcess { pid, control: register(control)?, statuses, exit: None, eof_deadline: None, _zygote: self.clone() },
         };
+        // The supervisor joins the execution's cgroup before it starts the
+        // agent (an error drops `spawned`: the supervisor exits unstarted).
+        if let Some(cg) = cgroup {
+            cg.add(pid.unsigned_abs())?;
+        }
         // Go. The socket is empty, so this never blocks. A supervisor that
         // already ended (it could not enter the working directory, say) has
         // closed its end: its exit code and stderr are what `wait` reports.

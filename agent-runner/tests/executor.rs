@@ -22,6 +22,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         zygote: None,
         http: Default::default(),
         callbacks: Default::default(),
+        cgroups: None,
     }
 }
 
@@ -46,6 +47,7 @@ fn assign(execution_id: &str, timeout: Duration) -> Assign {
         scheduled_at: Some(timestamp(now)),
         tracestate: "vendor=abc".into(),
         baggage: "user=alice".into(),
+        limits: None,
     }
 }
 

@@ -135,6 +135,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         callbacks: Default::default(),
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
         dirs: Default::default(),
+        cgroups: None,
     }
 }
 
@@ -369,6 +370,7 @@ async fn path_and_working_dir(dir: &Path) {
         env: [("PATH".to_owned(), format!("{}:/usr/bin:/bin", bin.display()))].into(),
         env_from_file: Default::default(),
         working_dir: Some(bin.clone()),
+        ..sh_agent("")
     };
     let (_, finished) = run_agent(dir, &agent, &assign("e-path", 60)).await;
     assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");

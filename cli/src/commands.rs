@@ -262,6 +262,10 @@ struct DevArgs {
     /// 127.0.0.1).
     #[arg(long, default_value = "127.0.0.1:0")]
     callback_listen: SocketAddr,
+    /// Where the cgroup hierarchies are mounted, for agents' `limits`
+    /// (`none`: apply no limits).
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
     /// Listen beyond loopback although `dev` has no TLS and no tokens.
     #[arg(long)]
     insecure: bool,
@@ -348,6 +352,11 @@ struct RunnerArgs {
     /// The base URL agents call back at (default: http://CALLBACK_LISTEN).
     #[arg(long)]
     callback_advertise: Option<String>,
+    /// Where the cgroup hierarchies are mounted, for agents' `limits`
+    /// (`none`: apply no limits; an agent whose limits are `required` is
+    /// then refused).
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
     #[command(flatten)]
     security: RunnerSecurityArgs,
 }
@@ -850,6 +859,7 @@ async fn dev(a: DevArgs) -> Res {
     )?;
     rcfg.zygote = !a.no_agent_zygote;
     rcfg.callback_listen = Some(a.callback_listen);
+    rcfg.cgroup_root = Some(a.cgroup_root.clone()).filter(|p| p.as_os_str() != "none");
     eprintln!(
         "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
         server.addr,
@@ -979,6 +989,7 @@ async fn runner(a: RunnerArgs, auth: &ClientAuthArgs) -> Res {
     cfg.credentials = credentials;
     cfg.callback_listen = a.callback_listen;
     cfg.callback_advertise = a.callback_advertise.clone();
+    cfg.cgroup_root = Some(a.cgroup_root.clone()).filter(|p| p.as_os_str() != "none");
     cfg.validate().map_err(|e| e.to_string())?;
     let telemetry = a.otlp.start("punchclock-runner")?;
     let r = punchclock_agent_runner::run(cfg, shutdown_signal()).await.map_err(|e| e.to_string());

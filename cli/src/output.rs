@@ -77,6 +77,8 @@ pub fn run_json(r: &pb::Run) -> Value {
             "resource": opt_str(&a.resource),
             "retry_at": t(&a.retry_at),
             "model": opt_str(&a.model),
+            "peak_memory_bytes": a.peak_memory_bytes,
+            "cpu_seconds": a.cpu_seconds,
             "usage": a.usage.as_ref().map(|u| json!({
                 "input_tokens": u.input_tokens,
                 "output_tokens": u.output_tokens,

@@ -171,6 +171,8 @@ pub struct Metrics {
     start_lag: Family<AgentLabel, Histogram>,
     runs_finished: Family<StatusLabels, Counter>,
     attempts_ended: Family<AttemptLabels, Counter>,
+    attempt_peak_memory: Family<AgentLabel, Histogram>,
+    attempt_cpu: Family<AgentLabel, Histogram>,
     classes: std::sync::Mutex<std::collections::HashSet<String>>,
     slots_skipped: Family<SkipLabels, Counter>,
     runs_created: Family<AgentLabel, Counter>,
@@ -232,6 +234,14 @@ impl Metrics {
             start_lag,
             runs_finished: Family::default(),
             attempts_ended: Family::default(),
+            // 1 MiB .. 16 GiB.
+            attempt_peak_memory: Family::<AgentLabel, Histogram>::new_with_constructor(
+                (|| Histogram::new(exponential_buckets(1_048_576.0, 2.0, 15))) as fn() -> Histogram,
+            ),
+            // 10 ms .. ~2.7 h.
+            attempt_cpu: Family::<AgentLabel, Histogram>::new_with_constructor(
+                (|| Histogram::new(exponential_buckets(0.01, 2.0, 20))) as fn() -> Histogram,
+            ),
             classes: std::sync::Mutex::new(std::collections::HashSet::new()),
             slots_skipped: Family::default(),
             runs_created: Family::default(),
@@ -283,6 +293,18 @@ impl Metrics {
             "attempts_ended",
             "Attempts that ended, by outcome (succeeded, failed, timeout, cancelled, lost, interrupted, rate_limited, quota_exhausted, non_retryable) and the agent's class",
             m.attempts_ended.clone(),
+        );
+        r.register_with_unit(
+            "attempt_peak_memory",
+            "Highest memory use of an attempt's processes, from its cgroup (process agents with limits), per agent",
+            Unit::Bytes,
+            m.attempt_peak_memory.clone(),
+        );
+        r.register_with_unit(
+            "attempt_cpu",
+            "CPU time of an attempt's processes, from its cgroup (process agents with limits), per agent",
+            Unit::Seconds,
+            m.attempt_cpu.clone(),
         );
         r.register(
             "slots_skipped",
@@ -438,8 +460,16 @@ impl Metrics {
                 }
             }
             Lifecycle::AttemptEnded { run, outcome, execution_id } => {
-                let class = run.attempts.iter().rev().find(|a| &a.execution_id == execution_id).and_then(|a| a.class.clone());
-                let class = self.bounded_class(class);
+                let attempt = run.attempts.iter().rev().find(|a| &a.execution_id == execution_id);
+                if let Some(m) = attempt.and_then(|a| a.machine) {
+                    if let Some(b) = m.peak_memory_bytes {
+                        self.attempt_peak_memory.get_or_create(&agent(run)).observe(b as f64);
+                    }
+                    if let Some(s) = m.cpu_seconds {
+                        self.attempt_cpu.get_or_create(&agent(run)).observe(s);
+                    }
+                }
+                let class = self.bounded_class(attempt.and_then(|a| a.class.clone()));
                 let labels = AttemptLabels { agent_id: run.agent_id.clone(), status: outcome.as_str().to_string(), class };
                 self.attempts_ended.get_or_create(&labels).inc();
             }

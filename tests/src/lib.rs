@@ -508,6 +508,23 @@ pub async fn wait_engine(addr: &str) {
     }
 }
 
+/// Waits (bounded, polling every 100 ms) until the leader at `addr` has a
+/// connected runner; returns them all. Panics past `within`.
+pub async fn wait_runners(addr: &str, within: Duration) -> Vec<pb::Runner> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Ok(ch) = endpoint(addr).connect().await
+            && let Ok(r) =
+                pb::cluster_service_client::ClusterServiceClient::new(with_token(ch)).list_runners(pb::ListRunnersRequest {}).await
+            && !r.get_ref().runners.is_empty()
+        {
+            return r.into_inner().runners;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no runner connected to {addr} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits (bounded, polling a file) until `proc`'s log contains `needle`.
 pub async fn wait_log(proc: &Proc, needle: &str, within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;

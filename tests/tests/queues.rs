@@ -170,8 +170,19 @@ async fn one_record_per_message_across_leader_kills(name: &str, broker: Broker) 
             use futures::StreamExt;
             let durable = names.next().await.expect("a consumer").expect("name");
             let mut c: async_nats::jetstream::consumer::PullConsumer = stream.get_consumer(&durable).await.expect("consumer");
+            // A message a killed leader had taken and not acknowledged comes
+            // back after the consumer's ack_wait (60 s): the new leader finds
+            // its record and acknowledges it.
+            let drained = eventually(Duration::from_secs(120), || {
+                let c = c.clone();
+                async move {
+                    let mut c = c;
+                    c.info().await.is_ok_and(|i| (i.num_pending, i.num_ack_pending) == (0, 0))
+                }
+            })
+            .await;
             let info = c.info().await.expect("info");
-            assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{info:?}");
+            assert!(drained, "messages left on the stream: {info:?}");
         }
     }
 }
@@ -337,5 +348,87 @@ async fn bad_messages_priorities_and_a_broker_that_goes_away() {
     Publisher::new(&rabbit).await.publish("jobs", br#"{"after": "restart"}"#, Some("after"), None).await;
     let after = wait_run(&dev.addr, "jobs", Duration::from_secs(90), |r| r.event_json.contains("\"after\"") && terminal(r)).await;
     assert_eq!(status(&after), pb::RunStatus::Succeeded, "{after:#?}");
+    assert!(eventually(Duration::from_secs(10), up(" 1")).await);
+}
+
+/// Found by an attack: a NATS trigger whose subject changed got a new
+/// durable from the stream's start (every retained message again, as new
+/// runs), and a stream deleted under a consumer went unnoticed (up, no
+/// runs). Now the new durable starts after the old one's acknowledged
+/// floor and the old one is deleted; a deleted stream is said in
+/// `/readyz` and `/metrics`, and consumed again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_subject_change_and_a_deleted_stream() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "queues_nats_change");
+    let nats = Nats::start().await;
+    nats.stream("DATA", &["data.>"]).await;
+    let cfg = write(dir.path(), "config.yaml", &format!("brokers:\n  nats: {{nats: {{url: \"{}\"}}}}\n", nats.url()));
+    let dev = Proc::dev_with(&dir.path().join("data"), 4, &dir.path().join("dev.log"), &["--config", &cfg]);
+    let http = dev.http_addr();
+    let task = |subject: &str| {
+        json!({"task_id": "t", "agent_id": "event_agent", "trigger": {"type": "queue", "broker": "nats", "stream": "DATA", "subject": subject},
+               "execution": {"overlap_policy": "queue"}})
+    };
+    let js = nats.jetstream().await;
+    for (subject, body) in [("data.b", "b1"), ("data.b", "b2"), ("data.a", "a1"), ("data.a", "a2"), ("data.a", "a3")] {
+        js.publish(subject, json!({"m": body}).to_string().into()).await.expect("publish").await.expect("ack");
+    }
+    apply(&dev.addr, task("data.a")).await;
+    let done = |n: usize| {
+        let addr = dev.addr.clone();
+        move || {
+            let addr = addr.clone();
+            async move { list_runs(&addr, "t").await.iter().filter(|r| terminal(r)).count() >= n }
+        }
+    };
+    assert!(eventually(Duration::from_secs(60), done(3)).await, "the three data.a messages ran");
+    // Acknowledged up to the last data.a message (stream sequence 5).
+    let durables = || async {
+        let stream = nats.jetstream().await.get_stream("DATA").await.expect("stream");
+        let mut out = Vec::new();
+        let mut infos = stream.consumers();
+        while let Some(i) = infos.next().await {
+            let i = i.expect("info");
+            out.push((i.name.clone(), i.ack_floor.stream_sequence, i.num_ack_pending));
+        }
+        out
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async { durables().await.iter().any(|d| d.1 == 5 && d.2 == 0) }).await,
+        "{:?}",
+        durables().await
+    );
+    let old = durables().await;
+    assert_eq!(old.len(), 1, "{old:?}");
+
+    // The subject widens: the old data.b messages are not run, a new one is.
+    apply(&dev.addr, task("data.>")).await;
+    js.publish("data.b", json!({"m": "b3"}).to_string().into()).await.expect("publish").await.expect("ack");
+    assert!(eventually(Duration::from_secs(60), done(4)).await, "b3 ran");
+    let now = durables().await;
+    assert!(now.len() == 1 && now[0].0 != old[0].0, "one durable, the new one: {now:?}");
+    let runs = list_runs(&dev.addr, "t").await;
+    let bodies: Vec<String> =
+        runs.iter().map(|r| serde_json::from_str::<Value>(&r.event_json).expect("event")["body"]["m"].to_string()).collect();
+    assert_eq!(runs.len(), 4, "a1 a2 a3 b3 and nothing replayed: {bodies:?}");
+    assert!(bodies.iter().any(|b| b.contains("b3")) && !bodies.iter().any(|b| b.contains("b1") || b.contains("b2")), "{bodies:?}");
+
+    // The stream is deleted under the consumer: said; back, consumed again.
+    let up = |want: &'static str| {
+        let http = http.clone();
+        move || {
+            let http = http.clone();
+            async move { http_get(&http, "/metrics").1.lines().any(|l| l.starts_with("punchclock_queue_consumer_up{") && l.ends_with(want)) }
+        }
+    };
+    js.delete_stream("DATA").await.expect("delete stream");
+    assert!(eventually(Duration::from_secs(30), up(" 0")).await, "the consumer says it is down");
+    let (_, ready) = http_get(&http, "/readyz");
+    assert!(ready.contains("t/nats/DATA"), "{ready}");
+    nats.stream("DATA", &["data.>"]).await;
+    js.publish("data.c", json!({"m": "c1"}).to_string().into()).await.expect("publish").await.expect("ack");
+    assert!(eventually(Duration::from_secs(90), done(5)).await, "consumed again once the stream is back");
     assert!(eventually(Duration::from_secs(10), up(" 1")).await);
 }

@@ -8,7 +8,9 @@
 //!   signature's secret);
 //! - a bad signature gets 401 and leaves no record; an unknown path 404; a
 //!   10 MB body 413 before it is sent; a delivery without its dedup header
-//!   400; a body over 16 KiB reaches the agent whole;
+//!   400; a body over 16 KiB reaches the agent whole; one address that
+//!   trickles bodies holds at most 8 turns to read one, another still gets
+//!   in;
 //! - a webhook posted to a follower (3 control planes on etcd) is
 //!   forwarded to the leader and runs once; a retry of it through another
 //!   follower is deduplicated.
@@ -19,6 +21,7 @@ use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
 use punchclock_tests::{KeepLogsOnPanic, Proc, apply, http_post, list_runs, status, terminal, wait_leader, wait_run};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GITHUB_SECRET: &str = "It's a Secret to Everybody";
 const GITHUB_BODY: &str = "Hello, World!";
@@ -40,6 +43,27 @@ fn post_delivery(http: &str, path: &str, delivery: &str, signature: &str, body: 
         Some(body),
     );
     (code, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// A GitHub delivery from `from` (a loopback address) whose headers are
+/// sent and whose body is not, yet.
+async fn held(from: &str, http: &str, delivery: &str) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.bind(format!("{from}:0").parse().expect("from")).expect("bind");
+    let mut s = sock.connect(http.parse().expect("http address")).await.expect("connect");
+    let head = format!(
+        "POST /hooks/github HTTP/1.1\r\nHost: {http}\r\nX-Hub-Signature-256: {GITHUB_SIGNATURE}\r\nX-GitHub-Delivery: {delivery}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        GITHUB_BODY.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    s
+}
+
+/// The whole answer on `s` (the server closes it).
+async fn answer_of(s: &mut tokio::net::TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,6 +143,28 @@ async fn a_signed_delivery_runs_once_and_a_bad_one_leaves_no_record() {
     assert_eq!(result["event"]["key"], "42");
     let ev: Value = serde_json::from_str(&run.event_json).expect("event json");
     assert_eq!((ev["body_stored"].as_bool(), ev["body_bytes"].as_u64()), (Some(true), Some(body.len() as u64)));
+
+    // Found by an attack: one client trickling bodies held every turn to
+    // read one (64), so nobody else's webhook got through. Now one address
+    // holds at most 8: its 9th waits for nothing (503), another address
+    // still gets in.
+    let mut slow = Vec::new();
+    for i in 0..9 {
+        slow.push(held("127.0.0.1", &http, &format!("slow-{i}")).await);
+    }
+    let first = futures::future::select_all(slow.iter_mut().map(|s| Box::pin(answer_of(s))));
+    let (refused, which, _) = tokio::time::timeout(Duration::from_secs(10), first).await.expect("one of 9 slow requests answered at once");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    slow.remove(which);
+    let mut other = held("127.0.0.2", &http, "from-another-address").await;
+    other.write_all(GITHUB_BODY.as_bytes()).await.expect("body");
+    let got = tokio::time::timeout(Duration::from_secs(10), answer_of(&mut other)).await.expect("another address is read");
+    assert!(got.starts_with("HTTP/1.1 202"), "{got}");
+    for mut s in slow {
+        s.write_all(GITHUB_BODY.as_bytes()).await.expect("body");
+        let got = answer_of(&mut s).await;
+        assert!(got.starts_with("HTTP/1.1 202"), "a held request completes: {got}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +194,8 @@ async fn a_webhook_posted_to_a_follower_runs_once() {
     let run = wait_run(&leader.leader_address, "gh", Duration::from_secs(30), terminal).await;
     assert_eq!(status(&run), pb::RunStatus::Succeeded, "{run:#?}");
     let result: Value = serde_json::from_str(&run.result_json).expect("result");
-    assert_eq!(result["event"]["attributes"]["source"], "127.0.0.1", "the original sender, not the follower");
+    assert_eq!(result["event"]["attributes"]["forwarded_for"], "127.0.0.1", "the original sender, as the follower saw it");
+    assert_eq!(result["event"]["attributes"]["peer"], "127.0.0.1", "the connection's own address");
     assert_eq!(list_runs(&leader.leader_address, "gh").await.len(), 1);
     // A path is one task's.
     let mut t = punchclock_tests::tasks(&leader.leader_address).await;

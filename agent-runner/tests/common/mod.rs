@@ -17,6 +17,8 @@ pub fn sh_agent(script: &str) -> ProcessAgent {
         env: BTreeMap::new(),
         env_from_file: BTreeMap::new(),
         working_dir: None,
+        limits: Default::default(),
+        enforce: Default::default(),
     }
 }
 

@@ -81,6 +81,11 @@ pub struct FinishedReport {
     pub started_at: Option<DateTime<Utc>>,
     /// When it ended (UTC), if the runner says.
     pub finished_at: Option<DateTime<Utc>>,
+    /// The runner's class of the end ("oom_killed"), used when the agent's
+    /// result names none.
+    pub class: Option<String>,
+    /// What the execution used, from its cgroup.
+    pub machine: Option<crate::model::run::MachineUse>,
 }
 
 /// A message from a runner after its Hello.
@@ -159,6 +164,8 @@ pub struct Assignment {
     /// shell reads it and puts it in `context_json`'s `event.body` before
     /// sending (never sent as such).
     pub stored_event_body: bool,
+    /// The task's `execution.limits`, if any.
+    pub limits: Option<crate::model::task::LimitsSpec>,
 }
 
 /// A message from the leader to one runner.

@@ -19,10 +19,42 @@ use lapin::{Connection, ConnectionProperties};
 use super::consumers::{ConsumerContext, Ended, admit, message_request, room};
 use crate::config::Broker;
 use crate::model::event::digest_id;
-use crate::model::trigger::QueueTrigger;
+use crate::model::trigger::{QueueTrigger, SECRET_HEADERS};
 
 /// Most headers of a message given to the agent.
 const MAX_HEADERS: usize = 32;
+
+/// A header's value as the agent sees it: strings as they are, numbers,
+/// booleans and timestamps as text, tables and arrays as JSON.
+fn header_text(v: &AMQPValue) -> String {
+    fn json(v: &AMQPValue) -> serde_json::Value {
+        use serde_json::Value as J;
+        match v {
+            AMQPValue::Boolean(b) => J::Bool(*b),
+            AMQPValue::ShortShortInt(n) => J::from(*n),
+            AMQPValue::ShortShortUInt(n) => J::from(*n),
+            AMQPValue::ShortInt(n) => J::from(*n),
+            AMQPValue::ShortUInt(n) => J::from(*n),
+            AMQPValue::LongInt(n) => J::from(*n),
+            AMQPValue::LongUInt(n) => J::from(*n),
+            AMQPValue::LongLongInt(n) => J::from(*n),
+            AMQPValue::Float(f) => J::from(*f),
+            AMQPValue::Double(f) => J::from(*f),
+            AMQPValue::Timestamp(t) => J::from(*t),
+            AMQPValue::ShortString(s) => J::from(s.as_str()),
+            AMQPValue::LongString(s) => J::from(String::from_utf8_lossy(s.as_bytes()).to_string()),
+            AMQPValue::ByteArray(b) => J::from(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b.as_slice())),
+            AMQPValue::FieldArray(a) => J::Array(a.as_slice().iter().map(json).collect()),
+            AMQPValue::FieldTable(t) => J::Object(t.inner().iter().map(|(k, v)| (k.as_str().to_string(), json(v))).collect()),
+            AMQPValue::DecimalValue(d) => J::from(format!("{}e-{}", d.value, d.scale)),
+            AMQPValue::Void => J::Null,
+        }
+    }
+    match json(v) {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
 
 /// The broker's URL with the credentials of its `credentials_file`
 /// (`user:password`), if any.
@@ -143,13 +175,9 @@ fn request(
     };
     let mut headers = BTreeMap::new();
     if let Some(t) = p.headers() {
-        for (k, v) in t.inner().iter().take(MAX_HEADERS) {
-            let v = match v {
-                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).to_string(),
-                AMQPValue::ShortString(s) => s.as_str().to_string(),
-                other => format!("{other:?}"),
-            };
-            headers.insert(k.as_str().to_ascii_lowercase(), v.chars().take(1024).collect());
+        let kept = t.inner().iter().filter(|(k, _)| !SECRET_HEADERS.contains(&k.as_str().to_ascii_lowercase().as_str()));
+        for (k, v) in kept.take(MAX_HEADERS) {
+            headers.insert(k.as_str().to_ascii_lowercase(), header_text(v).chars().take(1024).collect());
         }
     }
     let mut attributes = BTreeMap::new();

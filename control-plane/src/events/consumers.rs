@@ -214,7 +214,7 @@ pub(crate) fn message_request(
     priority: i32,
 ) -> EventRequest {
     let name = q.source_name();
-    let run_id = event_run_id(task_id, TriggerKind::Queue, &name, key);
+    let run_id = event_run_id(task_id, TriggerKind::Queue, &q.dedup_scope(), key);
     let too_large = body.len() as u64 > q.max_body();
     let mut ev = event_request(
         task_id,

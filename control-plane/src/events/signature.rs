@@ -2,12 +2,17 @@
 //! `X-Hub-Signature-256: sha256=<hex>`, Stripe's `Stripe-Signature:
 //! t=<unix>,v1=<hex>` over `"{t}.{body}"`, and any sender that signs the
 //! same way) and bearer tokens. Every comparison is constant-time; secrets
-//! are read from files on this host at each request and never logged.
+//! are read from files on this host at each request (off the async
+//! threads, with a deadline, regular files of at most [`MAX_SECRET_BYTES`]
+//! only: a FIFO or `/dev/zero` named as a secret cannot stall or exhaust
+//! the control plane) and never logged.
+
+use std::time::Duration;
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 
-use crate::model::trigger::{BearerAuth, HmacAlgorithm, HmacAuth, SignatureEncoding, WebhookAuth};
+use crate::model::trigger::{HmacAlgorithm, HmacAuth, SignatureEncoding, WebhookAuth};
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,21 +23,65 @@ pub enum Refusal {
     NoSecret(String),
 }
 
-/// Checks a request against a webhook's `auth`. `header` looks a request
-/// header up by name (any case); `now` is Unix seconds.
-pub fn verify(auth: &WebhookAuth, header: &dyn Fn(&str) -> Option<String>, body: &[u8], now: i64) -> Result<(), Refusal> {
+/// The largest secret or token file read, in bytes (64 KiB).
+pub const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// How long reading a secret file may take before the request is answered
+/// 503 (a file on a hung network mount).
+const SECRET_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Reads the secret or token a webhook's `auth` names, off the async
+/// threads: `Ok(None)` for `auth: none`; [`Refusal::NoSecret`] when the
+/// file is missing, empty, not a regular file, larger than
+/// [`MAX_SECRET_BYTES`] or slower than 2 s to read.
+pub async fn secret_of(auth: &WebhookAuth) -> Result<Option<Vec<u8>>, Refusal> {
+    let path = match auth {
+        WebhookAuth::None => return Ok(None),
+        WebhookAuth::Bearer(b) => b.token_file.clone(),
+        WebhookAuth::Hmac(h) => h.secret_file.clone(),
+    };
+    let shown = path.clone();
+    match tokio::time::timeout(SECRET_READ_TIMEOUT, tokio::task::spawn_blocking(move || read_secret(&path))).await {
+        Ok(Ok(r)) => r.map(Some),
+        Ok(Err(e)) => Err(Refusal::NoSecret(format!("{shown}: {e}"))),
+        Err(_) => Err(Refusal::NoSecret(format!("{shown} took more than {} s to read", SECRET_READ_TIMEOUT.as_secs()))),
+    }
+}
+
+/// Checks a request against a webhook's `auth` with the `secret` that
+/// [`secret_of`] read for it. `header` looks a request header up by name
+/// (any case); `now` is Unix seconds.
+pub fn verify(
+    auth: &WebhookAuth,
+    secret: Option<&[u8]>,
+    header: &dyn Fn(&str) -> Option<String>,
+    body: &[u8],
+    now: i64,
+) -> Result<(), Refusal> {
+    let need = || Refusal::NoSecret("no secret was read".into());
     match auth {
         WebhookAuth::None => Ok(()),
-        WebhookAuth::Bearer(b) => verify_bearer(b, header),
-        WebhookAuth::Hmac(h) => {
-            let secret = read_secret(&h.secret_file)?;
-            verify_hmac(h, &secret, header, body, now)
-        }
+        WebhookAuth::Bearer(_) => verify_bearer(secret.ok_or_else(need)?, header),
+        WebhookAuth::Hmac(h) => verify_hmac(h, secret.ok_or_else(need)?, header, body, now),
     }
 }
 
 fn read_secret(path: &str) -> Result<Vec<u8>, Refusal> {
-    let mut s = std::fs::read(path).map_err(|e| Refusal::NoSecret(format!("{path}: {e}")))?;
+    use std::io::Read as _;
+    let no = |why: String| Refusal::NoSecret(format!("{path}: {why}"));
+    let file = std::fs::File::open(path).map_err(|e| no(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| no(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(no("not a regular file".into()));
+    }
+    if meta.len() > MAX_SECRET_BYTES {
+        return Err(no(format!("{} bytes, more than {MAX_SECRET_BYTES}", meta.len())));
+    }
+    let mut s = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_SECRET_BYTES + 1).read_to_end(&mut s).map_err(|e| no(e.to_string()))?;
+    if s.len() as u64 > MAX_SECRET_BYTES {
+        return Err(no(format!("more than {MAX_SECRET_BYTES} bytes")));
+    }
     if s.last() == Some(&b'\n') {
         s.pop();
         if s.last() == Some(&b'\r') {
@@ -45,15 +94,10 @@ fn read_secret(path: &str) -> Result<Vec<u8>, Refusal> {
     Ok(s)
 }
 
-fn verify_bearer(b: &BearerAuth, header: &dyn Fn(&str) -> Option<String>) -> Result<(), Refusal> {
-    let token = read_secret(&b.token_file)?;
+fn verify_bearer(token: &[u8], header: &dyn Fn(&str) -> Option<String>) -> Result<(), Refusal> {
     let given = header("authorization").unwrap_or_default();
     let given = given.strip_prefix("Bearer ").or_else(|| given.strip_prefix("bearer ")).unwrap_or("");
-    if constant_time_eq(given.trim().as_bytes(), &token) {
-        Ok(())
-    } else {
-        Err(Refusal::Unauthorized("bad or missing bearer token".into()))
-    }
+    if constant_time_eq(given.trim().as_bytes(), token) { Ok(()) } else { Err(Refusal::Unauthorized("bad or missing bearer token".into())) }
 }
 
 /// The signatures to try and the payload they sign.
@@ -88,7 +132,7 @@ fn verify_hmac(h: &HmacAuth, secret: &[u8], header: &dyn Fn(&str) -> Option<Stri
     let mut payload = Vec::with_capacity(body.len() + 16);
     if let Some(ts) = &timestamp {
         let t: i64 = ts.trim().parse().map_err(|_| Refusal::Unauthorized(format!("timestamp {ts:?} is not Unix seconds")))?;
-        if (now - t).unsigned_abs() > h.tolerance_seconds {
+        if now.checked_sub(t).is_none_or(|d| d.unsigned_abs() > h.tolerance_seconds) {
             return Err(Refusal::Unauthorized(format!("timestamp {t} is more than {} s from now ({now})", h.tolerance_seconds)));
         }
         payload.extend_from_slice(ts.trim().as_bytes());
@@ -132,6 +176,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::trigger::BearerAuth;
+
+    /// Reads the secret as the webhook handler does, then verifies.
+    fn verify(auth: &WebhookAuth, header: &dyn Fn(&str) -> Option<String>, body: &[u8], now: i64) -> Result<(), Refusal> {
+        let secret = match auth {
+            WebhookAuth::None => None,
+            WebhookAuth::Bearer(b) => Some(read_secret(&b.token_file)?),
+            WebhookAuth::Hmac(h) => Some(read_secret(&h.secret_file)?),
+        };
+        super::verify(auth, secret.as_deref(), header, body, now)
+    }
 
     fn file(dir: &tempfile::TempDir, name: &str, content: &str) -> String {
         let p = dir.path().join(name);
@@ -222,5 +277,34 @@ mod tests {
         assert_eq!(verify(&auth, &headers(&[("x-signature", &sig)]), b"The quick brown fox jumps over the lazy dog", 0), Ok(()));
         let gone = WebhookAuth::Bearer(BearerAuth { token_file: "/nonexistent/punchclock-token".into() });
         assert!(matches!(verify(&gone, &headers(&[]), b"", 0), Err(Refusal::NoSecret(_))));
+    }
+
+    /// A secret that is a directory, a device or too large is refused
+    /// without reading it whole; a timestamp at the ends of i64 is refused,
+    /// not an overflow.
+    #[test]
+    fn odd_secret_files_and_timestamps_are_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        for path in [dir.path().to_string_lossy().to_string(), "/dev/zero".to_string()] {
+            let auth = WebhookAuth::Bearer(BearerAuth { token_file: path.clone() });
+            assert!(matches!(verify(&auth, &headers(&[]), b"", 0), Err(Refusal::NoSecret(m)) if m.contains("regular")), "{path}");
+        }
+        let big = file(&dir, "big", &"x".repeat(MAX_SECRET_BYTES as usize + 1));
+        let auth = WebhookAuth::Bearer(BearerAuth { token_file: big });
+        assert!(matches!(verify(&auth, &headers(&[]), b"", 0), Err(Refusal::NoSecret(m)) if m.contains("more than")));
+        let secret = file(&dir, "k", "key");
+        let auth = WebhookAuth::Hmac(HmacAuth {
+            secret_file: secret,
+            header: "X-Sig".into(),
+            algorithm: HmacAlgorithm::Sha256,
+            encoding: SignatureEncoding::Hex,
+            prefix: String::new(),
+            timestamp_header: Some("X-Ts".into()),
+            tolerance_seconds: 300,
+        });
+        for (t, now) in [(i64::MIN.to_string(), i64::MAX), (i64::MAX.to_string(), i64::MIN), ("-9223372036854775808".into(), 1)] {
+            let r = verify(&auth, &headers(&[("X-Sig", "00"), ("X-Ts", &t)]), b"", now);
+            assert!(matches!(r, Err(Refusal::Unauthorized(ref m)) if m.contains("from now")), "{t} {now}: {r:?}");
+        }
     }
 }

@@ -8,9 +8,10 @@
 //!   record is committed — so a sender's retry is always safe. `401` a bad
 //!   signature (no record; logged once per path and source a minute),
 //!   `404` an unknown path, `413` a body over the limit, `400` a delivery
-//!   without its dedup id, `408` a body that does not arrive within 30 s,
+//!   without its dedup id, `408` a body that does not arrive within 15 s,
 //!   `503` with `Retry-After` when no leader can admit it (or its secret
-//!   cannot be read here, or 64 bodies are being read already).
+//!   cannot be read here, or 64 bodies are being read already, or 8 from
+//!   the same address).
 //! - `POST /events/{topic}`: `PublishEvent` (a bearer token of role
 //!   `operator` when auth is on; `Idempotency-Key` header required).
 //!
@@ -38,8 +39,13 @@ use crate::model::trigger::{MAX_EVENT_BODY_BYTES, WebhookTrigger};
 /// Set on a request a follower forwards (its replica id): a replica that
 /// gets one and does not lead answers 503 instead of forwarding again.
 const FORWARDED: &str = "x-punchclock-forwarded-by";
-/// The original sender of a forwarded request.
+/// The original sender of a forwarded request, as the forwarding replica
+/// saw it. Any client can set it: it is kept as the run's
+/// `attributes.forwarded_for` (at most 64 characters), never in place of
+/// the connection's own address (`attributes.peer`).
 const FORWARDED_FOR: &str = "x-punchclock-forwarded-for";
+/// Longest `forwarded_for` kept.
+const MAX_FORWARDED_FOR: usize = 64;
 /// Longest delivery id taken (its run id is a digest of it).
 const MAX_KEY_CHARS: usize = 512;
 /// Longest header value given to the agent.
@@ -48,14 +54,69 @@ const MAX_HEADER_VALUE: usize = 1024;
 /// large or slow requests holds at most this many bodies in memory; the
 /// others wait for a turn, and get 503 after [`BODY_TURN_WAIT`].
 const MAX_BODIES_IN_FLIGHT: usize = 64;
+/// Of those, how many one peer address may hold: one client that trickles
+/// bodies cannot take every turn (its further requests get 503 at once).
+const MAX_BODIES_PER_PEER: usize = 8;
 /// How long a request waits for its turn to be read.
 const BODY_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a body may take to arrive (a client that trickles it gets 408).
-const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 fn bodies() -> &'static tokio::sync::Semaphore {
     static BODIES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
     BODIES.get_or_init(|| tokio::sync::Semaphore::new(MAX_BODIES_IN_FLIGHT))
+}
+
+/// Bodies being read, per peer address.
+fn per_peer() -> &'static std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>> {
+    static PEERS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> = std::sync::OnceLock::new();
+    PEERS.get_or_init(Default::default)
+}
+
+/// A turn to read (and hold) one body: one of [`MAX_BODIES_IN_FLIGHT`]
+/// and one of its peer's [`MAX_BODIES_PER_PEER`], both given back on drop.
+struct Turn {
+    _global: tokio::sync::SemaphorePermit<'static>,
+    peer: std::net::IpAddr,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        Turn::release_only(self.peer);
+    }
+}
+
+/// Takes a turn for `peer`: `None` when it holds its share already or no
+/// turn frees within [`BODY_TURN_WAIT`].
+async fn turn(peer: std::net::IpAddr) -> Option<Turn> {
+    {
+        let mut peers = per_peer().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = peers.entry(peer).or_insert(0);
+        if *n >= MAX_BODIES_PER_PEER {
+            return None;
+        }
+        *n += 1;
+    }
+    match tokio::time::timeout(BODY_TURN_WAIT, bodies().acquire()).await {
+        Ok(Ok(p)) => Some(Turn { _global: p, peer }),
+        _ => {
+            Turn::release_only(peer);
+            None
+        }
+    }
+}
+
+impl Turn {
+    /// Gives back a peer's count taken without a global permit.
+    fn release_only(peer: std::net::IpAddr) {
+        let mut peers = per_peer().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = peers.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                peers.remove(&peer);
+            }
+        }
+    }
 }
 
 /// The routes (bodies are read with the limit of their endpoint: a
@@ -85,23 +146,22 @@ fn header_of(headers: &HeaderMap) -> impl Fn(&str) -> Option<String> + '_ {
 /// Reads a body of at most `limit` bytes: `413` as soon as its
 /// `Content-Length` says it is larger (before it is sent, to a client
 /// that waits for `100 Continue`), or once it passes the limit.
-/// At most [`MAX_BODIES_IN_FLIGHT`] bodies are read (and held) at once;
-/// one that takes longer than [`BODY_READ_TIMEOUT`] to arrive is refused
-/// `408`.
-async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<(Bytes, tokio::sync::SemaphorePermit<'static>), Response> {
-    let too_large = |n: String| error(StatusCode::PAYLOAD_TOO_LARGE, format!("{n} bytes; this endpoint takes at most {limit}"));
+/// At most [`MAX_BODIES_IN_FLIGHT`] bodies are read (and held) at once,
+/// [`MAX_BODIES_PER_PEER`] from one `peer`; one that takes longer than
+/// [`BODY_READ_TIMEOUT`] to arrive is refused `408`.
+async fn read_body(headers: &HeaderMap, body: Body, limit: u64, peer: std::net::IpAddr) -> Result<(Bytes, Turn), Response> {
+    let too_large = |what: String| error(StatusCode::PAYLOAD_TOO_LARGE, format!("{what}; this endpoint takes at most {limit} bytes"));
     if let Some(n) = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
         && n > limit
     {
-        return Err(too_large(n.to_string()));
+        return Err(too_large(format!("{n} bytes")));
     }
-    let permit = match tokio::time::timeout(BODY_TURN_WAIT, bodies().acquire()).await {
-        Ok(Ok(p)) => p,
-        _ => return Err(unavailable("too many requests are being read; try again", 1)),
+    let Some(turn) = turn(peer).await else {
+        return Err(unavailable("too many requests are being read; try again", 1));
     };
     match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit as usize)).await {
-        Ok(Ok(b)) => Ok((b, permit)),
-        Ok(Err(_)) => Err(too_large("more than that".into())),
+        Ok(Ok(b)) => Ok((b, turn)),
+        Ok(Err(_)) => Err(too_large("the body is larger".into())),
         Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, format!("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs()))),
     }
 }
@@ -116,7 +176,7 @@ async fn hook(
 ) -> Response {
     let path = uri.path().to_string();
     let Ok(engine) = core.engine().await else {
-        let (body, _turn) = match read_body(&headers, body, MAX_EVENT_BODY_BYTES).await {
+        let (body, _turn) = match read_body(&headers, body, MAX_EVENT_BODY_BYTES, peer.ip()).await {
             Ok(b) => b,
             Err(r) => return r,
         };
@@ -129,16 +189,32 @@ async fn hook(
     let Some((task_id, trigger)) = route else {
         return error(StatusCode::NOT_FOUND, format!("no task has a webhook at {path}"));
     };
-    let (body, _turn) = match read_body(&headers, body, trigger.max_body()).await {
+    let (body, _turn) = match read_body(&headers, body, trigger.max_body(), peer.ip()).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let source = headers.get(FORWARDED_FOR).and_then(|v| v.to_str().ok()).map_or_else(|| peer.ip().to_string(), str::to_string);
-    match signature::verify(&trigger.auth, &header_of(&headers), &body, core.clock.now().timestamp()) {
+    let forwarded_for = headers
+        .get(FORWARDED_FOR)
+        .filter(|_| headers.contains_key(FORWARDED))
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.chars().take(MAX_FORWARDED_FOR).collect::<String>());
+    let peer_ip = peer.ip().to_string();
+    let checked = match signature::secret_of(&trigger.auth).await {
+        Ok(secret) => signature::verify(&trigger.auth, secret.as_deref(), &header_of(&headers), &body, core.clock.now().timestamp()),
+        Err(e) => Err(e),
+    };
+    match checked {
         Ok(()) => {}
         Err(Refusal::Unauthorized(why)) => {
-            if let Some(repeats) = crate::auth::refusal_due(&format!("webhook {path} {source}")) {
-                tracing::warn!(path, source, why, repeats, "webhook request refused: not authenticated (no record made)");
+            if let Some(repeats) = crate::auth::refusal_due(&format!("webhook {path} {peer_ip}")) {
+                tracing::warn!(
+                    path,
+                    peer = peer_ip,
+                    forwarded_for,
+                    why,
+                    repeats,
+                    "webhook request refused: not authenticated (no record made)"
+                );
             }
             return error(StatusCode::UNAUTHORIZED, "not authenticated");
         }
@@ -160,7 +236,10 @@ async fn hook(
         }
     }
     let mut attributes = BTreeMap::new();
-    attributes.insert("source".to_string(), source);
+    attributes.insert("peer".to_string(), peer_ip);
+    if let Some(f) = forwarded_for {
+        attributes.insert("forwarded_for".to_string(), f);
+    }
     let run_id = event_run_id(&task_id, TriggerKind::Webhook, &path, &key);
     let ev = super::event_request(&task_id, run_id, TriggerKind::Webhook, &path, &key, core.clock.now(), kept, attributes, &body);
     match engine.events(vec![ev]).await.map(|mut a| a.pop()) {
@@ -224,7 +303,7 @@ async fn publish(
         let code = if status.code() == tonic::Code::PermissionDenied { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
         return error(code, status.message());
     }
-    let (body, _turn) = match read_body(&headers, body, crate::model::task::MAX_PARAMS_BYTES as u64).await {
+    let (body, _turn) = match read_body(&headers, body, crate::model::task::MAX_PARAMS_BYTES as u64, peer.ip()).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -275,8 +354,7 @@ async fn forward(core: &Core, uri: &Uri, headers: &HeaderMap, body: Bytes, peer:
             req = req.header(name.as_str(), value.as_bytes());
         }
     }
-    let source = headers.get(FORWARDED_FOR).and_then(|v| v.to_str().ok()).map_or_else(|| peer.ip().to_string(), str::to_string);
-    req = req.header(FORWARDED, core.election.id()).header(FORWARDED_FOR, source);
+    req = req.header(FORWARDED, core.election.id()).header(FORWARDED_FOR, peer.ip().to_string());
     match req.send().await {
         Ok(resp) => {
             let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);

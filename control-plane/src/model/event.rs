@@ -121,16 +121,19 @@ pub fn event_run_id(task_id: &str, kind: TriggerKind, name: &str, key: &str) -> 
 }
 
 /// The run of an event published on `topic` with `key` for one task:
-/// `{task}.event-{topic}-{key}` when the key is at most 64 letters, digits,
-/// `_` and `-`; else `{task}.event-{topic}-{h}`, `h` the first 32 hex
-/// digits of its SHA-256 — one per (task, topic, key) either way.
+/// `{task}.event-{topic}.{key}` when the key is at most 64 letters, digits,
+/// `_` and `-` (and not 32 hex digits); else `{task}.event-{topic}.{h}`,
+/// `h` the first 32 hex digits of its SHA-256. A plain key has no `.`, so
+/// the last `.` parts topic from key: one run id per (task, topic, key),
+/// and two never share one (`a-b`/`c` and `a`/`b-c` differ).
 pub fn published_run_id(task_id: &str, topic: &str, key: &str) -> String {
-    let plain = !key.is_empty() && key.len() <= 64 && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let hexlike = key.len() == 32 && key.chars().all(|c| c.is_ascii_hexdigit());
+    let plain = !key.is_empty() && key.len() <= 64 && !hexlike && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if plain {
-        return format!("{task_id}.event-{topic}-{key}");
+        return format!("{task_id}.event-{topic}.{key}");
     }
     let digest = hex::encode(sha2::Sha256::digest(key.as_bytes()));
-    format!("{task_id}.event-{topic}-{}", &digest[..32])
+    format!("{task_id}.event-{topic}.{}", &digest[..32])
 }
 
 /// Checks a published event's idempotency key: 1 to 256 characters, no
@@ -189,5 +192,20 @@ mod tests {
         assert_ne!(a, event_run_id("t", TriggerKind::Webhook, "/hooks/y", "a b/c"));
         assert_eq!(a, event_run_id("t", TriggerKind::Webhook, "/hooks/x", "a b/c"));
         assert_eq!(super::super::run::task_of_run(&after_run_id("b", "a.20261203T100000Z")), "b");
+    }
+
+    #[test]
+    fn published_run_ids_never_collide_across_topics_and_keys() {
+        let ids = [
+            published_run_id("t", "a-b", "c"),
+            published_run_id("t", "a", "b-c"),
+            published_run_id("t", "a.b", "c"),
+            published_run_id("t", "a", "b.c"),
+            published_run_id("t", "a", published_run_id("t", "a", "x.y").rsplit('.').next().unwrap()),
+            published_run_id("t", "a", "x.y"),
+        ];
+        let set: std::collections::BTreeSet<_> = ids.iter().collect();
+        assert_eq!(set.len(), ids.len(), "{ids:?}");
+        assert_eq!(published_run_id("t", "build", "b-42"), "t.event-build.b-42");
     }
 }

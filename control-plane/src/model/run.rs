@@ -299,6 +299,31 @@ pub struct Attempt {
     /// resources' permits from these.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holds: Vec<ResourceHold>,
+    /// What the execution used of its runner's machine (process agents in
+    /// a cgroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<MachineUse>,
+}
+
+/// What one execution used of its runner's machine, read from its cgroup
+/// when it ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineUse {
+    /// Highest memory use, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time of all its processes, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+}
+
+impl MachineUse {
+    /// From a runner's report; `None` when it says nothing (a negative or
+    /// non-finite CPU time is dropped).
+    pub fn from_report(peak_memory_bytes: Option<u64>, cpu_seconds: Option<f64>) -> Option<MachineUse> {
+        let cpu_seconds = cpu_seconds.filter(|s| s.is_finite() && *s >= 0.0);
+        (peak_memory_bytes.is_some() || cpu_seconds.is_some()).then_some(MachineUse { peak_memory_bytes, cpu_seconds })
+    }
 }
 
 /// A resource an attempt holds: its name, the concurrency units taken and
@@ -708,12 +733,6 @@ pub fn slot_of_run_id(run_id: &str) -> Option<(&str, DateTime<Utc>)> {
 /// Run id of a manual trigger: `{task_id}.manual-{key}`.
 pub fn manual_run_id(task_id: &str, key: &str) -> String {
     format!("{task_id}.manual-{key}")
-}
-
-/// The run of an event published on `topic` with `key` for one task:
-/// `{task}.event-{topic}-{key}` — one per (task, topic, key).
-pub fn event_run_id(task_id: &str, topic: &str, key: &str) -> String {
-    format!("{task_id}.event-{topic}-{key}")
 }
 
 /// The task id part of a run id.

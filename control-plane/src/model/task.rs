@@ -244,6 +244,41 @@ pub struct ExecutionSpec {
     /// (which do not spend `max_retries`) before it gives up FAILED;
     /// default 1800; `1..=86400`.
     pub rate_limit_max_wait_seconds: u64,
+    /// CPU, memory and process limits of each attempt of a process agent,
+    /// within its agent's own (`limits` in the runner's agents file): the
+    /// runner applies the tighter of each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsSpec>,
+}
+
+/// `execution.limits`: `{memory_max: 512Mi, cpu: 0.5, pids_max: 64}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Bytes (a number, or `512Mi`, `1Gi`, `64M`); at least 4 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "bytes_or_size")]
+    pub memory_max: Option<u64>,
+    /// Cores; `0.01..=1024`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// Processes and threads (the agent's supervisor included); at least 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
+}
+
+/// A size as a number of bytes or a string with a unit.
+fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        Bytes(u64),
+        Text(String),
+    }
+    match Option::<Form>::deserialize(d)? {
+        None => Ok(None),
+        Some(Form::Bytes(n)) => Ok(Some(n)),
+        Some(Form::Text(t)) => punchclock_proto::size::parse_bytes(&t).map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 /// What a run does when a resource it needs is busy.
@@ -346,6 +381,7 @@ impl Default for ExecutionSpec {
             resources: Vec::new(),
             on_resource_busy: OnResourceBusy::default(),
             rate_limit_max_wait_seconds: DEFAULT_RATE_LIMIT_MAX_WAIT_SECONDS,
+            limits: None,
         }
     }
 }
@@ -539,6 +575,17 @@ impl TaskSpec {
         if !(1..=86_400).contains(&ex.rate_limit_max_wait_seconds) {
             p.push(Error::invalid("execution.rate_limit_max_wait_seconds", "must be in 1..=86400"));
         }
+        if let Some(l) = &ex.limits {
+            if l.memory_max.is_some_and(|m| m < 4 << 20) {
+                p.push(Error::invalid("execution.limits.memory_max", "must be at least 4Mi (the agent's supervisor shares the cgroup)"));
+            }
+            if l.cpu.is_some_and(|c| !(c.is_finite() && (0.01..=1024.0).contains(&c))) {
+                p.push(Error::invalid("execution.limits.cpu", "cores: must be in 0.01..=1024"));
+            }
+            if l.pids_max.is_some_and(|n| n < 2) {
+                p.push(Error::invalid("execution.limits.pids_max", "must be at least 2 (the agent and its supervisor)"));
+            }
+        }
         if self.labels.len() > 32 {
             p.push(Error::invalid("labels", "at most 32"));
         }
@@ -616,10 +663,23 @@ impl TaskSpec {
             for e in t.problems(&self.trigger_path(i)) {
                 p.push(e);
             }
-            if let TriggerSpec::After(a) = t
-                && a.task == self.task_id
-            {
-                p.push(Error::invalid(format!("{}.task", self.trigger_path(i)), "a task cannot follow itself"));
+            if let TriggerSpec::After(a) = t {
+                if a.task == self.task_id {
+                    p.push(Error::invalid(format!("{}.task", self.trigger_path(i)), "a task cannot follow itself"));
+                }
+                // One upstream run makes one run id (`{task}.after-{run}`):
+                // a second trigger on it could never start a run.
+                let earlier = self.all_triggers()[..i].iter().position(|e| matches!(e, TriggerSpec::After(x) if x.task == a.task));
+                if let Some(j) = earlier {
+                    p.push(Error::invalid(
+                        format!("{}.task", self.trigger_path(i)),
+                        format!(
+                            "{} follows {:?} already: one upstream run starts one run: use one after trigger with status: any",
+                            self.trigger_path(j),
+                            a.task
+                        ),
+                    ));
+                }
             }
         }
     }
@@ -873,6 +933,22 @@ mod tests {
         }
         let big_context = format!(r#"{{"task_id": "t", "agent_id": "a", "context": {{"doc": "{}"}}}}"#, "x".repeat(MAX_CONTEXT_BYTES));
         assert_eq!(err_field(&big_context), "context");
+    }
+
+    /// `execution.limits`: sizes with units, and each bad value named.
+    #[test]
+    fn execution_limits_are_checked() {
+        let with = |l: &str| format!(r#"{{"task_id": "t", "agent_id": "a", "execution": {{"limits": {l}}}}}"#);
+        let ok = TaskSpec::from_json(&with(r#"{"memory_max": "64Mi", "cpu": 0.5, "pids_max": 32}"#)).expect("valid");
+        assert_eq!(ok.execution.limits, Some(LimitsSpec { memory_max: Some(64 << 20), cpu: Some(0.5), pids_max: Some(32) }));
+        assert_eq!(
+            TaskSpec::from_json(&with(r#"{"memory_max": 8388608}"#)).expect("bytes").execution.limits.and_then(|l| l.memory_max),
+            Some(8 << 20)
+        );
+        assert_eq!(err_field(&with(r#"{"memory_max": "1Ki"}"#)), "execution.limits.memory_max");
+        assert_eq!(err_field(&with(r#"{"cpu": 5000}"#)), "execution.limits.cpu");
+        assert_eq!(err_field(&with(r#"{"pids_max": 1}"#)), "execution.limits.pids_max");
+        assert!(TaskSpec::from_json(&with(r#"{"memory_max": "lots"}"#)).is_err());
     }
 
     const SEED: &str = r#"{ "task_id": "daily_report_001", "agent_id": "report_agent",

@@ -165,7 +165,8 @@ pub struct WebhookTrigger {
 pub const DEFAULT_EVENT_HEADERS: &[&str] =
     &["content-type", "user-agent", "x-github-event", "x-github-delivery", "x-gitlab-event", "x-request-id", "idempotency-key"];
 
-/// Headers never given to an agent: they carry credentials.
+/// Headers never given to an agent, from a request or a queue message:
+/// they carry credentials.
 pub const SECRET_HEADERS: &[&str] = &["authorization", "cookie", "proxy-authorization"];
 
 impl WebhookTrigger {
@@ -467,6 +468,17 @@ impl QueueTrigger {
     /// The body limit in bytes.
     pub fn max_body(&self) -> u64 {
         self.max_body_bytes.unwrap_or(MAX_EVENT_BODY_BYTES)
+    }
+
+    /// Where its messages' ids are unique, in their run ids: the queue
+    /// (`rabbit/reports`), or the stream whatever subject it filters on
+    /// (`nats/DATA`), so a subject that changes finds the same runs.
+    pub fn dedup_scope(&self) -> String {
+        match (&self.queue, &self.stream) {
+            (Some(q), _) => format!("{}/{q}", self.broker),
+            (None, Some(st)) => format!("{}/{st}", self.broker),
+            _ => self.broker.clone(),
+        }
     }
 
     /// What it consumes, for logs and the event's `name`:
@@ -838,6 +850,21 @@ mod tests {
         let fans: Vec<_> = (0..3).map(|i| t(&format!("f{i}"), serde_json::json!([{"type": "after", "task": "a"}]))).collect();
         let refs: Vec<&_> = fans.iter().collect();
         assert_eq!(check_across(&refs, [], 2).len(), 3);
+    }
+
+    /// Found by an attack: two after triggers on one upstream make one run
+    /// id, so the second could never start a run.
+    #[test]
+    fn one_upstream_is_followed_once_per_task() {
+        let spec = |triggers: serde_json::Value| {
+            super::super::task::TaskSpec::from_json(
+                &serde_json::json!({"task_id": "b", "agent_id": "ag", "triggers": triggers}).to_string(),
+            )
+        };
+        let twice = spec(serde_json::json!([{"type": "after", "task": "a"}, {"type": "after", "task": "a", "status": "failed"}]));
+        let e = twice.expect_err("refused").to_string();
+        assert!(e.contains("triggers[1].task") && e.contains("triggers[0]") && e.contains("status: any"), "{e}");
+        assert!(spec(serde_json::json!([{"type": "after", "task": "a"}, {"type": "after", "task": "c"}])).is_ok());
     }
 
     #[test]

@@ -142,6 +142,8 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
                     cost: u.cost,
                 }),
                 model: a.model.clone().unwrap_or_default(),
+                peak_memory_bytes: a.machine.and_then(|m| m.peak_memory_bytes),
+                cpu_seconds: a.machine.and_then(|m| m.cpu_seconds),
             })
             .collect(),
         result_json: json_or_empty(&r.result),

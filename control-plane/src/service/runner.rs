@@ -222,6 +222,8 @@ pub fn from_pb(m: Msg) -> Option<FromRunner> {
             stderr_tail: cap_tail(f.stderr_tail, MAX_TAIL_BYTES),
             started_at: from_timestamp_opt(f.started_at.as_ref()),
             finished_at: from_timestamp_opt(f.finished_at.as_ref()),
+            class: Some(f.class.chars().filter(|c| !c.is_control()).take(64).collect::<String>()).filter(|c| !c.is_empty()),
+            machine: crate::model::run::MachineUse::from_report(f.peak_memory_bytes, f.cpu_seconds),
         })),
     })
 }
@@ -260,6 +262,7 @@ pub fn to_pb(m: ToRunner) -> pb::ControlMessage {
             scheduled_at: Some(to_timestamp(a.scheduled_at)),
             tracestate: a.trace_state,
             baggage: a.baggage,
+            limits: a.limits.map(|l| pb::ExecutionLimits { memory_max_bytes: l.memory_max, cpu: l.cpu, pids_max: l.pids_max }),
         }),
         ToRunner::Cancel { run_id, execution_id, reason } => Out::Cancel(pb::Cancel { run_id, execution_id, reason }),
         ToRunner::FinishedAck { run_id, execution_id } => Out::FinishedAck(pb::FinishedAck { run_id, execution_id }),

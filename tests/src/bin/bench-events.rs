@@ -75,6 +75,8 @@ fn now_ns() -> u128 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let o = opts();
+    // reqwest's rustls wants a crypto provider installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     assert!(o.bin.exists(), "{} missing: cargo build --release --workspace --bins first (make bench-events does)", o.bin.display());
     let dir = tempfile::tempdir().expect("tempdir");
     let rabbit = Rabbit::start("").await;

@@ -68,12 +68,19 @@ async fn measure(shim: Option<ShimCommand>, zygote: bool, runs: usize, concurren
         zygote: shim.clone().filter(|_| zygote).map(Zygote::new),
         http: Default::default(),
         callbacks: Default::default(),
+        cgroups: None,
         shim,
         fence: Fence::new(work.join("fence"), Duration::from_secs(1)),
         dirs: Default::default(),
     };
-    let agent =
-        ProcessAgent { command: vec!["/bin/true".into()], env: Default::default(), env_from_file: Default::default(), working_dir: None };
+    let agent = ProcessAgent {
+        command: vec!["/bin/true".into()],
+        env: Default::default(),
+        env_from_file: Default::default(),
+        working_dir: None,
+        limits: Default::default(),
+        enforce: Default::default(),
+    };
     let (tx, mut events) = mpsc::channel(1024);
     let (children0, self0, t0) = (cpu_ms(libc::RUSAGE_CHILDREN), cpu_ms(libc::RUSAGE_SELF), Instant::now());
     let (mut started, mut finished) = (0usize, 0usize);

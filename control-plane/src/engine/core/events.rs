@@ -17,11 +17,11 @@ use crate::clock::Now;
 use crate::engine::lifecycle::Lifecycle;
 use crate::engine::{EventAdmitted, EventRequest};
 use crate::error::{Error, Result};
+use crate::model::RunRecord;
 use crate::model::event::{Upstream, after_run_id};
 use crate::model::run::{SkipReason, TriggerKind};
 use crate::model::task::{PRIORITY_RANGE, TaskSpec};
 use crate::model::trigger::{QueueTrigger, WebhookTrigger};
-use crate::model::{RunRecord, RunStatus};
 use crate::repo::StoreOp;
 
 /// Where events find their tasks: webhook paths, published topics and
@@ -259,11 +259,6 @@ impl EngineCore {
 
     /// A task's runs waiting for dispatch (PENDING, RETRYING: no open attempt).
     pub(super) fn waiting_runs(&self, task_id: &str) -> u64 {
-        self.by_task.get(task_id).map_or(0, |ids| {
-            ids.iter()
-                .filter_map(|id| self.runs.get(id))
-                .filter(|r| matches!(r.status, RunStatus::Pending | RunStatus::Retrying) && r.current_attempt().is_none())
-                .count() as u64
-        })
+        self.counts.waiting(task_id)
     }
 }

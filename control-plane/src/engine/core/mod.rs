@@ -22,6 +22,7 @@
 //! `writes.rs` (this turn's writes by atomic group), `timers.rs`.
 
 mod breaker;
+mod counts;
 mod deadlines;
 mod events;
 mod notify;
@@ -322,6 +323,8 @@ pub struct EngineCore {
     pending_events: HashMap<ReplyId, events::PendingEvents>,
     /// Where events find their tasks.
     routes: events::Routes,
+    /// Each task's runs holding slots, waiting, alive: counted as they change.
+    counts: counts::Counts,
 }
 
 /// What the core knows of the clocks.
@@ -382,6 +385,7 @@ impl EngineCore {
             fx: Effects::default(),
             pending_events: HashMap::new(),
             routes: events::Routes::default(),
+            counts: counts::Counts::default(),
         }
     }
 
@@ -629,6 +633,7 @@ impl EngineCore {
         run.updated_at = now.wall;
         run.fencing_token = token;
         self.policies.run_changed(run);
+        self.counts.update(run);
         self.writes.changed(run_id, urgency);
     }
 
@@ -643,6 +648,7 @@ impl EngineCore {
     /// Adds a run to memory (new, or loaded).
     fn remember_run(&mut self, run: RunRecord) {
         self.policies.run_changed(&run);
+        self.counts.update(&run);
         self.by_task.entry(run.task_id.clone()).or_default().insert(run.run_id.clone());
         self.runs.insert(run.run_id.clone(), run);
     }
@@ -651,6 +657,7 @@ impl EngineCore {
         self.timers.start_by.remove(&run_id.to_string());
         if let Some(run) = self.runs.remove(run_id) {
             self.policies.run_forgotten(&run);
+            self.counts.remove(&run);
             if let Some(set) = self.by_task.get_mut(&run.task_id) {
                 set.remove(run_id);
                 if set.is_empty() {

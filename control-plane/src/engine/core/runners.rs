@@ -289,6 +289,8 @@ impl EngineCore {
                     stderr_tail: Some(f.stderr_tail),
                     started_at: f.started_at,
                     awaiting_runner: false,
+                    class: f.class,
+                    machine: f.machine,
                 };
                 self.end_attempt(now, &f.run_id, &f.execution_id, end);
             }

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 
 use crate::clock::Now;
 
-use super::policy::{ActiveRun, Admit, AdmitQuery, AfterAttempt, AgentOutcome, AttemptQuery, Dispatch, DispatchQuery, FinishQuery, Write};
+use super::policy::{Admit, AdmitQuery, AfterAttempt, AgentOutcome, AttemptQuery, Dispatch, DispatchQuery, FinishQuery, Write};
 use super::writes::Home;
 use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
 use crate::dispatch::queue::ReadyKey;
@@ -64,6 +64,10 @@ pub(super) struct AttemptEnd {
     /// The control plane ended it without the runner confirming the agent
     /// is gone: it keeps holding its slots until the runner reports or is lost.
     pub awaiting_runner: bool,
+    /// The runner's class of the end (`oom_killed`), when the agent names none.
+    pub class: Option<String>,
+    /// What the execution used, from its cgroup.
+    pub machine: Option<crate::model::run::MachineUse>,
 }
 
 impl AttemptEnd {
@@ -82,7 +86,7 @@ impl EngineCore {
     /// Agents of a task alive or not confirmed gone (open attempts and
     /// attempts awaiting their runner).
     pub(super) fn live_agents(&self, task_id: &str) -> usize {
-        self.by_task.get(task_id).map_or(0, |ids| ids.iter().filter(|id| self.runs.get(*id).is_some_and(RunRecord::holds_agent)).count())
+        self.counts.live(task_id)
     }
 
     /// Adds a new record to memory and to this turn's creations.
@@ -141,19 +145,6 @@ impl EngineCore {
         self.runs.get(run_id).map(|r| r.task_id.clone())
     }
 
-    /// Runs of a task that hold a slot of it, for admission: not a
-    /// `run_all` catch-up's own (`batch`), not a manual run waiting out
-    /// its delay; a terminal run while its agent is not confirmed gone.
-    fn active_of(&self, now: Now, task_id: &str, batch: &HashSet<String>) -> Vec<ActiveRun> {
-        let Some(ids) = self.by_task.get(task_id) else { return Vec::new() };
-        ids.iter()
-            .filter(|id| !batch.contains(*id))
-            .filter_map(|id| self.runs.get(id))
-            .filter(|r| if r.status.is_terminal() { r.holds_agent() } else { !r.is_delayed(now.wall) })
-            .map(|r| ActiveRun { scheduled_at: r.scheduled_at, run_id: r.run_id.clone(), terminal: r.status.is_terminal() })
-            .collect()
-    }
-
     /// The first decision point: a run asks to be created under `def` (the
     /// definition it is due under; an earlier one while a change settles).
     /// The policies decide; a skip leaves a SKIPPED record. `batch`: runs
@@ -164,9 +155,16 @@ impl EngineCore {
         if self.runs.contains_key(&run.run_id) {
             return false;
         }
-        let active = self.active_of(now, &run.task_id, batch);
+        // Counted, not walked (a task may have 100,000 runs waiting); listed
+        // only for the policy that picks among them.
+        let active = self.counts.active(&run.task_id, now.wall, batch);
+        let listed = if def.execution.overlap_policy == crate::model::task::OverlapPolicy::CancelRunning {
+            self.counts.active_runs(&run.task_id, now.wall, batch)
+        } else {
+            Vec::new()
+        };
         let breaker = self.tasks.get(&run.task_id).and_then(|e| e.cursor.as_ref()?.breaker.clone());
-        let q = AdmitQuery { now: now.wall, run: &run, task: def, active: &active, breaker: breaker.as_ref() };
+        let q = AdmitQuery { now: now.wall, run: &run, task: def, active, active_runs: &listed, breaker: breaker.as_ref() };
         match self.policies.admit(&q) {
             Admit::Pass => {}
             Admit::Waiting(reason) => run.pending_reason = Some(reason),
@@ -186,7 +184,7 @@ impl EngineCore {
                 return true;
             }
         }
-        let q = AdmitQuery { now: now.wall, run: &run, task: def, active: &active, breaker: breaker.as_ref() };
+        let q = AdmitQuery { now: now.wall, run: &run, task: def, active, active_runs: &listed, breaker: breaker.as_ref() };
         let mut writes = self.policies.created(&q);
         writes.retain(|w| match w {
             Write::Charges(c) => {
@@ -500,6 +498,7 @@ impl EngineCore {
             trace_state: run.trace_state.clone(),
             baggage: run.baggage.clone(),
             stored_event_body: run.event.as_ref().is_some_and(|e| e.body_stored),
+            limits: self.tasks.get(&run.task_id).and_then(|t| t.record.spec.execution.limits),
         };
         if let (Some(run), Some(task)) = (self.runs.get(run_id), self.tasks.get(&task_id)) {
             let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents: 0 };
@@ -554,7 +553,8 @@ impl EngineCore {
             a.awaiting_runner = end.awaiting_runner;
             a.usage = end.result.as_ref().and_then(crate::model::run::Usage::from_result);
             a.model = end.result.as_ref().and_then(crate::model::run::model_of);
-            a.class = agent.class.clone();
+            a.class = agent.class.clone().or(end.class);
+            a.machine = end.machine;
             a.resource = agent.resource.clone();
             a.retry_at = agent.retry_at.filter(|_| outcome == Outcome::RateLimited);
             if a.started_at.is_none() {

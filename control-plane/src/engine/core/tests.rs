@@ -65,6 +65,8 @@ impl H {
 
     fn drain(&mut self) -> Effects {
         let fx = self.core.poll_effects();
+        // Every count kept as runs change equals one made from scratch.
+        self.core.counts.check(&self.core.runs, self.now);
         let copy = Effects {
             writes: fx.writes.clone(),
             disconnects: fx.disconnects.clone(),
@@ -179,6 +181,8 @@ impl H {
             stderr_tail: String::new(),
             started_at: None,
             finished_at: Some(self.now),
+            class: None,
+            machine: None,
         };
         self.msg(runner, session, FromRunner::Finished(Box::new(report)))
     }

@@ -8,7 +8,8 @@
 //! terminal (the core writes it in A's run's group), with the run id
 //! `{B}.after-{A's run id}`: B runs exactly once per run of A, across
 //! failovers — a new leader either sees A terminal and B created, or
-//! neither. SKIPPED records of A (slots that never ran) start nothing.
+//! neither. SKIPPED records of A (slots that never ran) and runs of A
+//! cancelled before their first attempt start nothing.
 //!
 //! A cycle is refused at apply; one made by two applies at once is cut at
 //! run time: a chain longer than [`MAX_CHAIN`] runs records SKIPPED
@@ -72,7 +73,9 @@ impl Policy for Dependencies {
     }
 
     fn finished(&mut self, q: &FinishQuery<'_>) -> Vec<Write> {
-        if q.run.status == RunStatus::Skipped {
+        // A slot that never ran, or a run cancelled before its first
+        // attempt, did nothing to follow.
+        if q.run.status == RunStatus::Skipped || (q.run.status == RunStatus::Cancelled && q.run.attempts.is_empty()) {
             return Vec::new();
         }
         let chain = q.run.upstream.as_ref().map_or(0, |u| u.chain) + 1;
@@ -115,6 +118,9 @@ mod tests {
         let mut r = RunRecord::pending(format!("{task}.x"), task, "ag", TriggerKind::Manual, t, t);
         r.status = status;
         r.result = Some(serde_json::json!({"n": 1}));
+        if status != RunStatus::Skipped {
+            r.attempts.push(crate::model::Attempt { attempt: 1, ..Default::default() });
+        }
         if let Some(chain) = upstream_chain {
             r.upstream = Some(Upstream { task: "z".into(), run_id: "z.1".into(), status: RunStatus::Succeeded, result: None, chain });
         }
@@ -153,6 +159,13 @@ mod tests {
         assert!(failed[0].1.is_some() && failed[1].1.is_none() && failed[1].2 == 4, "{failed:?}");
         // A skipped slot of A never ran: nothing follows it.
         assert!(follow(&mut d, &ended("a", RunStatus::Skipped, None)).is_empty());
+        // Nor a run cancelled before it started; one cancelled while it ran
+        // is followed on `any`.
+        let mut never = ended("a", RunStatus::Cancelled, None);
+        never.attempts.clear();
+        assert!(follow(&mut d, &never).is_empty());
+        let cancelled = follow(&mut d, &ended("a", RunStatus::Cancelled, None));
+        assert_eq!(cancelled.len(), 2, "{cancelled:?}");
         // A chain past the bound is cut.
         let long = follow(&mut d, &ended("a", RunStatus::Succeeded, Some(MAX_CHAIN)));
         assert!(long[0].1.as_deref().is_some_and(|w| w.contains("cycle")), "{long:?}");

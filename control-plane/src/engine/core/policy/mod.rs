@@ -59,8 +59,12 @@ pub struct AdmitQuery<'a> {
     pub run: &'a RunRecord,
     /// Its task.
     pub task: &'a TaskSpec,
-    /// The task's runs holding a slot (a `run_all` catch-up's own runs left out).
-    pub active: &'a [ActiveRun],
+    /// How many of the task's runs hold a slot (a `run_all` catch-up's
+    /// own runs left out).
+    pub active: usize,
+    /// Those runs, listed only when the task's overlap policy is
+    /// `cancel_running` (the only one that picks among them); else empty.
+    pub active_runs: &'a [ActiveRun],
     /// The task's circuit breaker state, if it has any.
     pub breaker: Option<&'a Breaker>,
 }

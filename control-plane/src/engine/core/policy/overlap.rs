@@ -22,20 +22,20 @@ impl Policy for Overlap {
     fn admit(&mut self, q: &AdmitQuery<'_>) -> Admit {
         let ex = &q.task.execution;
         let limit = ex.concurrency_limit as usize;
-        if q.active.len() < limit {
+        if q.active < limit {
             return Admit::Pass;
         }
         match ex.overlap_policy {
             OverlapPolicy::Skip => Admit::Skip {
                 reason: SkipReason::ConcurrencyLimit,
-                why: format!("{} run(s) of the task still active (concurrency_limit {limit}, overlap_policy skip)", q.active.len()),
+                why: format!("{} run(s) of the task still active (concurrency_limit {limit}, overlap_policy skip)", q.active),
             },
-            OverlapPolicy::Queue => Admit::Waiting(format!("queued behind {} active run(s) (concurrency_limit {limit})", q.active.len())),
+            OverlapPolicy::Queue => Admit::Waiting(format!("queued behind {} active run(s) (concurrency_limit {limit})", q.active)),
             OverlapPolicy::CancelRunning => {
                 // The oldest until the new run fits; runs already cancelled
                 // (agent not yet gone) cannot be cancelled again, and the new
                 // run waits for them.
-                let mut active = q.active.to_vec();
+                let mut active = q.active_runs.to_vec();
                 active.sort_by(|a, b| (a.scheduled_at, &a.run_id).cmp(&(b.scheduled_at, &b.run_id)));
                 let excess = active.len() + 1 - limit;
                 let cancel = active.into_iter().take(excess).filter(|a| !a.terminal).map(|a| a.run_id).collect();
@@ -84,7 +84,8 @@ mod tests {
         let now = "2026-12-01T11:00:00Z".parse().expect("t");
         let run = RunRecord::pending("t.new".into(), "t", "a", TriggerKind::Manual, now, now);
         let spec = task(policy, limit);
-        Overlap.admit(&AdmitQuery { now, run: &run, task: &spec, active: &active(n), breaker: None })
+        let active = active(n);
+        Overlap.admit(&AdmitQuery { now, run: &run, task: &spec, active: active.len(), active_runs: &active, breaker: None })
     }
 
     #[test]

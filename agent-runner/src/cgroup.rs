@@ -1,0 +1,471 @@
+//! CPU, memory and process limits for process agents, through the
+//! kernel's control groups: each execution gets a cgroup of its own, its
+//! agent is born in it (the supervisor joins it before it starts the
+//! agent), and when the execution ends the runner reads what it used —
+//! peak memory, CPU seconds, whether the OOM killer struck — kills
+//! whatever is left in it and removes it.
+//!
+//! Two layouts, found at start ([`Cgroups::detect`]):
+//! - **cgroup v2** (the unified hierarchy with `memory`, `cpu` and `pids`
+//!   delegated to the runner's own cgroup): the runner moves itself into a
+//!   leaf `runner/` of its cgroup, enables the controllers below it, and
+//!   puts executions under `agents/<execution>/`: `memory.max`,
+//!   `memory.high` (90 % of it), `memory.oom.group`, `cpu.max`,
+//!   `pids.max`; `cgroup.kill` ends them (also processes that left the
+//!   agent's process group); `memory.events`' `oom_kill`, `memory.peak`
+//!   and `cpu.stat`'s `usage_usec` are read at the end;
+//! - **cgroup v1** (separate `memory`, `cpu`, `cpuacct` and `pids`
+//!   hierarchies, as on this project's CI machines): a
+//!   `punchclock-<runner>/<execution>/` in each, under the runner's own
+//!   cgroup there: `memory.limit_in_bytes` (and `memory.memsw.limit_in_bytes`
+//!   when swap is accounted), `cpu.cfs_quota_us` / `cpu.cfs_period_us`,
+//!   `pids.max`; `memory.oom_control`'s `oom_kill`,
+//!   `memory.max_usage_in_bytes` and `cpuacct.usage` at the end; what is
+//!   left is SIGKILLed by pid.
+//!
+//! A runner with neither has no limits ([`Capability::None`]); an agent
+//! whose limits are `enforce: required` is then refused at start, with the
+//! reason. The runner advertises what it has as the label `cgroup`
+//! (`v2`, `v1` or `none`), so a task's selector can ask for it.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Limits of one execution (`None`: no limit of that kind).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    /// Bytes of memory (RAM, and swap where it is accounted).
+    pub memory_max: Option<u64>,
+    /// Cores (0.5: half of one).
+    pub cpu: Option<f64>,
+    /// Processes and threads.
+    pub pids_max: Option<u64>,
+}
+
+// `cpu` is never NaN (the agents file and the task refuse it).
+impl Eq for Limits {}
+
+impl Limits {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.memory_max.is_some() || self.cpu.is_some() || self.pids_max.is_some()
+    }
+
+    /// The tighter of each (a task may lower its agent's limits, never
+    /// raise them).
+    pub fn within(self, bound: Limits) -> Limits {
+        fn min<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(if a < b { a } else { b }),
+                (a, b) => a.or(b),
+            }
+        }
+        Limits {
+            memory_max: min(self.memory_max, bound.memory_max),
+            cpu: min(self.cpu, bound.cpu),
+            pids_max: min(self.pids_max, bound.pids_max),
+        }
+    }
+}
+
+/// What the runner's host lets it limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// cgroup v2, delegated.
+    V2,
+    /// cgroup v1 hierarchies.
+    V1,
+    /// Neither.
+    None,
+}
+
+impl Capability {
+    /// `v2`, `v1` or `none` (the runner's `cgroup` label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::V2 => "v2",
+            Capability::V1 => "v1",
+            Capability::None => "none",
+        }
+    }
+}
+
+/// The runner's cgroups: where executions' cgroups go.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    layout: Layout,
+}
+
+#[derive(Debug, Clone)]
+enum Layout {
+    /// `agents/` under the runner's cgroup, controllers enabled.
+    V2 {
+        agents: PathBuf,
+    },
+    /// The parent directory in each hierarchy (`None`: not mounted).
+    V1 {
+        memory: Option<PathBuf>,
+        cpu: Option<PathBuf>,
+        cpuacct: Option<PathBuf>,
+        pids: Option<PathBuf>,
+    },
+    None {
+        why: String,
+    },
+}
+
+impl Cgroups {
+    /// Finds what the host offers under `root` (`/sys/fs/cgroup`), for the
+    /// process whose `/proc/self/cgroup` is `own` (its text), and prepares
+    /// the runner's part of it (`runner_id` names it in v1). Never fails:
+    /// what cannot be used is [`Capability::None`], with the reason.
+    pub fn detect(root: &Path, own: &str, runner_id: &str) -> Cgroups {
+        match Self::try_v2(root, own) {
+            Ok(Some(agents)) => return Cgroups { layout: Layout::V2 { agents } },
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cgroup v2 is there but cannot be delegated to this runner; trying v1"),
+        }
+        let v1 = |controller: &str| -> Option<PathBuf> {
+            let mount = root.join(controller);
+            if !mount.join("cgroup.procs").exists() {
+                return None;
+            }
+            // The runner's own cgroup in that hierarchy: `N:controller,...:/path`.
+            let path = own.lines().find_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                controllers.split(',').any(|c| c == controller).then(|| path.trim_start_matches('/').to_string())
+            });
+            let own = mount.join(path.unwrap_or_default());
+            // Made at the first execution with limits (a runner without
+            // any leaves no trace); here only whether it could be.
+            let writable = std::ffi::CString::new(own.as_os_str().as_encoded_bytes())
+                // SAFETY: access(2) reads a NUL-terminated path.
+                .is_ok_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0);
+            if !writable {
+                tracing::warn!(dir = %own.display(), "cannot create cgroups under the runner's own {controller} cgroup");
+                return None;
+            }
+            Some(own.join(format!("punchclock-{runner_id}")))
+        };
+        let (memory, cpu, cpuacct, pids) = (v1("memory"), v1("cpu"), v1("cpuacct"), v1("pids"));
+        if memory.is_none() && cpu.is_none() && pids.is_none() {
+            return Cgroups {
+                layout: Layout::None {
+                    why: format!("no cgroup v2 with memory, cpu and pids delegated, and no cgroup v1 hierarchy under {}", root.display()),
+                },
+            };
+        }
+        Cgroups { layout: Layout::V1 { memory, cpu, cpuacct, pids } }
+    }
+
+    /// No limits at all (a runner told not to use cgroups).
+    pub fn none(why: &str) -> Cgroups {
+        Cgroups { layout: Layout::None { why: why.to_string() } }
+    }
+
+    /// cgroup v2: the runner's own cgroup (`0::/path`) must offer memory,
+    /// cpu and pids; the runner moves into `runner/` under it and executions
+    /// go under `agents/`. `Ok(None)`: no usable v2 here.
+    fn try_v2(root: &Path, own: &str) -> io::Result<Option<PathBuf>> {
+        let unified = if root.join("cgroup.controllers").exists() { root.to_path_buf() } else { root.join("unified") };
+        let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else { return Ok(None) };
+        let mine = unified.join(path.trim_start_matches('/'));
+        let available = std::fs::read_to_string(mine.join("cgroup.controllers")).unwrap_or_default();
+        let wanted = ["memory", "cpu", "pids"];
+        if !wanted.iter().all(|c| available.split_whitespace().any(|a| a == *c)) {
+            return Ok(None);
+        }
+        // No process may stay in a cgroup whose controllers are enabled for
+        // its children: the runner moves into a leaf of its own.
+        let runner = mine.join("runner");
+        std::fs::create_dir_all(&runner)?;
+        std::fs::write(runner.join("cgroup.procs"), std::process::id().to_string())?;
+        std::fs::write(mine.join("cgroup.subtree_control"), "+memory +cpu +pids")?;
+        let agents = mine.join("agents");
+        std::fs::create_dir_all(&agents)?;
+        std::fs::write(agents.join("cgroup.subtree_control"), "+memory +cpu +pids")?;
+        Ok(Some(agents))
+    }
+
+    /// What this runner can limit.
+    pub fn capability(&self) -> Capability {
+        match self.layout {
+            Layout::V2 { .. } => Capability::V2,
+            Layout::V1 { .. } => Capability::V1,
+            Layout::None { .. } => Capability::None,
+        }
+    }
+
+    /// Why `limits` cannot all be applied here, if they cannot.
+    pub fn missing(&self, limits: &Limits) -> Option<String> {
+        match &self.layout {
+            Layout::V2 { .. } => None,
+            Layout::None { why } => limits.any().then(|| why.clone()),
+            Layout::V1 { memory, cpu, pids, .. } => {
+                let mut gone = Vec::new();
+                if limits.memory_max.is_some() && memory.is_none() {
+                    gone.push("memory");
+                }
+                if limits.cpu.is_some() && cpu.is_none() {
+                    gone.push("cpu");
+                }
+                if limits.pids_max.is_some() && pids.is_none() {
+                    gone.push("pids");
+                }
+                (!gone.is_empty()).then(|| format!("no cgroup v1 {} controller on this host", gone.join(", ")))
+            }
+        }
+    }
+
+    /// The cgroup of one execution, with `limits` applied (and, for the
+    /// accounting of what it used, one even without limits where the host
+    /// has cgroups). `None` without cgroups.
+    ///
+    /// # Errors
+    ///
+    /// A directory or file of the cgroup that cannot be written.
+    pub fn create(&self, execution_id: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
+        let name = sanitize(execution_id);
+        match &self.layout {
+            Layout::None { .. } => Ok(None),
+            Layout::V2 { agents } => {
+                let dir = agents.join(&name);
+                std::fs::create_dir_all(&dir)?;
+                let cg = ExecCgroup { v2: Some(dir.clone()), ..ExecCgroup::default() };
+                if let Some(m) = limits.memory_max {
+                    std::fs::write(dir.join("memory.max"), m.to_string())?;
+                    std::fs::write(dir.join("memory.high"), (m / 10 * 9).max(1).to_string())?;
+                    let _ = std::fs::write(dir.join("memory.oom.group"), "1");
+                }
+                if let Some(c) = limits.cpu {
+                    std::fs::write(dir.join("cpu.max"), format!("{} 100000", ((c * 100_000.0).round() as u64).max(1000)))?;
+                }
+                if let Some(p) = limits.pids_max {
+                    std::fs::write(dir.join("pids.max"), p.to_string())?;
+                }
+                Ok(Some(cg))
+            }
+            Layout::V1 { memory, cpu, cpuacct, pids } => {
+                let make = |parent: &Option<PathBuf>| -> io::Result<Option<PathBuf>> {
+                    match parent {
+                        Some(p) => {
+                            let d = p.join(&name);
+                            std::fs::create_dir_all(&d)?;
+                            Ok(Some(d))
+                        }
+                        None => Ok(None),
+                    }
+                };
+                let cg = ExecCgroup { v2: None, memory: make(memory)?, cpu: make(cpu)?, cpuacct: make(cpuacct)?, pids: make(pids)? };
+                if let (Some(m), Some(d)) = (limits.memory_max, &cg.memory) {
+                    std::fs::write(d.join("memory.limit_in_bytes"), m.to_string())?;
+                    // RAM and swap together: no way around the limit by swapping.
+                    let _ = std::fs::write(d.join("memory.memsw.limit_in_bytes"), m.to_string());
+                }
+                if let (Some(c), Some(d)) = (limits.cpu, &cg.cpu) {
+                    std::fs::write(d.join("cpu.cfs_period_us"), "100000")?;
+                    std::fs::write(d.join("cpu.cfs_quota_us"), ((c * 100_000.0).round() as u64).max(1000).to_string())?;
+                }
+                if let (Some(p), Some(d)) = (limits.pids_max, &cg.pids) {
+                    std::fs::write(d.join("pids.max"), p.to_string())?;
+                }
+                Ok(Some(cg))
+            }
+        }
+    }
+}
+
+/// A cgroup name from an execution id (UUID-shaped: kept as is).
+fn sanitize(id: &str) -> String {
+    id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(128).collect()
+}
+
+/// One execution's cgroup (one directory in v2, one per hierarchy in v1).
+#[derive(Debug, Default)]
+pub struct ExecCgroup {
+    v2: Option<PathBuf>,
+    memory: Option<PathBuf>,
+    cpu: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
+    pids: Option<PathBuf>,
+}
+
+/// What an execution used, read from its cgroup at the end.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    /// The OOM killer killed a process of it.
+    pub oom_killed: bool,
+    /// Highest memory use, bytes.
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time of all its processes, seconds.
+    pub cpu_seconds: Option<f64>,
+}
+
+impl ExecCgroup {
+    fn dirs(&self) -> Vec<&PathBuf> {
+        [&self.v2, &self.memory, &self.cpu, &self.cpuacct, &self.pids].into_iter().flatten().collect()
+    }
+
+    /// The `cgroup.procs` files a process joins (writing its pid, or `0`
+    /// for itself, to each).
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs().into_iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Moves `pid` into it.
+    ///
+    /// # Errors
+    ///
+    /// A `cgroup.procs` that cannot be written (the process is gone).
+    pub fn add(&self, pid: u32) -> io::Result<()> {
+        for f in self.procs_files() {
+            std::fs::write(f, pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// What it used.
+    pub fn usage(&self) -> Usage {
+        let read = |d: &Option<PathBuf>, f: &str| d.as_ref().and_then(|d| std::fs::read_to_string(d.join(f)).ok());
+        let field = |text: Option<String>, key: &str| {
+            text.and_then(|t| t.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok())))
+        };
+        match &self.v2 {
+            Some(_) => Usage {
+                oom_killed: field(read(&self.v2, "memory.events"), "oom_kill ").is_some_and(|n| n > 0),
+                peak_memory_bytes: read(&self.v2, "memory.peak").and_then(|t| t.trim().parse().ok()),
+                cpu_seconds: field(read(&self.v2, "cpu.stat"), "usage_usec ").map(|us| us as f64 / 1e6),
+            },
+            None => Usage {
+                oom_killed: field(read(&self.memory, "memory.oom_control"), "oom_kill ").is_some_and(|n| n > 0),
+                peak_memory_bytes: read(&self.memory, "memory.max_usage_in_bytes").and_then(|t| t.trim().parse().ok()),
+                cpu_seconds: read(&self.cpuacct, "cpuacct.usage").and_then(|t| t.trim().parse::<u64>().ok()).map(|ns| ns as f64 / 1e9),
+            },
+        }
+    }
+
+    /// Kills every process still in it (v2: `cgroup.kill`; v1: SIGKILL by
+    /// pid until none is left, at most 20 rounds), then removes it.
+    pub fn kill_and_remove(self) {
+        if let Some(d) = &self.v2
+            && std::fs::write(d.join("cgroup.kill"), "1").is_err()
+        {
+            self.kill_by_pid();
+        }
+        if self.v2.is_none() {
+            self.kill_by_pid();
+        }
+        for d in self.dirs() {
+            for _ in 0..50 {
+                match std::fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    // EBUSY while the last processes are being reaped.
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+
+    fn kill_by_pid(&self) {
+        for _ in 0..20 {
+            let mut any = false;
+            for f in self.procs_files() {
+                for pid in std::fs::read_to_string(&f).unwrap_or_default().lines().filter_map(|l| l.trim().parse::<libc::pid_t>().ok()) {
+                    any = true;
+                    // SAFETY: kill(2) has no memory-safety preconditions.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+            if !any {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+pub use punchclock_proto::size::parse_bytes;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_bounds() {
+        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("lots").is_err());
+        let agent = Limits { memory_max: Some(512 << 20), cpu: Some(1.0), pids_max: None };
+        let task = Limits { memory_max: Some(1 << 30), cpu: Some(0.5), pids_max: Some(64) };
+        assert_eq!(
+            task.within(agent),
+            Limits { memory_max: Some(512 << 20), cpu: Some(0.5), pids_max: Some(64) },
+            "never above the agent's"
+        );
+    }
+
+    /// v1 on a fake tree: the files a limit writes, and what is read back.
+    #[test]
+    fn v1_layout_writes_limits_and_reads_usage() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for c in ["memory", "cpu", "cpuacct", "pids"] {
+            std::fs::create_dir_all(root.path().join(c).join("sandbox")).expect("mkdir");
+            std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
+        }
+        let own = "4:memory:/sandbox\n1:cpu:/\n2:cpuacct:/\n8:pids:/\n0::/\n";
+        let cgs = Cgroups::detect(root.path(), own, "r1");
+        assert_eq!(cgs.capability(), Capability::V1);
+        assert!(!root.path().join("memory/sandbox/punchclock-r1").exists(), "made at the first execution only");
+        let limits = Limits { memory_max: Some(64 << 20), cpu: Some(0.5), pids_max: Some(32) };
+        assert_eq!(cgs.missing(&limits), None);
+        let cg = cgs.create("e-1", &limits).expect("create").expect("some");
+        assert!(root.path().join("memory/sandbox/punchclock-r1").is_dir(), "under the runner's own memory cgroup");
+        let read = |p: &str| std::fs::read_to_string(root.path().join(p)).expect(p);
+        assert_eq!(read("memory/sandbox/punchclock-r1/e-1/memory.limit_in_bytes"), (64u64 << 20).to_string());
+        assert_eq!(read("cpu/punchclock-r1/e-1/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("pids/punchclock-r1/e-1/pids.max"), "32");
+        std::fs::write(
+            root.path().join("memory/sandbox/punchclock-r1/e-1/memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        )
+        .expect("w");
+        std::fs::write(root.path().join("memory/sandbox/punchclock-r1/e-1/memory.max_usage_in_bytes"), "1234\n").expect("w");
+        std::fs::write(root.path().join("cpuacct/punchclock-r1/e-1/cpuacct.usage"), "2500000000\n").expect("w");
+        assert_eq!(cg.usage(), Usage { oom_killed: true, peak_memory_bytes: Some(1234), cpu_seconds: Some(2.5) });
+    }
+
+    #[test]
+    fn no_cgroups_says_why_for_limits_only() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let cgs = Cgroups::detect(root.path(), "0::/\n", "r1");
+        assert_eq!(cgs.capability(), Capability::None);
+        assert_eq!(cgs.missing(&Limits::default()), None);
+        assert!(cgs.missing(&Limits { cpu: Some(1.0), ..Default::default() }).is_some_and(|w| w.contains("no cgroup")));
+        assert!(cgs.create("e", &Limits::default()).expect("ok").is_none());
+    }
+
+    /// v2 on a fake tree: the runner moves into its leaf, controllers are
+    /// enabled below it, and an execution's files are written.
+    #[test]
+    fn v2_layout_delegates_and_writes_limits() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mine = root.path().join("svc");
+        std::fs::create_dir_all(&mine).expect("mkdir");
+        std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids").expect("w");
+        std::fs::write(mine.join("cgroup.controllers"), "cpuset cpu io memory pids").expect("w");
+        let cgs = Cgroups::detect(root.path(), "0::/svc\n", "r1");
+        assert_eq!(cgs.capability(), Capability::V2);
+        assert_eq!(std::fs::read_to_string(mine.join("runner/cgroup.procs")).expect("moved"), std::process::id().to_string());
+        assert_eq!(std::fs::read_to_string(mine.join("agents/cgroup.subtree_control")).expect("enabled"), "+memory +cpu +pids");
+        let cg = cgs.create("e-2", &Limits { memory_max: Some(1000), cpu: Some(2.0), pids_max: None }).expect("create").expect("some");
+        assert_eq!(std::fs::read_to_string(mine.join("agents/e-2/cpu.max")).expect("cpu"), "200000 100000");
+        assert_eq!(std::fs::read_to_string(mine.join("agents/e-2/memory.high")).expect("high"), "900");
+        std::fs::write(mine.join("agents/e-2/memory.events"), "low 0\nhigh 3\nmax 2\noom 1\noom_kill 1\n").expect("w");
+        std::fs::write(mine.join("agents/e-2/cpu.stat"), "usage_usec 1500000\nuser_usec 1\n").expect("w");
+        let u = cg.usage();
+        assert!(u.oom_killed && u.cpu_seconds == Some(1.5), "{u:?}");
+    }
+}
