@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-events bench-spawn bench-apply shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-http bench-events bench-spawn bench-apply shim-static fmt clippy clean
 
 all: build
 
@@ -60,6 +60,11 @@ bench-load: deps deps-bench
 # the same load on the commit before resources and budgets (8d2f642).
 bench-chain: deps deps-bench
 	./scripts/bench-load.sh 8d2f642 --targets dev --rows 300 --chain $(ARGS)
+
+# The load rows with an HTTP agent (issue 22: what the scheduler itself
+# costs per run), beside the commit before HTTP agents with /bin/true.
+bench-http: deps deps-bench
+	./scripts/bench-load.sh e75493f --agent http --targets dev,server --rows 1000,burst --window 60 $(ARGS)
 
 # Issue 21: events into runs on dev (release build): webhook request ->
 # run committed p50/p99, and RabbitMQ messages at a fixed rate into runs

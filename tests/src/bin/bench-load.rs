@@ -20,6 +20,13 @@
 //! {bench-llm: ...}` and `budgets: [{scope: {agent: true_agent}}]`); the
 //! `before` build (a commit before resources and budgets existed) runs the
 //! same load without them.
+//!
+//! With `--agent http` (issue 22: the scheduler's own cost, without a
+//! process per run), the `after` build's tasks run `http_agent`, a `type:
+//! http` agent served by a keep-alive HTTP server in this process that
+//! answers `200 {}` at once; the `before` build (from before HTTP agents)
+//! runs the same rows with `/bin/true`, so the rows print side by side
+//! what a process per run costs against one request per run.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -78,6 +85,8 @@ struct Opts {
     window: i64,
     slots: u32,
     chain: bool,
+    /// `process` (`/bin/true`) or `http` (the in-bench HTTP agent, `after` only).
+    agent: String,
 }
 
 fn opts() -> Opts {
@@ -88,6 +97,7 @@ fn opts() -> Opts {
         window: 20,
         slots: 4096,
         chain: false,
+        agent: "process".into(),
     };
     let mut after = punchclock_tests::bin();
     let mut before = None;
@@ -102,6 +112,10 @@ fn opts() -> Opts {
             "--window" => o.window = val().parse().expect("--window SECONDS"),
             "--slots" => o.slots = val().parse().expect("--slots N"),
             "--chain" => o.chain = true,
+            "--agent" => {
+                o.agent = val();
+                assert!(matches!(o.agent.as_str(), "process" | "http"), "--agent process|http");
+            }
             other => panic!("unknown argument {other:?} (see the module docs)"),
         }
     }
@@ -176,13 +190,34 @@ fn rss_mb(pid: i32) -> f64 {
 const CHAIN_CONFIG: &str = "resources:\n  bench-llm: {concurrency: 100000, requests_per_minute: 1000000, tokens_per_minute: 1000000000000}\n\
 budgets:\n  - name: bench\n    scope: {agent: true_agent}\n    window: 1d\n    limits: {cost: 1000000000, runs: 1000000000}\n";
 
-async fn start(binary: &Path, kind: &str, slots: u32, chain: bool) -> Target {
+/// The in-bench HTTP agent: `200 {}` at once to every POST, keep-alive;
+/// returns its base URL. Runs on this process's runtime until it exits.
+async fn http_agent_server() -> String {
+    let app = axum::Router::new().route("/agent", axum::routing::post(|| async { axum::Json(serde_json::json!({})) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    format!("http://{addr}/agent")
+}
+
+/// The agents file of a run: `tests/agents.yaml`, or with an HTTP agent
+/// URL `http_agent` calling it (written into `dir`).
+fn agents_file(dir: &Path, http: Option<&str>, slots: &str) -> String {
+    let Some(url) = http else { return "tests/agents.yaml".into() };
+    let path = dir.join("agents.yaml");
+    let in_flight = slots.parse::<u32>().unwrap_or(4096).min(10_000);
+    std::fs::write(&path, format!("agents:\n  http_agent:\n    type: http\n    url: {url}\n    max_in_flight: {in_flight}\n")).expect("agents");
+    path.to_string_lossy().into_owned()
+}
+
+async fn start(binary: &Path, kind: &str, slots: u32, chain: bool, http: Option<&str>) -> Target {
     let dir = tempfile::tempdir().expect("tempdir");
     let slots = slots.to_string();
+    let agents = agents_file(dir.path(), http, &slots);
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, CHAIN_CONFIG).expect("config");
     let config = config.to_string_lossy().to_string();
-    let with_config = |mut args: Vec<&'static str>| -> Vec<String> {
+    let with_config = |mut args: Vec<&str>| -> Vec<String> {
         let mut v: Vec<String> = args.drain(..).map(str::to_string).collect();
         if chain {
             v.extend(["--config".to_string(), config.clone()]);
@@ -198,7 +233,7 @@ async fn start(binary: &Path, kind: &str, slots: u32, chain: bool) -> Target {
                 .iter()
                 .map(|a| a.to_string())
                 .collect();
-            args.extend(with_config(vec!["--agents", "tests/agents.yaml"]));
+            args.extend(with_config(vec!["--agents", &agents]));
             args.extend(["--slots".to_string(), slots.clone()]);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let dev = Proc::start_bin(binary, &args, &[], &log("dev"), true);
@@ -225,7 +260,7 @@ async fn start(binary: &Path, kind: &str, slots: u32, chain: bool) -> Target {
                     "--control-plane",
                     &server.addr,
                     "--agents",
-                    "tests/agents.yaml",
+                    &agents,
                     "--runner-id",
                     "r1",
                     "--slots",
@@ -290,14 +325,15 @@ struct Figures {
     apply_secs: f64,
 }
 
-async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32, chain: bool) -> Figures {
-    let mut t = start(binary, kind, slots, chain).await;
+async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32, chain: bool, http: Option<&str>) -> Figures {
+    let mut t = start(binary, kind, slots, chain, http).await;
     wait_runner(&t.addr).await;
     let client = tasks(&t.addr).await;
     let applied = Instant::now();
     let n = row.tasks();
     let specs = (0..n).map(|i| {
-        let mut spec = serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": "true_agent", "trigger": {"type": "cron", "expr": row.expr()}});
+        let agent = if http.is_some() { "http_agent" } else { "true_agent" };
+        let mut spec = serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": agent, "trigger": {"type": "cron", "expr": row.expr()}});
         if chain {
             spec["execution"] = serde_json::json!({"resources": [{"name": "bench-llm", "tokens": 10}]});
         }
@@ -400,7 +436,7 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32, c
 /// 1,000 sequential calls on one connection after 100 warm-up calls;
 /// (p50, p99) in microseconds.
 async fn get_task_latency(binary: &Path, kind: &str) -> (u128, u128) {
-    let t = start(binary, kind, 1, false).await;
+    let t = start(binary, kind, 1, false, None).await;
     let mut client = tasks(&t.addr).await;
     let spec = serde_json::json!({"task_id": "probe", "agent_id": "true_agent", "trigger": {"type": "cron", "expr": "0 0 0 1 1 *"}});
     client.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None }).await.expect("apply");
@@ -419,8 +455,10 @@ async fn get_task_latency(binary: &Path, kind: &str) -> (u128, u128) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let o = opts();
+    let http = if o.agent == "http" { Some(http_agent_server().await) } else { None };
     println!(
-        "bench-load: agent /bin/true, {} runner slots, {} s windows (10k burst: slots every 10 s); lags in ms from the run records{}",
+        "bench-load: agent {}, {} runner slots, {} s windows (10k burst: slots every 10 s); lags in ms from the run records{}",
+        if http.is_some() { "after: an HTTP agent answering 200 at once (keep-alive, in this process); before: /bin/true" } else { "/bin/true" },
         o.slots,
         o.window,
         if o.chain { "; after: every task declares a resource and is in a budget's scope (neither limits), before: neither" } else { "" }
@@ -450,7 +488,9 @@ async fn main() {
             for (build, binary) in &o.builds {
                 // `--chain`: only this checkout knows resources and budgets.
                 let chain = o.chain && build == "after";
-                let f = run_row(binary, target, *row, o.window, o.slots, chain).await;
+                // `--agent http`: only this checkout has HTTP agents.
+                let agent = http.as_deref().filter(|_| build == "after");
+                let f = run_row(binary, target, *row, o.window, o.slots, chain, agent).await;
                 let lag = |v: &[i64]| format!("{}/{}/{}", pct(v, 0.5), pct(v, 0.99), v.last().copied().unwrap_or(0));
                 let join = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(",");
                 println!(
