@@ -120,14 +120,21 @@ impl Cgroups {
     /// the runner's part of it (`runner_id` names it in v1). Never fails:
     /// what cannot be used is [`Capability::None`], with the reason.
     pub fn detect(root: &Path, own: &str, runner_id: &str) -> Cgroups {
-        match Self::try_v2(root, own) {
+        Self::detect_on(root, own, runner_id, true)
+    }
+
+    /// [`Cgroups::detect`]; `check_fs`: a hierarchy counts only when it is
+    /// a cgroup filesystem (`statfs`), not a directory that looks like one
+    /// (off only for the unit tests' fake trees).
+    fn detect_on(root: &Path, own: &str, runner_id: &str, check_fs: bool) -> Cgroups {
+        match Self::try_v2(root, own, check_fs) {
             Ok(Some(agents)) => return Cgroups { layout: Layout::V2 { agents } },
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "cgroup v2 is there but cannot be delegated to this runner; trying v1"),
         }
         let v1 = |controller: &str| -> Option<PathBuf> {
             let mount = root.join(controller);
-            if !mount.join("cgroup.procs").exists() {
+            if !mount.join("cgroup.procs").exists() || (check_fs && !is_cgroup_fs(&mount, false)) {
                 return None;
             }
             // The runner's own cgroup in that hierarchy: `N:controller,...:/path`.
@@ -167,8 +174,11 @@ impl Cgroups {
     /// cgroup v2: the runner's own cgroup (`0::/path`) must offer memory,
     /// cpu and pids; the runner moves into `runner/` under it and executions
     /// go under `agents/`. `Ok(None)`: no usable v2 here.
-    fn try_v2(root: &Path, own: &str) -> io::Result<Option<PathBuf>> {
+    fn try_v2(root: &Path, own: &str, check_fs: bool) -> io::Result<Option<PathBuf>> {
         let unified = if root.join("cgroup.controllers").exists() { root.to_path_buf() } else { root.join("unified") };
+        if check_fs && !is_cgroup_fs(&unified, true) {
+            return Ok(None);
+        }
         let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else { return Ok(None) };
         let mine = unified.join(path.trim_start_matches('/'));
         let available = std::fs::read_to_string(mine.join("cgroup.controllers")).unwrap_or_default();
@@ -186,6 +196,28 @@ impl Cgroups {
         std::fs::create_dir_all(&agents)?;
         std::fs::write(agents.join("cgroup.subtree_control"), "+memory +cpu +pids")?;
         Ok(Some(agents))
+    }
+
+    /// Removes the cgroups a previous process of this runner left (killed
+    /// with SIGKILL before it could): each empty one goes; one that still
+    /// holds processes (another runner process with the same id, or an
+    /// agent its shim has not killed yet) is left alone. Returns how many
+    /// were removed.
+    pub fn sweep(&self) -> usize {
+        let parents: Vec<&PathBuf> = match &self.layout {
+            Layout::V2 { agents } => vec![agents],
+            Layout::V1 { memory, cpu, cpuacct, pids } => [memory, cpu, cpuacct, pids].into_iter().flatten().collect(),
+            Layout::None { .. } => Vec::new(),
+        };
+        let mut removed = 0;
+        for parent in parents {
+            for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) && std::fs::remove_dir(entry.path()).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
     }
 
     /// What this runner can limit.
@@ -226,54 +258,87 @@ impl Cgroups {
     ///
     /// A directory or file of the cgroup that cannot be written.
     pub fn create(&self, execution_id: &str, limits: &Limits) -> io::Result<Option<ExecCgroup>> {
+        let mut made = ExecCgroup::default();
+        match self.try_create(execution_id, limits, &mut made) {
+            Ok(cg) => Ok(cg),
+            Err(e) => {
+                // Nothing of a cgroup that could not be made is left behind.
+                made.kill_and_remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Cgroups::create`]; what it made so far is in `made` (to remove on
+    /// an error). Errors name the file.
+    fn try_create(&self, execution_id: &str, limits: &Limits, made: &mut ExecCgroup) -> io::Result<Option<ExecCgroup>> {
+        let write = |dir: &Path, file: &str, value: String| {
+            std::fs::write(dir.join(file), &value).map_err(|e| io::Error::new(e.kind(), format!("{file} = {value}: {e}")))
+        };
         let name = sanitize(execution_id);
         match &self.layout {
             Layout::None { .. } => Ok(None),
             Layout::V2 { agents } => {
                 let dir = agents.join(&name);
                 std::fs::create_dir_all(&dir)?;
-                let cg = ExecCgroup { v2: Some(dir.clone()), ..ExecCgroup::default() };
+                made.v2 = Some(dir.clone());
                 if let Some(m) = limits.memory_max {
-                    std::fs::write(dir.join("memory.max"), m.to_string())?;
-                    std::fs::write(dir.join("memory.high"), (m / 10 * 9).max(1).to_string())?;
+                    write(&dir, "memory.max", m.to_string())?;
+                    write(&dir, "memory.high", (m / 10 * 9).max(1).to_string())?;
                     let _ = std::fs::write(dir.join("memory.oom.group"), "1");
                 }
                 if let Some(c) = limits.cpu {
-                    std::fs::write(dir.join("cpu.max"), format!("{} 100000", ((c * 100_000.0).round() as u64).max(1000)))?;
+                    write(&dir, "cpu.max", format!("{} 100000", ((c * 100_000.0).round() as u64).max(1000)))?;
                 }
                 if let Some(p) = limits.pids_max {
-                    std::fs::write(dir.join("pids.max"), p.to_string())?;
+                    write(&dir, "pids.max", p.to_string())?;
                 }
-                Ok(Some(cg))
+                Ok(Some(std::mem::take(made)))
             }
             Layout::V1 { memory, cpu, cpuacct, pids } => {
-                let make = |parent: &Option<PathBuf>| -> io::Result<Option<PathBuf>> {
-                    match parent {
-                        Some(p) => {
-                            let d = p.join(&name);
-                            std::fs::create_dir_all(&d)?;
-                            Ok(Some(d))
-                        }
-                        None => Ok(None),
+                let make = |parent: &Option<PathBuf>, slot: &mut Option<PathBuf>| -> io::Result<()> {
+                    if let Some(p) = parent {
+                        let d = p.join(&name);
+                        std::fs::create_dir_all(&d)?;
+                        *slot = Some(d);
                     }
+                    Ok(())
                 };
-                let cg = ExecCgroup { v2: None, memory: make(memory)?, cpu: make(cpu)?, cpuacct: make(cpuacct)?, pids: make(pids)? };
-                if let (Some(m), Some(d)) = (limits.memory_max, &cg.memory) {
-                    std::fs::write(d.join("memory.limit_in_bytes"), m.to_string())?;
+                make(memory, &mut made.memory)?;
+                make(cpu, &mut made.cpu)?;
+                make(cpuacct, &mut made.cpuacct)?;
+                make(pids, &mut made.pids)?;
+                if let (Some(m), Some(d)) = (limits.memory_max, &made.memory) {
+                    write(d, "memory.limit_in_bytes", m.to_string())?;
                     // RAM and swap together: no way around the limit by swapping.
                     let _ = std::fs::write(d.join("memory.memsw.limit_in_bytes"), m.to_string());
                 }
-                if let (Some(c), Some(d)) = (limits.cpu, &cg.cpu) {
-                    std::fs::write(d.join("cpu.cfs_period_us"), "100000")?;
-                    std::fs::write(d.join("cpu.cfs_quota_us"), ((c * 100_000.0).round() as u64).max(1000).to_string())?;
+                if let (Some(c), Some(d)) = (limits.cpu, &made.cpu) {
+                    write(d, "cpu.cfs_period_us", "100000".into())?;
+                    write(d, "cpu.cfs_quota_us", ((c * 100_000.0).round() as u64).max(1000).to_string())?;
                 }
-                if let (Some(p), Some(d)) = (limits.pids_max, &cg.pids) {
-                    std::fs::write(d.join("pids.max"), p.to_string())?;
+                if let (Some(p), Some(d)) = (limits.pids_max, &made.pids) {
+                    write(d, "pids.max", p.to_string())?;
                 }
-                Ok(Some(cg))
+                Ok(Some(std::mem::take(made)))
             }
         }
     }
+}
+
+/// Whether `dir` is on a cgroup filesystem (`v2`: cgroup2, else cgroup v1).
+fn is_cgroup_fs(dir: &Path, v2: bool) -> bool {
+    const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: statfs(2) writes into the zeroed struct we own.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut s) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    let magic = s.f_type as i64;
+    magic == if v2 { CGROUP2_SUPER_MAGIC } else { CGROUP_SUPER_MAGIC }
 }
 
 /// A cgroup name from an execution id (UUID-shaped: kept as is).
@@ -373,6 +438,12 @@ impl ExecCgroup {
             let mut any = false;
             for f in self.procs_files() {
                 for pid in std::fs::read_to_string(&f).unwrap_or_default().lines().filter_map(|l| l.trim().parse::<libc::pid_t>().ok()) {
+                    // Never the runner itself or its parent (an agent running
+                    // as root could move them in), nor init.
+                    // SAFETY: getppid(2) has no preconditions.
+                    if pid <= 1 || pid.unsigned_abs() == std::process::id() || pid == unsafe { libc::getppid() } {
+                        continue;
+                    }
                     any = true;
                     // SAFETY: kill(2) has no memory-safety preconditions.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -416,7 +487,7 @@ mod tests {
             std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
         }
         let own = "4:memory:/sandbox\n1:cpu:/\n2:cpuacct:/\n8:pids:/\n0::/\n";
-        let cgs = Cgroups::detect(root.path(), own, "r1");
+        let cgs = Cgroups::detect_on(root.path(), own, "r1", false);
         assert_eq!(cgs.capability(), Capability::V1);
         assert!(!root.path().join("memory/sandbox/punchclock-r1").exists(), "made at the first execution only");
         let limits = Limits { memory_max: Some(64 << 20), cpu: Some(0.5), pids_max: Some(32) };
@@ -437,10 +508,45 @@ mod tests {
         assert_eq!(cg.usage(), Usage { oom_killed: true, peak_memory_bytes: Some(1234), cpu_seconds: Some(2.5) });
     }
 
+    /// Found by breaking it: a limit the kernel refused left the
+    /// execution's directories behind, and a runner killed with SIGKILL
+    /// left its executions' cgroups for good.
+    #[test]
+    fn a_cgroup_that_cannot_be_made_leaves_nothing_and_leftovers_are_swept() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for c in ["memory", "cpu", "cpuacct", "pids"] {
+            std::fs::create_dir_all(root.path().join(c).join("punchclock-r1")).expect("mkdir");
+            std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
+        }
+        let cgs = Cgroups::detect_on(
+            root.path(),
+            "4:memory:/
+1:cpu:/
+2:cpuacct:/
+8:pids:/
+",
+            "r1",
+            false,
+        );
+        // The pids directory cannot be made (a file is in the way).
+        std::fs::write(root.path().join("pids/punchclock-r1/e-3"), "").expect("file");
+        let err = cgs.create("e-3", &Limits { memory_max: Some(64 << 20), cpu: None, pids_max: Some(8) }).expect_err("cannot");
+        assert!(!root.path().join("memory/punchclock-r1/e-3").exists(), "{err}: memory cgroup left behind");
+        assert!(!root.path().join("cpu/punchclock-r1/e-3").exists(), "{err}: cpu cgroup left behind");
+        std::fs::remove_file(root.path().join("pids/punchclock-r1/e-3")).expect("rm");
+        // Leftovers of a killed runner process: empty ones go.
+        for c in ["memory", "pids"] {
+            std::fs::create_dir_all(root.path().join(c).join("punchclock-r1/old")).expect("mkdir");
+        }
+        std::fs::create_dir_all(root.path().join("cpu/punchclock-r1/busy/child")).expect("mkdir");
+        assert_eq!(cgs.sweep(), 2);
+        assert!(root.path().join("cpu/punchclock-r1/busy").exists(), "one that is not empty stays");
+    }
+
     #[test]
     fn no_cgroups_says_why_for_limits_only() {
         let root = tempfile::tempdir().expect("tempdir");
-        let cgs = Cgroups::detect(root.path(), "0::/\n", "r1");
+        let cgs = Cgroups::detect_on(root.path(), "0::/\n", "r1", false);
         assert_eq!(cgs.capability(), Capability::None);
         assert_eq!(cgs.missing(&Limits::default()), None);
         assert!(cgs.missing(&Limits { cpu: Some(1.0), ..Default::default() }).is_some_and(|w| w.contains("no cgroup")));
@@ -456,7 +562,7 @@ mod tests {
         std::fs::create_dir_all(&mine).expect("mkdir");
         std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids").expect("w");
         std::fs::write(mine.join("cgroup.controllers"), "cpuset cpu io memory pids").expect("w");
-        let cgs = Cgroups::detect(root.path(), "0::/svc\n", "r1");
+        let cgs = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false);
         assert_eq!(cgs.capability(), Capability::V2);
         assert_eq!(std::fs::read_to_string(mine.join("runner/cgroup.procs")).expect("moved"), std::process::id().to_string());
         assert_eq!(std::fs::read_to_string(mine.join("agents/cgroup.subtree_control")).expect("enabled"), "+memory +cpu +pids");

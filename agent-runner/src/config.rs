@@ -164,6 +164,10 @@ enum SizeOrNumber {
     Text(String),
 }
 
+/// Largest `pids_max`: the kernel's `PID_MAX_LIMIT` (2^22; a larger
+/// `pids.max` is refused by the kernel).
+pub const MAX_PIDS: u64 = 1 << 22;
+
 /// Smallest `memory_max`: 4 MiB (the agent's supervisor lives in the same
 /// cgroup).
 pub const MIN_MEMORY_MAX: u64 = 4 << 20;
@@ -187,9 +191,11 @@ impl RawLimits {
             return Err(format!("{field}.cpu: {c} cores: must be in 0.01..=1024"));
         }
         if let Some(p) = self.pids_max
-            && p < 2
+            && !(2..=MAX_PIDS).contains(&p)
         {
-            return Err(format!("{field}.pids_max: must be at least 2 (the agent and its supervisor)"));
+            return Err(format!(
+                "{field}.pids_max: {p}: must be in 2..={MAX_PIDS} (the agent and its supervisor; the kernel's PID_MAX_LIMIT)"
+            ));
         }
         let enforce = match self.enforce.as_deref() {
             None | Some("best_effort") => Enforce::BestEffort,
@@ -714,7 +720,8 @@ agents:
             ("{memory_max: lots}", "agents.a.limits.memory_max: \"lots\""),
             ("{memory_max: 1000}", "agents.a.limits.memory_max: 1000 bytes is below the minimum"),
             ("{cpu: 0}", "agents.a.limits.cpu: 0 cores"),
-            ("{pids_max: 1}", "agents.a.limits.pids_max: must be at least 2"),
+            ("{pids_max: 1}", "agents.a.limits.pids_max: 1: must be in 2..=4194304"),
+            ("{pids_max: 5000000}", "agents.a.limits.pids_max: 5000000: must be in 2..=4194304"),
             ("{cpu: 1, enforce: always}", "agents.a.limits.enforce: \"always\""),
             ("{enforce: required}", "agents.a.limits.enforce: required, but no limit is set"),
             ("{cpus: 1}", "unknown field `cpus`"),

@@ -1100,9 +1100,14 @@ impl Supervisor {
             },
         };
         let oom = self.used.as_ref().filter(|(u, _)| u.oom_killed && outcome == Outcome::Failed);
+        // The peak beside the limit: far below it, a limit above the
+        // execution's (its runner's, the host's) was reached.
         let error = match oom {
-            Some((_, Some(max))) => format!("out of memory: the OOM killer ended the agent at memory_max {max} bytes ({error})"),
-            Some((_, None)) => format!("out of memory: the OOM killer ended the agent ({error})"),
+            Some((used, max)) => {
+                let peak = used.peak_memory_bytes.map_or_else(|| "peak unknown".to_string(), |p| format!("peak {p} bytes"));
+                let max = max.map(|m| format!(", memory_max {m} bytes")).unwrap_or_default();
+                format!("out of memory: the OOM killer ended a process of the agent ({peak}{max}; {error})")
+            }
             None => error,
         };
         let error = [Some(error), result_problem].into_iter().flatten().filter(|part| !part.is_empty()).collect::<Vec<_>>().join("; ");

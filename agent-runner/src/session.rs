@@ -134,6 +134,10 @@ fn apply_cgroups(config: &mut RunnerConfig) -> Result<crate::cgroup::Cgroups, Er
         None => Cgroups::none("the runner was told not to use cgroups"),
     };
     config.labels.entry("cgroup".into()).or_insert_with(|| cgroups.capability().as_str().into());
+    let swept = cgroups.sweep();
+    if swept > 0 {
+        info!(swept, "removed the cgroups a previous process of this runner left");
+    }
     let mut refused = Vec::new();
     for (id, spec) in &config.agents.agents {
         let AgentSpec::Process(agent) = spec else { continue };

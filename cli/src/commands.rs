@@ -868,19 +868,31 @@ async fn dev(a: DevArgs) -> Res {
         a.agents.display()
     );
     let (runner_stop_tx, runner_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(punchclock_agent_runner::run(rcfg, async move {
+    let mut runner = tokio::spawn(punchclock_agent_runner::run(rcfg, async move {
         let _ = runner_stop_rx.await;
     }));
-    shutdown_signal().await;
     // The runner first: it interrupts its agents and reports them while the
     // control plane still records reports (they run again at the next start
-    // without spending an attempt); then the control plane.
-    let _ = runner_stop_tx.send(());
-    if let Ok(Err(e)) = runner.await {
-        eprintln!("runner: {e}");
-    }
+    // without spending an attempt); then the control plane. A runner that
+    // stops by itself (it refused every agent, say) stops `dev` too.
+    let ended = tokio::select! {
+        () = shutdown_signal() => {
+            let _ = runner_stop_tx.send(());
+            runner.await
+        }
+        ended = &mut runner => ended,
+    };
+    let failed = match ended {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
     let _ = stop_tx.send(true);
     let r = server.wait().await.map_err(|e| e.to_string());
+    let r = match failed {
+        Some(e) => Err(format!("the dev runner stopped: {e}")),
+        None => r,
+    };
     if let Some(t) = telemetry {
         let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
     }

@@ -13,7 +13,7 @@
 //! - `enforce: required` limits on a runner without cgroups (a
 //!   `--cgroup-root` with no hierarchy): that agent is refused with the
 //!   reason, the others are offered, the runner's label says `cgroup=none`;
-//!   a runner left with no agent does not start.
+//!   a runner (or `dev`) left with no agent does not start.
 //!
 //! What is skipped: these machines have cgroup v1 (memory, cpu, cpuacct
 //! and pids hierarchies) and a unified hierarchy with no controllers, so
@@ -172,4 +172,16 @@ async fn required_limits_without_cgroups_refuse_the_agent() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("agents.strict.limits: enforce: required, but no cgroup"), "{stderr}");
+
+    // Nor does `dev` (found by breaking it: it served on without a runner).
+    let data = dir.path().join("data2").to_string_lossy().into_owned();
+    let out = std::process::Command::new(bin())
+        .args(["dev", "--data-dir", &data, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--agents"])
+        .arg(&only)
+        .args(["--cgroup-root", &root])
+        .output()
+        .expect("dev");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("the dev runner stopped") && stderr.contains("enforce: required, but no cgroup"), "{stderr}");
 }

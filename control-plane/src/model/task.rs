@@ -582,8 +582,11 @@ impl TaskSpec {
             if l.cpu.is_some_and(|c| !(c.is_finite() && (0.01..=1024.0).contains(&c))) {
                 p.push(Error::invalid("execution.limits.cpu", "cores: must be in 0.01..=1024"));
             }
-            if l.pids_max.is_some_and(|n| n < 2) {
-                p.push(Error::invalid("execution.limits.pids_max", "must be at least 2 (the agent and its supervisor)"));
+            if l.pids_max.is_some_and(|n| !(2..=1 << 22).contains(&n)) {
+                p.push(Error::invalid(
+                    "execution.limits.pids_max",
+                    "must be in 2..=4194304 (the agent and its supervisor; the kernel's PID_MAX_LIMIT)",
+                ));
             }
         }
         if self.labels.len() > 32 {
@@ -948,6 +951,8 @@ mod tests {
         assert_eq!(err_field(&with(r#"{"memory_max": "1Ki"}"#)), "execution.limits.memory_max");
         assert_eq!(err_field(&with(r#"{"cpu": 5000}"#)), "execution.limits.cpu");
         assert_eq!(err_field(&with(r#"{"pids_max": 1}"#)), "execution.limits.pids_max");
+        // Found by breaking it: the kernel refused 5000000, and the agent ran without any limit.
+        assert_eq!(err_field(&with(r#"{"pids_max": 5000000}"#)), "execution.limits.pids_max");
         assert!(TaskSpec::from_json(&with(r#"{"memory_max": "lots"}"#)).is_err());
     }
 

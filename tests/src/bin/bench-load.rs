@@ -206,7 +206,8 @@ fn agents_file(dir: &Path, http: Option<&str>, slots: &str) -> String {
     let Some(url) = http else { return "tests/agents.yaml".into() };
     let path = dir.join("agents.yaml");
     let in_flight = slots.parse::<u32>().unwrap_or(4096).min(10_000);
-    std::fs::write(&path, format!("agents:\n  http_agent:\n    type: http\n    url: {url}\n    max_in_flight: {in_flight}\n")).expect("agents");
+    std::fs::write(&path, format!("agents:\n  http_agent:\n    type: http\n    url: {url}\n    max_in_flight: {in_flight}\n"))
+        .expect("agents");
     path.to_string_lossy().into_owned()
 }
 
@@ -333,7 +334,8 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32, c
     let n = row.tasks();
     let specs = (0..n).map(|i| {
         let agent = if http.is_some() { "http_agent" } else { "true_agent" };
-        let mut spec = serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": agent, "trigger": {"type": "cron", "expr": row.expr()}});
+        let mut spec =
+            serde_json::json!({"task_id": format!("load{i:05}"), "agent_id": agent, "trigger": {"type": "cron", "expr": row.expr()}});
         if chain {
             spec["execution"] = serde_json::json!({"resources": [{"name": "bench-llm", "tokens": 10}]});
         }
@@ -458,7 +460,11 @@ async fn main() {
     let http = if o.agent == "http" { Some(http_agent_server().await) } else { None };
     println!(
         "bench-load: agent {}, {} runner slots, {} s windows (10k burst: slots every 10 s); lags in ms from the run records{}",
-        if http.is_some() { "after: an HTTP agent answering 200 at once (keep-alive, in this process); before: /bin/true" } else { "/bin/true" },
+        if http.is_some() {
+            "after: an HTTP agent answering 200 at once (keep-alive, in this process); before: /bin/true"
+        } else {
+            "/bin/true"
+        },
         o.slots,
         o.window,
         if o.chain { "; after: every task declares a resource and is in a budget's scope (neither limits), before: neither" } else { "" }

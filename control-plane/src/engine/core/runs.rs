@@ -580,7 +580,8 @@ impl EngineCore {
             tracing::error!(run_id, error = %e, "cannot measure a run record");
         }
         self.dispatch_needed = true;
-        tracing::info!(run_id, execution_id, outcome = outcome.as_str(), class = agent.class.as_deref().unwrap_or(""), "attempt ended");
+        let class = run.attempts.last().and_then(|a| a.class.clone()).unwrap_or_default();
+        tracing::info!(run_id, execution_id, outcome = outcome.as_str(), class, "attempt ended");
         if start_learned {
             self.fx.events.push(Lifecycle::RunStarted(std::sync::Arc::new(run.clone())));
         }
