@@ -133,7 +133,7 @@ fn apply_cgroups(config: &mut RunnerConfig) -> Result<crate::cgroup::Cgroups, Er
         Some(root) => Cgroups::detect(root, &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(), &config.runner_id),
         None => Cgroups::none("the runner was told not to use cgroups"),
     };
-    config.labels.entry("cgroup".into()).or_insert_with(|| cgroups.capability().as_str().into());
+    config.labels.entry(punchclock_proto::labels::CGROUP.into()).or_insert_with(|| cgroups.capability().as_str().into());
     let swept = cgroups.sweep();
     if swept > 0 {
         info!(swept, "removed the cgroups a previous process of this runner left");

@@ -198,7 +198,10 @@ impl Principal {
     /// certificate: its id, its agents, and its labels — a runner token
     /// may claim only the labels it binds, a certificate without a token
     /// none (issue 19: a runner started with `--labels zone=secure` got the
-    /// tasks, and the params, meant for secure runners).
+    /// tasks, and the params, meant for secure runners). Capability labels
+    /// ([`punchclock_proto::labels::CAPABILITIES`]: `cgroup`, which every
+    /// runner reports) need no binding; a binding that names one holds the
+    /// runner to its value.
     ///
     /// Errors: `PermissionDenied` naming the id, the agents or the labels
     /// refused and why.
@@ -216,9 +219,10 @@ impl Principal {
                 "runner id {runner_id:?} does not match the client certificate, which names {cert_id:?}"
             )));
         }
+        let capability = |k: &str| punchclock_proto::labels::is_capability(k);
         let Some(b) = &self.binding else {
             if self.cert_runner_id.is_some()
-                && let Some((k, v)) = labels.iter().next()
+                && let Some((k, v)) = labels.iter().find(|(k, _)| !capability(k))
             {
                 return Err(Status::permission_denied(format!(
                     "runner {runner_id:?} may not claim label {k}={v}: a client certificate binds no labels; connect with a runner token whose tokens-file entry binds them (labels:)"
@@ -226,8 +230,15 @@ impl Principal {
             }
             return Ok(());
         };
-        let unbound: Vec<String> =
-            labels.iter().filter(|(k, v)| b.labels.get(*k) != Some(*v)).take(5).map(|(k, v)| format!("{k}={v}")).collect();
+        let unbound: Vec<String> = labels
+            .iter()
+            .filter(|(k, v)| match b.labels.get(*k) {
+                Some(bound) => bound != *v,
+                None => !capability(k),
+            })
+            .take(5)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         if !unbound.is_empty() {
             return Err(Status::permission_denied(format!(
                 "token {:?} may not claim labels {unbound:?} (it binds {:?}); bind them with labels: in its tokens-file entry",
@@ -786,6 +797,37 @@ mod tests {
         assert!(c.check_hello("gpu-2", &[], &none).is_err());
         let secure: std::collections::BTreeMap<String, String> = [("zone".to_string(), "secure".to_string())].into();
         assert!(c.check_hello("gpu-1", &[], &secure).expect_err("a certificate binds no labels").message().contains("zone=secure"));
+    }
+
+    /// Issue 22's `cgroup` label is reported by every runner from its host:
+    /// a binding need not list it (a runner with a label-less token could
+    /// not connect at all), but one that does holds the runner to it, and
+    /// every other label still needs its binding.
+    #[test]
+    fn capability_labels_need_no_binding() {
+        let a = auth(&format!(
+            "tokens:\n  - {{name: plain, role: runner, runner_id_prefix: r, sha256: {}}}\n  - {{name: v2only, role: runner, runner_id_prefix: r, labels: {{cgroup: v2}}, sha256: {}}}\n",
+            token_hash("t1"),
+            token_hash("t2")
+        ));
+        let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let connect = |token: &str, cert: Option<&str>| {
+            a.authorize("/punchclock.v1.RunnerService/Connect", &headers(Some(token)), cert.map(str::to_string)).expect("ok").expect("p")
+        };
+        let plain = connect("t1", None);
+        assert!(plain.check_hello("r1", &[], &labels(&[("cgroup", "v1")])).is_ok());
+        let e = plain.check_hello("r1", &[], &labels(&[("cgroup", "v1"), ("zone", "secure")])).expect_err("zone is not bound");
+        assert!(e.message().contains("zone=secure") && !e.message().contains("cgroup=v1"), "{}", e.message());
+        let bound = connect("t2", None);
+        assert!(bound.check_hello("r1", &[], &labels(&[("cgroup", "v2")])).is_ok());
+        assert!(bound.check_hello("r1", &[], &labels(&[("cgroup", "v1")])).expect_err("bound to v2").message().contains("cgroup=v1"));
+        let cert = connect("t1", Some("r9"));
+        assert!(cert.check_hello("r9", &[], &labels(&[("cgroup", "none")])).is_ok());
+        assert!(
+            cert.check_hello("r9", &[], &labels(&[("cgroup", "none"), ("gpu", "a100")])).expect_err("gpu").message().contains("gpu=a100")
+        );
     }
 
     #[test]

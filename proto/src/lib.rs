@@ -14,6 +14,25 @@ pub mod v1 {
 
 pub use v1::*;
 
+/// Runner labels that a runner measures rather than claims.
+pub mod labels {
+    /// What the runner can limit: `v2`, `v1` or `none` (issue 22; set by
+    /// the runner from its host unless its operator set the label).
+    pub const CGROUP: &str = "cgroup";
+
+    /// The capability labels: a runner reports them from what its host
+    /// has, so a token's or certificate's label binding does not have to
+    /// list them (issue 19's binding is about labels that route tasks to
+    /// a runner by trust, like `zone=secure`). A binding that does name
+    /// one still holds the runner to its value.
+    pub const CAPABILITIES: &[&str] = &[CGROUP];
+
+    /// Whether `key` is a capability label.
+    pub fn is_capability(key: &str) -> bool {
+        CAPABILITIES.contains(&key)
+    }
+}
+
 /// `google.protobuf.Timestamp` ⇄ `chrono::DateTime<Utc>`: the only place
 /// either side of the wire converts instants.
 pub mod time {
