@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-http bench-events bench-spawn bench-apply shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-http peers-venv bench-events bench-spawn bench-apply shim-static fmt clippy clean
 
 all: build
 
@@ -62,9 +62,19 @@ bench-chain: deps deps-bench
 	./scripts/bench-load.sh 8d2f642 --targets dev --rows 300 --chain $(ARGS)
 
 # The load rows with an HTTP agent (issue 22: what the scheduler itself
-# costs per run), beside the commit before HTTP agents with /bin/true.
-bench-http: deps deps-bench
+# costs per run), beside the commit before HTTP agents with /bin/true and
+# APScheduler 3 calling the same HTTP agent (tests/peers/, from the venv
+# that peers-venv makes from PyPI; without it the bench says so and skips
+# the peer rows).
+bench-http: deps deps-bench peers-venv
 	./scripts/bench-load.sh e75493f --agent http --targets dev,server --rows 1000,burst --window 60 $(ARGS)
+
+# A Python venv with the peer schedulers the benches compare against.
+PEERS_VENV := target/peers-venv
+peers-venv:
+	@$(PEERS_VENV)/bin/python -c 'import apscheduler' 2>/dev/null || \
+	  { python3 -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/pip install -q 'apscheduler==3.10.4'; } || \
+	  echo "peers-venv: could not install APScheduler from PyPI (the benches skip the peer rows)"
 
 # Issue 21: events into runs on dev (release build): webhook request ->
 # run committed p50/p99, and RabbitMQ messages at a fixed rate into runs

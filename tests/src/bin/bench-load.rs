@@ -27,6 +27,13 @@
 //! answers `200 {}` at once; the `before` build (from before HTTP agents)
 //! runs the same rows with `/bin/true`, so the rows print side by side
 //! what a process per run costs against one request per run.
+//!
+//! With `--agent http` and a Python that has APScheduler (`--peer PYTHON`,
+//! default `target/peers-venv/bin/python`, made by `make peers-venv`), each
+//! row of the first target is followed by a `peer` row: the same jobs in
+//! APScheduler 3.x (`tests/peers/apscheduler_http.py`) POSTing to the same
+//! HTTP agent, so the ratio is measured in one run. Its start lag is the
+//! slot to the moment the job begins; it has no dispatch step.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -87,6 +94,8 @@ struct Opts {
     chain: bool,
     /// `process` (`/bin/true`) or `http` (the in-bench HTTP agent, `after` only).
     agent: String,
+    /// A Python with APScheduler for the peer rows (`--agent http` only).
+    peer: Option<PathBuf>,
 }
 
 fn opts() -> Opts {
@@ -98,7 +107,9 @@ fn opts() -> Opts {
         slots: 4096,
         chain: false,
         agent: "process".into(),
+        peer: None,
     };
+    let mut peer = PathBuf::from("target/peers-venv/bin/python");
     let mut after = punchclock_tests::bin();
     let mut before = None;
     let mut it = std::env::args().skip(1);
@@ -112,11 +123,24 @@ fn opts() -> Opts {
             "--window" => o.window = val().parse().expect("--window SECONDS"),
             "--slots" => o.slots = val().parse().expect("--slots N"),
             "--chain" => o.chain = true,
+            "--peer" => peer = PathBuf::from(val()),
             "--agent" => {
                 o.agent = val();
                 assert!(matches!(o.agent.as_str(), "process" | "http"), "--agent process|http");
             }
             other => panic!("unknown argument {other:?} (see the module docs)"),
+        }
+    }
+    if o.agent == "http" {
+        let has_apscheduler = std::process::Command::new(&peer)
+            .args(["-c", "import apscheduler"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if has_apscheduler {
+            o.peer = Some(peer);
+        } else {
+            println!("no APScheduler at {} (make peers-venv): no peer rows", peer.display());
         }
     }
     if let Some(b) = before {
@@ -434,6 +458,28 @@ async fn run_row(binary: &Path, kind: &str, row: Row, window: i64, slots: u32, c
     }
 }
 
+/// The APScheduler peer of a row (`tests/peers/apscheduler_http.py`): its
+/// one JSON line (expected, fired, failed, skipped, missed, start
+/// p50/p99/max in ms, cpu_seconds over the window).
+async fn run_peer(python: &Path, url: &str, row: Row, window: i64) -> serde_json::Value {
+    let every = match row {
+        Row::EverySecond(_) => "1",
+        Row::Burst => "10",
+    };
+    // Adding 10,000 jobs takes the peer a few seconds.
+    let start = Utc::now().timestamp() + 3 + row.tasks() as i64 / 2000;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/apscheduler_http.py");
+    let out = tokio::process::Command::new(python)
+        .args([script, "--url", url, "--every", every])
+        .args(["--tasks", &row.tasks().to_string(), "--start", &start.to_string(), "--window", &window.to_string()])
+        .output()
+        .await
+        .expect("run the APScheduler peer");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the APScheduler peer failed: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("the peer's JSON line")
+}
+
 /// Unary `GetTask` latency on loopback (issue 7, acceptance 5): one task,
 /// 1,000 sequential calls on one connection after 100 warm-up calls;
 /// (p50, p99) in microseconds.
@@ -536,6 +582,33 @@ async fn main() {
                 if !f.skip_reasons.is_empty() {
                     println!("{:<30} skipped by reason: {:?}", "", f.skip_reasons);
                 }
+            }
+            if let (Some(python), Some(url), true) = (&o.peer, &http, target == &o.targets[0]) {
+                let p = run_peer(python, url, *row, o.window).await;
+                let n = |k: &str| p[k].as_u64().unwrap_or(0);
+                let (expected, fired) = (n("expected"), n("fired"));
+                let cpu_secs = p["cpu_seconds"].as_f64().unwrap_or(0.0);
+                println!(
+                    "{:<7} {:<7} {:<14} {:>9} {:>6.1}% {:>5} {:>5} {:>18} {:>18} {:>7.0} {:>15}",
+                    "apsched",
+                    "peer",
+                    row.name(),
+                    format!("{fired}/{expected}"),
+                    fired as f64 * 100.0 / expected.max(1) as f64,
+                    n("skipped"),
+                    n("missed"),
+                    "-",
+                    format!("{}/{}/{}", n("start_p50"), n("start_p99"), n("start_max")),
+                    fired as f64 / o.window as f64,
+                    format!("{:.0}", cpu_secs * 100.0 / o.window as f64),
+                );
+                println!(
+                    "{:<30} CPU per run: APScheduler 3 (one Python process, 64 worker threads, keep-alive per thread) {:.2} ms; {} failed{}",
+                    "",
+                    cpu_secs * 1000.0 / fired.max(1) as f64,
+                    n("failed"),
+                    p["first_error"].as_str().filter(|e| !e.is_empty()).map(|e| format!(" (first: {e})")).unwrap_or_default(),
+                );
             }
         }
     }
