@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use punchclock_proto::v1 as pb;
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply, cli, cli_fails, list_runs, status, tasks, terminal, wait_run};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply, cli, cli_fails, list_runs, status, tasks, terminal, wait_engine, wait_run};
 use serde_json::{Value, json};
 
 async fn publish(addr: &str, topic: &str, payload: &str, key: &str) -> Vec<pb::PublishedRun> {
@@ -95,6 +95,8 @@ async fn a_published_event_starts_one_run_per_listening_task_per_key() {
     wait_run(&dev.addr, "ev_budget", Duration::from_secs(30), terminal).await;
     dev.kill9();
     dev = Proc::dev_with(&data, 4, &dir.path().join("dev2.log"), &["--config", &cfg]);
+    // The API serves before the new process leads (its old lease must end).
+    wait_engine(&dev.addr).await;
     let after = publish(&dev.addr, "data.updated", r#"{"id": 1}"#, "k1").await;
     assert_eq!(after.len(), 4);
     assert!(after.iter().all(|r| !r.created), "a restart forgot a key: {after:?}");
