@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-engine bench-load bench-chain bench-http peers-venv bench-events bench-spawn bench-apply shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-core bench-engine bench-load bench-chain bench-http peers-venv bench-events bench-spawn bench-apply shim-static fmt clippy clean
 
 all: build
 
@@ -40,7 +40,12 @@ demo: deps-demo build
 
 # Benches that print figures (not part of `make test`): idle cost, engine
 # transactions per run and throughput against the pre-issue-6 build.
-bench: bench-idle bench-engine bench-load bench-chain bench-events bench-spawn bench-apply
+bench: bench-idle bench-core bench-engine bench-load bench-chain bench-events bench-spawn bench-apply
+
+# Issue 22: the decision core alone (no store, one thread): CPU per run from
+# a slot to its dispatch, and of the runner's reports, beside a revision.
+bench-core:
+	./scripts/bench-core.sh $(or $(REV),76c7e85) $(ARGS)
 
 # Issue 6: store transactions per run and runs/s, embedded and etcd, before/after.
 bench-engine: deps deps-bench build

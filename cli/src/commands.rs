@@ -1015,7 +1015,7 @@ fn preview(a: PreviewArgs, fmt: Format) -> Res {
     let s = CronSchedule::parse(&a.expr, &a.tz, 0).map_err(|e| e.to_string())?;
     let zone = s.timezone();
     let after = a.after.unwrap_or_else(|| SystemClock.now());
-    let times = punchclock_control_plane::api::preview_times(&[Schedule::Cron(Box::new(s))], after, a.count);
+    let times = punchclock_control_plane::api::preview_times(&[Schedule::Cron(std::sync::Arc::new(s))], after, a.count);
     if times.is_empty() {
         return Err(format!("{:?} has no fire time after {}", a.expr, after.to_rfc3339_opts(SecondsFormat::Secs, true)));
     }

@@ -557,7 +557,7 @@ impl Core {
                 let tz = if tz.is_empty() { "UTC" } else { tz };
                 let c = CronSchedule::parse(expr, tz, 0).map_err(|e| e.at("preview"))?;
                 let z = c.timezone();
-                (vec![Schedule::Cron(Box::new(c))], Some(z))
+                (vec![Schedule::Cron(std::sync::Arc::new(c))], Some(z))
             }
             (true, false) => {
                 let view = self.get_task(task_id).await?;
