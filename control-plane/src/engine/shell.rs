@@ -441,7 +441,15 @@ impl Engine {
             }
             if !fx.writes.is_empty() {
                 let (repo, leadership, writes) = (self.repo.clone(), self.leadership.clone(), std::mem::take(&mut fx.writes));
-                let commit = Box::pin(async move { repo.commit(&leadership, writes).await });
+                // On a task of its own: encoding the records is CPU this
+                // engine task would otherwise spend between its turns (the
+                // embedded store's write itself is on a blocking thread).
+                // Aborted if the engine ends first, as the future was dropped before.
+                let task = AbortOnDrop(tokio::spawn(async move { repo.commit(&leadership, writes).await }));
+                let commit = Box::pin(async move {
+                    let mut task = task;
+                    (&mut task.0).await.unwrap_or_else(|e| Err(Error::Internal(format!("the commit task ended: {e}"))))
+                });
                 return Ok(Some(InFlight { commit, rest: fx }));
             }
             self.after_commit(fx).await?;
@@ -602,6 +610,15 @@ impl Engine {
             a.stored_event_body = false;
         }
         Ok(())
+    }
+}
+
+/// A spawned task that is aborted when this is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
