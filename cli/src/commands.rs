@@ -502,8 +502,14 @@ impl Cli {
     }
 }
 
-/// Sets up `tracing` for the long-running commands.
-pub fn init_tracing(cli: &Cli) {
+/// Sets up `tracing` for the long-running commands. Log lines are written
+/// to stderr by a thread of their own (`tracing-appender`'s non-blocking
+/// writer, never dropping a line: a full buffer of 128k lines holds the
+/// logging thread back), so the leader's engine task does not wait for a
+/// `write` per line — four per run at 1,000 runs a second. The returned
+/// guard flushes what is buffered when dropped: keep it until the process
+/// ends.
+pub fn init_tracing(cli: &Cli) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     if cli.is_long_running() {
         // The broker clients log every failed connection attempt as an
         // error; punchclock says it once a minute itself (and /readyz, the
@@ -514,8 +520,14 @@ pub fn init_tracing(cli: &Cli) {
         let filter =
             tracing_subscriber::EnvFilter::try_new(quiet(&cli.log)).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet("info")));
         use std::io::IsTerminal;
-        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).init();
+        let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(false)
+            .thread_name("punchclock-log")
+            .finish(std::io::stderr());
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(writer).init();
+        return Some(guard);
     }
+    None
 }
 
 type Res = Result<(), String>;

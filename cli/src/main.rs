@@ -29,7 +29,8 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    commands::init_tracing(&cli);
+    // Flushes the log lines still buffered when main returns.
+    let log_guard = commands::init_tracing(&cli);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -37,7 +38,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(commands::run(cli)) {
+    let result = rt.block_on(commands::run(cli));
+    // The buffered log lines go out before the error line below.
+    drop(log_guard);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
