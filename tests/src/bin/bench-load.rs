@@ -28,6 +28,10 @@
 //! runs the same rows with `/bin/true`, so the rows print side by side
 //! what a process per run costs against one request per run.
 //!
+//! With `--before-agent http` the `before` build runs the same HTTP agent
+//! (a revision that has HTTP agents): two revisions of the scheduler's own
+//! cost, side by side.
+//!
 //! With `--agent http` and a Python that has APScheduler (`--peer PYTHON`,
 //! default `target/peers-venv/bin/python`, made by `make peers-venv`), each
 //! row of the first target is followed by a `peer` row: the same jobs in
@@ -94,6 +98,10 @@ struct Opts {
     chain: bool,
     /// `process` (`/bin/true`) or `http` (the in-bench HTTP agent, `after` only).
     agent: String,
+    /// `--before-agent http`: the `before` build (one that has HTTP agents
+    /// too) runs the HTTP agent as well, so two revisions of the
+    /// scheduler's own cost print side by side.
+    before_http: bool,
     /// A Python with APScheduler for the peer rows (`--agent http` only).
     peer: Option<PathBuf>,
 }
@@ -107,6 +115,7 @@ fn opts() -> Opts {
         slots: 4096,
         chain: false,
         agent: "process".into(),
+        before_http: false,
         peer: None,
     };
     let mut peer = PathBuf::from("target/peers-venv/bin/python");
@@ -127,6 +136,11 @@ fn opts() -> Opts {
             "--agent" => {
                 o.agent = val();
                 assert!(matches!(o.agent.as_str(), "process" | "http"), "--agent process|http");
+            }
+            "--before-agent" => {
+                let v = val();
+                assert!(matches!(v.as_str(), "process" | "http"), "--before-agent process|http");
+                o.before_http = v == "http";
             }
             other => panic!("unknown argument {other:?} (see the module docs)"),
         }
@@ -507,7 +521,11 @@ async fn main() {
     println!(
         "bench-load: agent {}, {} runner slots, {} s windows (10k burst: slots every 10 s); lags in ms from the run records{}",
         if http.is_some() {
-            "after: an HTTP agent answering 200 at once (keep-alive, in this process); before: /bin/true"
+            if o.before_http {
+                "an HTTP agent answering 200 at once (keep-alive, in this process), for both builds"
+            } else {
+                "after: an HTTP agent answering 200 at once (keep-alive, in this process); before: /bin/true"
+            }
         } else {
             "/bin/true"
         },
@@ -540,8 +558,9 @@ async fn main() {
             for (build, binary) in &o.builds {
                 // `--chain`: only this checkout knows resources and budgets.
                 let chain = o.chain && build == "after";
-                // `--agent http`: only this checkout has HTTP agents.
-                let agent = http.as_deref().filter(|_| build == "after");
+                // `--agent http`: only this checkout has HTTP agents (unless
+                // `--before-agent http` says the before build has them too).
+                let agent = http.as_deref().filter(|_| build == "after" || o.before_http);
                 let f = run_row(binary, target, *row, o.window, o.slots, chain, agent).await;
                 let lag = |v: &[i64]| format!("{}/{}/{}", pct(v, 0.5), pct(v, 0.99), v.last().copied().unwrap_or(0));
                 let join = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(",");
