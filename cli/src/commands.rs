@@ -506,9 +506,9 @@ impl Cli {
 /// to stderr by a thread of their own (`tracing-appender`'s non-blocking
 /// writer, never dropping a line: a full buffer of 128k lines holds the
 /// logging thread back), so the leader's engine task does not wait for a
-/// `write` per line — four per run at 1,000 runs a second — and a burst of lines leaves in a few large writes. The returned
-/// guard flushes what is buffered when dropped: keep it until the process
-/// ends.
+/// `write` per line — four per run at 1,000 runs a second — and a burst of
+/// lines leaves in a few large writes. The returned guard flushes what is
+/// buffered when dropped: keep it until the process ends.
 pub fn init_tracing(cli: &Cli) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     if cli.is_long_running() {
         // The broker clients log every failed connection attempt as an
