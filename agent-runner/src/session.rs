@@ -1144,31 +1144,44 @@ impl Connection {
 }
 
 /// `Finished` reports not yet acknowledged, oldest first, at most one per
-/// execution id.
+/// execution id. A push and an ack cost O(log n): a burst or a reconnect
+/// leaves thousands unacknowledged at once, and a scan of them per push and
+/// per ack was quadratic.
 #[derive(Debug, Default)]
-struct Outbox(Vec<Finished>);
+struct Outbox {
+    /// By order of push.
+    reports: std::collections::BTreeMap<u64, Finished>,
+    /// Execution id → its key in `reports`.
+    by_execution: HashMap<String, u64>,
+    next: u64,
+}
 
 impl Outbox {
-    /// Adds `finished`, replacing an earlier report for the same execution.
+    /// Adds `finished`, replacing an earlier report for the same execution
+    /// (the new one goes last).
     fn push(&mut self, finished: Finished) {
         self.ack(&finished.execution_id);
-        self.0.push(finished);
+        self.next += 1;
+        self.by_execution.insert(finished.execution_id.clone(), self.next);
+        self.reports.insert(self.next, finished);
     }
 
     fn ack(&mut self, execution_id: &str) {
-        self.0.retain(|finished| finished.execution_id != execution_id);
+        if let Some(seq) = self.by_execution.remove(execution_id) {
+            self.reports.remove(&seq);
+        }
     }
 
     fn iter(&self) -> impl Iterator<Item = &Finished> {
-        self.0.iter()
+        self.reports.values()
     }
 
     fn len(&self) -> usize {
-        self.0.len()
+        self.reports.len()
     }
 
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.reports.is_empty()
     }
 }
 

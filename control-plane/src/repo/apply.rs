@@ -215,7 +215,7 @@ impl Repo {
         let mut part = Part::default();
         for op in ops {
             let add = Part::from((Vec::new(), vec![op], Vec::new()));
-            if !part.success.is_empty() && !limits.fits(&part, &add) {
+            if !part.success.is_empty() && !limits.fits(part.size(), add.size()) {
                 self.fenced_or_fail(lead, std::mem::take(&mut part).into_txn()).await?;
                 txns += 1;
             }
@@ -286,7 +286,7 @@ impl Repo {
                     let key = self.keys.task(&spec.task_id);
                     let add =
                         Part::from((vec![Compare::mod_revision(&key, *rev)], vec![TxnOp::put(&key, codec::encode(&rec)?)], Vec::new()));
-                    if !limits.fits(&part, &add) {
+                    if !limits.fits(part.size(), add.size()) {
                         break;
                     }
                     part.extend(add);

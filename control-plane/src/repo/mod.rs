@@ -651,18 +651,15 @@ impl Repo {
         let mut txn = Part::default();
         for group in groups {
             let parts = group.iter().map(|op| self.txn_ops(op).map(Part::from)).collect::<Result<Vec<Part>>>()?;
-            let whole = parts.iter().fold(Part::default(), |mut acc, p| {
-                acc.extend(p.clone());
-                acc
-            });
             // A group too large for one transaction (many catch-up runs with
             // big params) goes op by op, in order: its cursor, last, still
             // commits after its records. A crash in between leaves records
             // without the cursor; the next leader meets them as existing runs
             // (see the shell's conflict recovery).
-            let pieces = if limits.fits(&Part::default(), &whole) { vec![whole] } else { parts };
+            let whole = parts.iter().fold(Size::default(), |acc, p| acc + p.size());
+            let pieces = if limits.fits(Size::default(), whole) { vec![Part::merged(parts)] } else { parts };
             for piece in pieces {
-                if !txn.success.is_empty() && !limits.fits(&txn, &piece) {
+                if !txn.success.is_empty() && !limits.fits(txn.size(), piece.size()) {
                     stats.revision = self.commit_one(lead, std::mem::take(&mut txn).into_txn()).await?;
                     stats.transactions += 1;
                 }
@@ -769,6 +766,19 @@ impl From<(Vec<Compare>, Vec<TxnOp>, Vec<TxnOp>)> for Part {
 }
 
 impl Part {
+    /// The parts moved into one.
+    fn merged(parts: Vec<Part>) -> Part {
+        parts.into_iter().fold(Part::default(), |mut acc, p| {
+            acc.extend(p);
+            acc
+        })
+    }
+
+    /// What [`Limits::fits`] reads of a part.
+    fn size(&self) -> Size {
+        Size { compares: self.compares.len(), success: self.success.len(), failure: self.failure.len(), bytes: self.bytes }
+    }
+
     fn extend(&mut self, other: Part) {
         self.compares.extend(other.compares);
         self.success.extend(other.success);
@@ -788,13 +798,32 @@ struct Limits {
     fence: usize,
 }
 
+/// A part's op counts and bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Size {
+    compares: usize,
+    success: usize,
+    failure: usize,
+    bytes: usize,
+}
+
+impl std::ops::Add for Size {
+    type Output = Size;
+    fn add(self, o: Size) -> Size {
+        Size {
+            compares: self.compares + o.compares,
+            success: self.success + o.success,
+            failure: self.failure + o.failure,
+            bytes: self.bytes + o.bytes,
+        }
+    }
+}
+
 impl Limits {
-    /// Whether `add` fits in the transaction `into`.
-    fn fits(&self, into: &Part, add: &Part) -> bool {
-        into.compares.len() + add.compares.len() + self.fence <= self.ops
-            && into.success.len() + add.success.len() <= self.ops
-            && into.failure.len() + add.failure.len() + self.fence <= self.ops
-            && into.bytes + add.bytes <= self.bytes
+    /// Whether `add` fits in a transaction of size `into`.
+    fn fits(&self, into: Size, add: Size) -> bool {
+        let t = into + add;
+        t.compares + self.fence <= self.ops && t.success <= self.ops && t.failure + self.fence <= self.ops && t.bytes <= self.bytes
     }
 }
 

@@ -109,7 +109,7 @@ impl Repo {
         let mut part = Part::default();
         for r in runs {
             let add = part_of(r);
-            if !batch.is_empty() && !limits.fits(&part, &add) {
+            if !batch.is_empty() && !limits.fits(part.size(), add.size()) {
                 deleted += self.delete_batch(lead, std::mem::take(&mut part), &batch, &part_of).await?;
                 batch.clear();
             }

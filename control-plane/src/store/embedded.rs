@@ -50,7 +50,8 @@ fn encode(kv: &KeyValue) -> Vec<u8> {
     b
 }
 
-fn decode(key: &str, b: &[u8]) -> Result<KeyValue> {
+/// An entry's header: `[create_rev, mod_rev, version, lease]`.
+fn decode_header(key: &str, b: &[u8]) -> Result<[i64; 4]> {
     if b.len() < HEADER {
         return Err(Error::Store(format!("corrupt entry for {key:?}")));
     }
@@ -59,14 +60,12 @@ fn decode(key: &str, b: &[u8]) -> Result<KeyValue> {
         a.copy_from_slice(&b[i * 8..i * 8 + 8]);
         i64::from_le_bytes(a)
     };
-    Ok(KeyValue {
-        key: key.to_string(),
-        create_revision: n(0),
-        mod_revision: n(1),
-        version: n(2),
-        lease: n(3),
-        value: b[HEADER..].to_vec(),
-    })
+    Ok([n(0), n(1), n(2), n(3)])
+}
+
+fn decode(key: &str, b: &[u8]) -> Result<KeyValue> {
+    let [create_revision, mod_revision, version, lease] = decode_header(key, b)?;
+    Ok(KeyValue { key: key.to_string(), create_revision, mod_revision, version, lease, value: b[HEADER..].to_vec() })
 }
 
 struct Lease {
@@ -285,7 +284,9 @@ impl EmbeddedStore {
                     break;
                 }
             }
-            let ops = if succeeded { &txn.success } else { &txn.failure };
+            // The ops are taken by value: keys and values move into the
+            // watch events; of a previous entry only its header is read.
+            let ops = if succeeded { txn.success } else { txn.failure };
             let writes = ops.iter().any(|o| !matches!(o, TxnOp::Get { .. }));
             let new_rev = if writes { rev + 1 } else { rev };
             let mut gets = Vec::new();
@@ -294,30 +295,35 @@ impl EmbeddedStore {
             for op in ops {
                 match op {
                     TxnOp::Get { key } => {
-                        gets.push(kv.get(key.as_str()).map_err(store_err)?.map(|g| decode(key, g.value())).transpose()?);
+                        gets.push(kv.get(key.as_str()).map_err(store_err)?.map(|g| decode(&key, g.value())).transpose()?);
                     }
                     TxnOp::Put { key, value, lease } => {
-                        let prev = kv.get(key.as_str()).map_err(store_err)?.map(|g| decode(key, g.value())).transpose()?;
-                        if *lease != 0 && !self.lease_alive(*lease) {
+                        let prev = kv.get(key.as_str()).map_err(store_err)?.map(|g| decode_header(&key, g.value())).transpose()?;
+                        if lease != 0 && !self.lease_alive(lease) {
                             return Err(Error::Store(format!("lease {lease} not found")));
                         }
                         let next = KeyValue {
-                            key: key.clone(),
-                            value: value.clone(),
-                            create_revision: prev.as_ref().map_or(new_rev, |p| p.create_revision),
+                            key,
+                            value,
+                            create_revision: prev.map_or(new_rev, |[create, ..]| create),
                             mod_revision: new_rev,
-                            version: prev.as_ref().map_or(1, |p| p.version + 1),
-                            lease: *lease,
+                            version: prev.map_or(1, |[_, _, version, _]| version + 1),
+                            lease,
                         };
-                        kv.insert(key.as_str(), encode(&next).as_slice()).map_err(store_err)?;
-                        lease_changes.push((key.clone(), prev.map_or(0, |p| p.lease), *lease));
+                        kv.insert(next.key.as_str(), encode(&next).as_slice()).map_err(store_err)?;
+                        let old_lease = prev.map_or(0, |[.., l]| l);
+                        if old_lease != 0 || lease != 0 {
+                            lease_changes.push((next.key.clone(), old_lease, lease));
+                        }
                         events.push(WatchEvent::Put(next));
                     }
                     TxnOp::Delete { key } => {
                         if let Some(prev) = kv.remove(key.as_str()).map_err(store_err)? {
-                            let prev = decode(key, prev.value())?;
-                            lease_changes.push((key.clone(), prev.lease, 0));
-                            events.push(WatchEvent::Delete { key: key.clone(), mod_revision: new_rev });
+                            let [.., old_lease] = decode_header(&key, prev.value())?;
+                            if old_lease != 0 {
+                                lease_changes.push((key.clone(), old_lease, 0));
+                            }
+                            events.push(WatchEvent::Delete { key, mod_revision: new_rev });
                         }
                     }
                 }
