@@ -527,10 +527,27 @@ pub fn init_tracing(cli: &Cli) -> Option<tracing_appender::non_blocking::WorkerG
             // then flushes (tracing-appender's worker), so a burst leaves
             // in a few large writes instead of a syscall per line.
             .finish(std::io::BufWriter::with_capacity(64 * 1024, std::io::stderr()));
+        let _ = LOG_WRITER.set(writer.clone());
         tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(writer).init();
         return Some(guard);
     }
     None
+}
+
+/// The log lines' writer of a long-running command ([`init_tracing`]).
+static LOG_WRITER: std::sync::OnceLock<tracing_appender::non_blocking::NonBlocking> = std::sync::OnceLock::new();
+
+/// Writes `line` to stderr in order with the log lines before it (through
+/// their writer when logging is set up, else directly): a line such as
+/// "API on ..." never overtakes a warning logged before it.
+fn announce(line: &str) {
+    use std::io::Write;
+    match LOG_WRITER.get() {
+        Some(w) => {
+            let _ = w.clone().write_all(format!("{line}\n").as_bytes());
+        }
+        None => eprintln!("{line}"),
+    }
 }
 
 type Res = Result<(), String>;
@@ -875,13 +892,13 @@ async fn dev(a: DevArgs) -> Res {
     rcfg.zygote = !a.no_agent_zygote;
     rcfg.callback_listen = Some(a.callback_listen);
     rcfg.cgroup_root = Some(a.cgroup_root.clone()).filter(|p| p.as_os_str() != "none");
-    eprintln!(
+    announce(&format!(
         "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
         server.addr,
         server.http_addr.map(|a| a.to_string()).unwrap_or_default(),
         a.data_dir.display(),
         a.agents.display()
-    );
+    ));
     let (runner_stop_tx, runner_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut runner = tokio::spawn(punchclock_agent_runner::run(rcfg, async move {
         let _ = runner_stop_rx.await;
@@ -952,10 +969,14 @@ async fn server(a: ServerArgs) -> Res {
     let server = bootstrap::start(cfg, Arc::new(SystemClock), shutdown_signal()).await.map_err(|e| e.to_string())?;
     reload_config_on_sighup(server.core.clone());
     match server.http_addr {
-        Some(h) => {
-            eprintln!("punchclock server: API on {scheme}://{} (health on http://{h}/healthz, metrics on http://{h}/metrics)", server.addr)
-        }
-        None => eprintln!("punchclock server: API on {scheme}://{} (no HTTP port: give --http-listen for health and metrics)", server.addr),
+        Some(h) => announce(&format!(
+            "punchclock server: API on {scheme}://{} (health on http://{h}/healthz, metrics on http://{h}/metrics)",
+            server.addr
+        )),
+        None => announce(&format!(
+            "punchclock server: API on {scheme}://{} (no HTTP port: give --http-listen for health and metrics)",
+            server.addr
+        )),
     }
     let r = server.wait().await.map_err(|e| e.to_string());
     if let Some(t) = telemetry {
