@@ -740,7 +740,9 @@ impl Runner {
         };
         self.running.insert(assign.execution_id.clone(), Running { execution: None, in_flight, pending_stop: None });
         let (settings, events, starts) = (self.executor.clone(), self.events_tx.clone(), self.starts_tx.clone());
+        let received = std::time::Instant::now();
         tokio::spawn(async move {
+            let queued = received.elapsed();
             let result = match &spec {
                 AgentSpec::Process(agent) => executor::start(agent, &assign, &settings, events).await,
                 AgentSpec::Http(agent) => match settings.http.get(&assign.agent_id) {
@@ -748,6 +750,17 @@ impl Runner {
                     None => Err(Error::InvalidConfig(format!("no client for http agent {:?}", assign.agent_id))),
                 },
             };
+            // Where a start's time goes (`punchclock::start=debug`): the
+            // slot to this runner's receipt (dispatch and the stream), the
+            // wait for a worker thread, the start itself.
+            debug!(
+                target: "punchclock::start",
+                execution_id = %assign.execution_id,
+                slot_to_receipt_us = slot_to_receipt_us(&assign, received),
+                queued_us = queued.as_micros(),
+                start_us = (received.elapsed() - queued).as_micros(),
+                "start"
+            );
             let _ = starts.send(StartDone { assign, result: result.map_err(|err| err.to_string()) });
         });
         Ok(())
@@ -1289,6 +1302,15 @@ fn raise_open_files_limit() {
             }
         }
     }
+}
+
+/// Microseconds from an assignment's slot to the moment this runner read
+/// it (`received`), for the `punchclock::start` debug line; -1 without a
+/// slot time.
+fn slot_to_receipt_us(assign: &Assign, received: std::time::Instant) -> i64 {
+    let Some(slot) = assign.scheduled_at.as_ref().and_then(clock::from_timestamp) else { return -1 };
+    let since_receipt = i64::try_from(received.elapsed().as_micros()).unwrap_or(i64::MAX);
+    (clock::now() - slot).num_microseconds().map_or(-1, |us| us - since_receipt)
 }
 
 #[cfg(test)]

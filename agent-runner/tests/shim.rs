@@ -94,8 +94,10 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 18] = [
+    let tests: [Test; 20] = [
         ("a_killed_supervisor_is_reported_while_the_zygote_is_stopped", |dir| runtime().block_on(killed_supervisor(dir))),
+        ("a_start_goes_to_a_spare_while_the_zygote_is_stopped", |dir| runtime().block_on(spare_while_stopped(dir))),
+        ("killed_spares_are_skipped_and_a_killed_zygote_takes_its_spares", |dir| runtime().block_on(killed_spares(dir))),
         ("a_stopped_zygote_fails_the_start_and_the_agent_never_runs", |dir| runtime().block_on(stopped_zygote(dir))),
         ("the_exit_code_arrives_while_the_zygote_is_stopped", |dir| runtime().block_on(exit_code_without_zygote(dir))),
         ("sigterm_to_the_zygote_spares_its_agents", |dir| runtime().block_on(sigterm_to_zygote(dir))),
@@ -351,11 +353,23 @@ async fn only_stdio(dir: &Path) {
     let (tx, _events) = mpsc::channel(16);
     let _other = executor::start(&sh_agent("sleep 5"), &assign("e-other", 60), &settings, tx).await.expect("shim starts");
     let agent = ProcessAgent { command: ["ls", "/proc/self/fd"].map(String::from).to_vec(), ..sh_agent("") };
-    let finished = run_with(&settings, &agent, &assign("e-fds", 60)).await;
-    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
-    let fds: Vec<&str> = finished.stdout_tail.lines().collect();
+    let first = run_with(&settings, &agent, &assign("e-fds", 60)).await;
+    assert_eq!(first.outcome(), Outcome::Succeeded, "{first:?}");
+    let fds: Vec<&str> = first.stdout_tail.lines().collect();
     // 0, 1, 2, and the directory `ls` opened to list them.
     assert_eq!(fds, ["0", "1", "2", "3"], "descriptors the agent got");
+    // Again through a spare supervisor (it held its socket and the pipe
+    // that tells the zygote it was taken).
+    if let Some(zygote) = &settings.zygote {
+        let held = spares(zygote, 1).await;
+        let (tx, mut events) = mpsc::channel(16);
+        let execution = executor::start(&agent, &assign("e-fds-spare", 60), &settings, tx).await.expect("shim starts");
+        assert_eq!(Some(&execution.pid()), held.last(), "a spare took the start");
+        let ended = finished(&mut events).await;
+        assert_eq!(ended.outcome(), Outcome::Succeeded, "{ended:?}");
+        let fds: Vec<&str> = ended.stdout_tail.lines().collect();
+        assert_eq!(fds, ["0", "1", "2", "3"], "descriptors the agent got from a spare");
+    }
 }
 
 /// The agent's `env` PATH finds its program, and it starts in its `working_dir`.
@@ -441,7 +455,9 @@ async fn finished(events: &mut mpsc::Receiver<ExecutionEvent>) -> Finished {
 /// zygote resumes (it would run twice: the failed start is retried).
 async fn stopped_zygote(dir: &Path) {
     let mut settings = settings(dir);
-    settings.zygote = settings.zygote.take().map(|z| z.with_patience(Duration::from_millis(500)));
+    // Without spares: a spare would take the start without the zygote
+    // (see `a_start_goes_to_a_spare_while_the_zygote_is_stopped`).
+    settings.zygote = settings.zygote.take().map(|z| z.with_patience(Duration::from_millis(500)).without_spares());
     let zygote = settings.zygote.clone().expect("zygote mode");
     let first = run_with(&settings, &sh_agent("true"), &assign("e-warm", 60)).await;
     assert_eq!(first.outcome(), Outcome::Succeeded, "{first:?}");
@@ -461,6 +477,69 @@ async fn stopped_zygote(dir: &Path) {
     assert_eq!(zygote.pid(), Some(pid), "the zygote was not killed");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!marker.exists(), "the agent of a start reported failed ran");
+}
+
+/// Waits until the runner holds at least `n` spare supervisors (the zygote
+/// forks them once no request has come for a moment).
+async fn spares(zygote: &Zygote, n: usize) -> Vec<u32> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let pids = zygote.spare_pids();
+        if pids.len() >= n {
+            return pids;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {} spares after {PATIENCE:?}", pids.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A start goes straight to a spare supervisor, not through the zygote:
+/// with the zygote stopped it still starts, on the spare's pid, and runs
+/// to its end.
+async fn spare_while_stopped(dir: &Path) {
+    let mut settings = settings(dir);
+    settings.zygote = settings.zygote.take().map(|z| z.with_patience(Duration::from_millis(500)));
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let warm = run_with(&settings, &sh_agent("true"), &assign("e-warm", 60)).await;
+    assert_eq!(warm.outcome(), Outcome::Succeeded, "{warm:?}");
+    let held = spares(&zygote, 1).await;
+    let pid = zygote.pid().expect("zygote running");
+    signal(pid, libc::SIGSTOP);
+    let (tx, mut events) = mpsc::channel(16);
+    let started = executor::start(&sh_agent("echo from a spare"), &assign("e-spare", 60), &settings, tx).await;
+    let execution = started.expect("a spare starts the agent while the zygote is stopped");
+    assert_eq!(Some(&execution.pid()), held.last(), "the newest spare took the start");
+    let finished = finished(&mut events).await;
+    signal(pid, libc::SIGCONT);
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.stdout_tail, "from a spare\n");
+}
+
+/// Spares killed from outside are skipped (the start falls back to the
+/// zygote's fork); SIGKILL to the zygote takes its idle spares down too.
+async fn killed_spares(dir: &Path) {
+    let settings = settings(dir);
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let warm = run_with(&settings, &sh_agent("true"), &assign("e-warm", 60)).await;
+    assert_eq!(warm.outcome(), Outcome::Succeeded, "{warm:?}");
+    let held = spares(&zygote, 2).await;
+    for &pid in &held {
+        signal(pid, libc::SIGKILL);
+    }
+    for &pid in &held {
+        assert!(wait_until_gone(pid as i32).await, "spare {pid} outlived SIGKILL");
+    }
+    let next = run_with(&settings, &sh_agent("echo after"), &assign("e-after", 60)).await;
+    assert_eq!(next.outcome(), Outcome::Succeeded, "{next:?}");
+    assert_eq!(next.stdout_tail, "after\n");
+    let refilled = spares(&zygote, 2).await;
+    assert!(refilled.iter().all(|pid| !held.contains(pid)), "new spares: {refilled:?} (killed: {held:?})");
+    signal(zygote.pid().expect("zygote running"), libc::SIGKILL);
+    for &pid in &refilled {
+        assert!(wait_until_gone(pid as i32).await, "spare {pid} outlived its zygote");
+    }
+    let again = run_with(&settings, &sh_agent("echo again"), &assign("e-again", 60)).await;
+    assert_eq!(again.outcome(), Outcome::Succeeded, "{again:?}");
 }
 
 /// The agent's exit code comes from its supervisor, not the zygote: it

@@ -31,11 +31,25 @@
 //! SIGTERM, SIGINT and SIGHUP (a service manager's stop reaches the runner,
 //! which stops its agents with their grace period). Its
 //! supervisors' parent-death signal then makes each of them kill its agent
-//! and everything the agent left behind. The zygote calls `setsid`: its
-//! supervisors and agents share one session apart from the runner's, so
-//! under the kernel's autogroup scheduling a burst of agents competes with
-//! the runner (and a control plane in the same process) as one group, not
-//! as hundreds of equals.
+//! and everything the agent left behind.
+//!
+//! The zygote stays in the runner's session (it leads a process group of
+//! its own, as every supervisor does). It used to call `setsid`, so that
+//! under the kernel's autogroup scheduling (one CPU share per session) a
+//! burst of agents would compete with the runner as one group; measured,
+//! that group held the zygote too, which then waited behind the agents it
+//! had just started: with 100 agents due at once, the last start waited
+//! 110-130 ms for its pid, against 55-80 ms in the runner's session, and
+//! the runner's CPU per run doubled (bench-load, process agents, 2 cores).
+//! Keeping agents from starving the runner is what `limits` (cgroups) are
+//! for.
+//!
+//! Spares: in quiet moments the zygote forks supervisors ahead of time and
+//! hands the runner one end of each one's socket ([`Status::Spare`], id
+//! [`SPARE_ID`]` | pid`). The runner sends a request (the same bytes and
+//! descriptors) straight to a spare and knows its pid at once; only when
+//! it has none left does a request go to the zygote, which forks. See
+//! `Spares` for the pool's size.
 //!
 //! Why: a fork of this small, single-threaded process costs a fraction of
 //! an `execve` of the shim binary (page tables of a few pages, no loader,
@@ -141,19 +155,23 @@ pub enum Status {
     /// request was malformed: `EINVAL`, with id 0 when even that is
     /// unreadable).
     Failed(libc::c_int),
+    /// A spare supervisor (see the module docs): its pid, with the runner's
+    /// end of its socket attached; id `SPARE_ID | pid`.
+    Spare(libc::pid_t),
 }
 
 /// Length of an encoded status message (request id and [`Status`]).
 pub const STATUS_BYTES: usize = 13;
 
 impl Status {
-    /// The request id (u64), one tag byte (`P`, `X`, `E`) and an i32, all
+    /// The request id (u64), one tag byte (`P`, `X`, `E`, `S`) and an i32, all
     /// little-endian.
     pub fn encode(self, id: u64) -> [u8; STATUS_BYTES] {
         let (tag, value) = match self {
             Status::Started(pid) => (b'P', pid),
             Status::Exited(status) => (b'X', status),
             Status::Failed(errno) => (b'E', errno),
+            Status::Spare(pid) => (b'S', pid),
         };
         let mut out = [0u8; STATUS_BYTES];
         out[..8].copy_from_slice(&id.to_le_bytes());
@@ -173,6 +191,7 @@ impl Status {
             b'P' => Status::Started(value),
             b'X' => Status::Exited(value),
             b'E' => Status::Failed(value),
+            b'S' => Status::Spare(value),
             _ => return None,
         };
         Some((id, status))
@@ -221,7 +240,7 @@ pub fn send_with_fds(socket: RawFd, bytes: &[u8], fds: &[RawFd], wait: bool) -> 
 
 /// Receives one message into `buf` with up to `REQUEST_FDS` descriptors:
 /// `(length, descriptors, truncated)`; length 0 is EOF.
-fn recv_with_fds(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
+pub fn recv_with_fds(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE((REQUEST_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
@@ -277,15 +296,16 @@ fn report(id: u64, status: Status) {
 /// Runs the zygote on the socket that is its stdin; exits when it reaches
 /// EOF. Must run single-threaded (it forks). Never returns.
 pub(crate) fn zygote_main() -> ! {
-    // SAFETY: setsid/signal/close_range have no memory-safety
-    // preconditions. setsid failing (already a group leader) only loses
-    // the scheduling isolation. The zygote ends when its socket does, not
+    // SAFETY: setpgid/signal/close_range have no memory-safety
+    // preconditions. The zygote leads a process group of its own (a
+    // signal to the runner's group does not reach it) but stays in the
+    // runner's session (see the module docs). It ends when its socket does, not
     // on a stop signal meant for the whole service (systemd's SIGTERM to
     // the cgroup): dying first would take the agents down before the
     // runner's grace period. Descriptors the runner inherited without
     // close-on-exec are not kept.
     unsafe {
-        libc::setsid();
+        libc::setpgid(0, 0);
         for signal in ZYGOTE_IGNORES {
             libc::signal(signal, libc::SIG_IGN);
         }
@@ -314,14 +334,20 @@ pub(crate) fn zygote_main() -> ! {
     let me = std::process::id() as libc::pid_t;
     // Supervisors not reaped yet: pid → request id.
     let mut running: HashMap<libc::pid_t, u64> = HashMap::new();
+    let mut spares = Spares::new();
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     loop {
         let mut polls = [
             libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: sigfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: spares.as_ref().map_or(-1, Spares::taken_fd), events: libc::POLLIN, revents: 0 },
         ];
-        // SAFETY: two valid pollfd entries.
-        if unsafe { libc::poll(polls.as_mut_ptr(), 2, -1) } == -1 {
+        // Nothing to do for a while: refill the pool of spares if it is
+        // short (one fork at most before the next request is looked at).
+        let timeout = spares.as_ref().map_or(-1, Spares::poll_timeout);
+        // SAFETY: three valid pollfd entries (fd -1 is ignored).
+        let ready = unsafe { libc::poll(polls.as_mut_ptr(), 3, timeout) };
+        if ready == -1 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -329,17 +355,27 @@ pub(crate) fn zygote_main() -> ! {
             eprintln!("punchclock agent zygote: poll: {err}");
             std::process::exit(1);
         }
+        if polls[2].revents != 0
+            && let Some(spares) = spares.as_mut()
+        {
+            spares.read_taken();
+        }
         if polls[1].revents != 0 {
             let mut info = [0u8; 128];
             // SAFETY: reading into a buffer we own (signalfd_siginfo is 128 bytes).
             while unsafe { libc::read(sigfd.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) } > 0 {}
-            reap(&mut running);
+            reap(&mut running, spares.as_mut());
         }
         if polls[0].revents != 0 {
             match recv_with_fds(0, &mut buf) {
                 // EOF: the runner closed the socket or died.
                 Ok((0, _, _)) => std::process::exit(0),
-                Ok((len, fds, truncated)) => start(me, &buf[..len], fds, truncated, &mut running),
+                Ok((len, fds, truncated)) => {
+                    if let Some(spares) = spares.as_mut() {
+                        spares.missed();
+                    }
+                    start(me, &buf[..len], fds, truncated, &mut running);
+                }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
                 // The runner closed its end with a request unread: gone too.
                 Err(err) if err.raw_os_error() == Some(libc::ECONNRESET) => std::process::exit(0),
@@ -349,6 +385,238 @@ pub(crate) fn zygote_main() -> ! {
                 }
             }
         }
+        if ready == 0
+            && let Some(spares) = spares.as_mut()
+        {
+            spares.refill(me, &mut running, &mut buf);
+        }
+    }
+}
+
+/// Spares the pool starts with and never shrinks below (the runner keeps
+/// this many even when they sit unused).
+pub const MIN_SPARES: usize = 8;
+/// Set to `0` in the zygote's environment (the runner's, or by
+/// `Zygote::without_spares` in the runner crate): no spares, every
+/// supervisor is forked on request.
+pub const ZYGOTE_SPARES_ENV: &str = "PUNCHCLOCK_ZYGOTE_SPARES";
+/// Most spares the pool grows to (each an idle fork of the zygote: a few
+/// private pages and page tables).
+const MAX_SPARES: usize = 256;
+/// How long after the last request the pool is refilled: forks wait for
+/// a quiet moment, never between the requests of a burst (they would
+/// delay the next answer by a fork each).
+const SPARES_QUIET: std::time::Duration = std::time::Duration::from_millis(20);
+/// The bit that marks the request id of a spare: `SPARE_ID | pid` is the id
+/// under which the zygote announces a spare ([`Status::Spare`]) and
+/// reports its exit ([`Status::Exited`]); the runner's own request ids stay
+/// below it.
+pub const SPARE_ID: u64 = 1 << 63;
+/// The descriptor a spare holds its socket on (the runner's requests
+/// arrive there).
+const SPARE_SOCKET_FD: RawFd = 3;
+/// The descriptor on which a spare tells the zygote it was taken (its pid,
+/// an i32, written once to a pipe all spares share; closed before the
+/// agent starts).
+const SPARE_TAKEN_FD: RawFd = 4;
+
+/// The pool of spare supervisors: children forked ahead of time, in quiet
+/// moments, each blocked on a socket of its own whose other end the zygote
+/// hands to the runner ([`Status::Spare`], the socket attached). The runner
+/// then starts an execution by sending its request straight to a spare
+/// (the same [`Request`] and descriptors the zygote takes): the pid is
+/// known before anything is sent, and no start waits for the zygote to be
+/// scheduled or for a fork. Under a burst the zygote, competing for the
+/// CPU with the agents already started, was most of the time a start
+/// waited for its pid. The same idea as Android's pool of unspecialized
+/// app processes (USAP) beside its zygote.
+///
+/// A spare that takes a request writes its pid on a pipe the zygote reads
+/// (so it knows how many are left idle), then becomes the supervisor; its
+/// exit is reported as any supervisor's, under `SPARE_ID | pid`. The pool
+/// grows by one for each request that reached the zygote (the runner had
+/// no spare left), up to [`MAX_SPARES`], so the next burst of the same size
+/// finds one for each start; it shrinks by one for each spare that dies
+/// idle (the runner closes spares it has held unused for a minute), down
+/// to [`MIN_SPARES`]. A spare dies with the zygote (parent-death SIGKILL)
+/// and at EOF on its socket (the runner closed it, or died); it holds no
+/// descriptor but its socket, the pipe and stdio (stdin is `/dev/null`).
+#[derive(Debug)]
+struct Spares {
+    /// Announced to the runner and not taken yet.
+    idle: std::collections::HashSet<libc::pid_t>,
+    /// How many idle spares the pool keeps.
+    wanted: usize,
+    /// The last request's arrival.
+    request_at: std::time::Instant,
+    /// The pipe spares write their pid on when taken.
+    taken: [OwnedFd; 2],
+}
+
+impl Spares {
+    /// An empty pool; `None` (the zygote forks every supervisor) when
+    /// [`ZYGOTE_SPARES_ENV`] is `0` or the pipe cannot be made.
+    fn new() -> Option<Self> {
+        if std::env::var_os(ZYGOTE_SPARES_ENV).is_some_and(|v| v == "0") {
+            return None;
+        }
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == -1 {
+            return None;
+        }
+        // SAFETY: pipe2 returned two descriptors we now own.
+        let taken = unsafe { [OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])] };
+        let now = std::time::Instant::now();
+        Some(Self {
+            idle: std::collections::HashSet::new(),
+            wanted: MIN_SPARES,
+            request_at: now.checked_sub(SPARES_QUIET).unwrap_or(now),
+            taken,
+        })
+    }
+
+    /// `poll`'s timeout in milliseconds: while the pool is short, until
+    /// [`SPARES_QUIET`] after the last request; else none (-1).
+    fn poll_timeout(&self) -> libc::c_int {
+        if self.idle.len() >= self.wanted {
+            return -1;
+        }
+        let left = SPARES_QUIET.saturating_sub(self.request_at.elapsed());
+        libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX)
+    }
+
+    /// Where taken spares write their pid.
+    fn taken_fd(&self) -> RawFd {
+        self.taken[0].as_raw_fd()
+    }
+
+    /// Reads the pids of the spares taken since the last call.
+    fn read_taken(&mut self) {
+        let mut pid = [0u8; 4];
+        // SAFETY: reading 4 bytes into a buffer we own (non-blocking; the
+        // writes are 4 bytes, atomic on a pipe).
+        while unsafe { libc::read(self.taken_fd(), pid.as_mut_ptr().cast(), 4) } == 4 {
+            self.idle.remove(&i32::from_le_bytes(pid));
+        }
+    }
+
+    /// Nothing else to do: fork one more spare if the pool is short and
+    /// the last request is [`SPARES_QUIET`] old, and hand its socket to the
+    /// runner.
+    fn refill(&mut self, zygote: libc::pid_t, running: &mut HashMap<libc::pid_t, u64>, buf: &mut [u8]) {
+        if self.idle.len() >= self.wanted || self.request_at.elapsed() < SPARES_QUIET {
+            return;
+        }
+        let Ok((mine, theirs)) = seqpacket_pair() else { return };
+        // Room for the largest request in one message (the runner sends on
+        // this end).
+        let size: libc::c_int = 2 * MAX_REQUEST_BYTES as libc::c_int;
+        // SAFETY: setsockopt reads an int we own; fork in a single-threaded
+        // process.
+        unsafe {
+            libc::setsockopt(
+                mine.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&raw const size).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            );
+            match libc::fork() {
+                // Out of processes: no more spares for now; requests fork.
+                -1 => self.wanted = self.idle.len(),
+                0 => {
+                    drop(mine);
+                    wait_as_spare(zygote, theirs, self.taken[1].as_raw_fd(), buf)
+                }
+                pid => {
+                    // Also here (the child does it too): the group exists
+                    // as soon as the pid can reach the runner.
+                    libc::setpgid(pid, pid);
+                    drop(theirs);
+                    running.insert(pid, SPARE_ID | pid.unsigned_abs() as u64);
+                    self.idle.insert(pid);
+                    if let Err(err) =
+                        send_with_fds(0, &Status::Spare(pid).encode(SPARE_ID | pid.unsigned_abs() as u64), &[mine.as_raw_fd()], true)
+                    {
+                        if !matches!(err.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) {
+                            eprintln!("punchclock agent zygote: cannot answer the runner: {err}");
+                        }
+                        std::process::exit(0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A request reached the zygote: the runner had no spare left.
+    fn missed(&mut self) {
+        self.request_at = std::time::Instant::now();
+        self.wanted = (self.wanted + 1).min(MAX_SPARES);
+    }
+
+    /// A child exited: if it was an idle spare (the runner dropped it, or
+    /// it was killed), the pool wants one fewer.
+    fn exited(&mut self, pid: libc::pid_t) {
+        if self.idle.remove(&pid) {
+            self.wanted = self.wanted.saturating_sub(1).max(MIN_SPARES);
+        }
+    }
+}
+
+/// A spare's life: keeps only its socket (as [`SPARE_SOCKET_FD`]), the
+/// taken pipe (as [`SPARE_TAKEN_FD`]) and stdio (stdin replaced by
+/// `/dev/null`: the zygote's is the runner's socket), dies with the
+/// zygote, and waits for a request; then says so on the pipe and becomes
+/// its supervisor. Exits at EOF (the runner closed the socket, or died).
+fn wait_as_spare(zygote: libc::pid_t, socket: OwnedFd, taken: RawFd, buf: &mut [u8]) -> ! {
+    let fd = socket.as_raw_fd();
+    std::mem::forget(socket);
+    // SAFETY: prctl/setpgid/open/dup3/close_range on this process and
+    // descriptors it owns; nothing uses a closed descriptor afterwards
+    // (the signalfd and the zygote's ends are not ours to use). `fd` and
+    // `taken` are above 2 (0-2 were open when they were made).
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != zygote {
+            libc::_exit(0);
+        }
+        libc::setpgid(0, 0);
+        libc::prctl(libc::PR_SET_NAME, c"punchclock-spare".as_ptr());
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null == -1 || libc::dup2(null, 0) == -1 {
+            libc::_exit(0);
+        }
+        // Move both out of the way first (either may sit on 3 or 4).
+        let (fd, taken) = (libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16), libc::fcntl(taken, libc::F_DUPFD_CLOEXEC, 16));
+        if fd == -1
+            || taken == -1
+            || libc::dup3(fd, SPARE_SOCKET_FD, libc::O_CLOEXEC) == -1
+            || libc::dup3(taken, SPARE_TAKEN_FD, libc::O_CLOEXEC) == -1
+        {
+            libc::_exit(0);
+        }
+        libc::syscall(libc::SYS_close_range, (SPARE_TAKEN_FD + 1) as u32, u32::MAX, 0u32);
+    }
+    match recv_with_fds(SPARE_SOCKET_FD, buf) {
+        Ok((len, fds, false)) if len > 0 => {
+            let me = std::process::id() as i32;
+            // SAFETY: a 4-byte write (atomic on a pipe) from a buffer we own.
+            unsafe { libc::write(SPARE_TAKEN_FD, me.to_le_bytes().as_ptr().cast(), 4) };
+            match (Request::decode(&buf[..len]), <[OwnedFd; REQUEST_FDS]>::try_from(fds)) {
+                (Some(request), Ok([stdin, stdout, stderr, control])) => {
+                    // The descriptors stay open for the supervisor's life
+                    // (it moves them to 0-3; 3 was our socket).
+                    let (stdio, control_fd) = ([stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()], control.as_raw_fd());
+                    std::mem::forget((stdin, stdout, stderr, control));
+                    become_supervisor(zygote, request, stdio, control_fd)
+                }
+                // The runner's requests are never malformed; the control
+                // socket closes with us (no agent was started).
+                _ => std::process::exit(crate::EXIT_NOT_STARTED),
+            }
+        }
+        _ => std::process::exit(0),
     }
 }
 
@@ -375,14 +643,17 @@ pub(crate) fn report_exit(control: RawFd, code: i32) {
     let _ = send_with_fds(control, &code.to_le_bytes(), &[], true);
 }
 
-/// Reaps every exited supervisor and reports it.
-fn reap(running: &mut HashMap<libc::pid_t, u64>) {
+/// Reaps every exited supervisor (and spare) and reports it.
+fn reap(running: &mut HashMap<libc::pid_t, u64>, mut spares: Option<&mut Spares>) {
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: waitpid writes into a c_int we own.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
         if pid <= 0 {
             return;
+        }
+        if let Some(spares) = spares.as_deref_mut() {
+            spares.exited(pid);
         }
         if let Some(id) = running.remove(&pid) {
             report(id, Status::Exited(status));
@@ -534,7 +805,7 @@ mod tests {
 
     #[test]
     fn statuses_round_trip() {
-        for status in [Status::Started(42), Status::Exited(9), Status::Failed(libc::EAGAIN)] {
+        for status in [Status::Started(42), Status::Exited(9), Status::Failed(libc::EAGAIN), Status::Spare(7)] {
             assert_eq!(Status::decode(&status.encode(u64::MAX - 1)), Some((u64::MAX - 1, status)));
         }
         assert_eq!(Status::decode(b"12345678Q1234"), None);

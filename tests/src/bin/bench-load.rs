@@ -251,6 +251,18 @@ fn agents_file(dir: &Path, http: Option<&str>, slots: &str) -> String {
 
 async fn start(binary: &Path, kind: &str, slots: u32, chain: bool, http: Option<&str>) -> Target {
     let dir = tempfile::tempdir().expect("tempdir");
+    // BENCH_LOAD_LOG=<filter> (e.g. `info,punchclock::start=debug`) sets
+    // the processes' log filter and keeps their logs (the path is printed).
+    let log_filter = std::env::var("BENCH_LOAD_LOG").ok();
+    let env: Vec<(&str, &str)> = log_filter.as_deref().map(|f| ("PUNCHCLOCK_LOG", f)).into_iter().collect();
+    let logs = match &log_filter {
+        Some(_) => {
+            let kept = tempfile::tempdir().expect("tempdir").keep();
+            eprintln!("{kind} logs kept in {}", kept.display());
+            kept
+        }
+        None => dir.path().to_owned(),
+    };
     let slots = slots.to_string();
     let agents = agents_file(dir.path(), http, &slots);
     let config = dir.path().join("config.yaml");
@@ -263,7 +275,7 @@ async fn start(binary: &Path, kind: &str, slots: u32, chain: bool, http: Option<
         }
         v
     };
-    let log = |name: &str| dir.path().join(format!("{name}.log"));
+    let log = |name: &str| logs.join(format!("{name}.log"));
     let (procs, store, etcd) = match kind {
         "dev" => {
             let data = dir.path().join("data");
@@ -275,7 +287,7 @@ async fn start(binary: &Path, kind: &str, slots: u32, chain: bool, http: Option<
             args.extend(with_config(vec!["--agents", &agents]));
             args.extend(["--slots".to_string(), slots.clone()]);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let dev = Proc::start_bin(binary, &args, &[], &log("dev"), true);
+            let dev = Proc::start_bin(binary, &args, &env, &log("dev"), true);
             (vec![dev], StoreAt::Embedded(data), None)
         }
         "server" | "etcd" => {
@@ -290,7 +302,7 @@ async fn start(binary: &Path, kind: &str, slots: u32, chain: bool, http: Option<
                 ["server", "--store", &store, "--listen", &listen, "--node-id", "cp"].iter().map(|a| a.to_string()).collect();
             args.extend(with_config(Vec::new()));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let server = Proc::start_bin(binary, &args, &[], &log("server"), true);
+            let server = Proc::start_bin(binary, &args, &env, &log("server"), true);
             let work = dir.path().join("work").to_string_lossy().to_string();
             let runner = Proc::start_bin(
                 binary,
@@ -307,7 +319,7 @@ async fn start(binary: &Path, kind: &str, slots: u32, chain: bool, http: Option<
                     "--work-dir",
                     &work,
                 ],
-                &[],
+                &env,
                 &log("runner"),
                 false,
             );
