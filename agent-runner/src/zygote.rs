@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::ShimCommand;
 use crate::executor::lock;
@@ -79,6 +79,18 @@ struct Running {
     /// The spare supervisors the zygote handed over (see
     /// [`crate::shim::zygote::SPARE_ID`]), newest last.
     spares: Spares,
+}
+
+/// How often an idle runner's reader thread closes spares unused for
+/// [`SPARE_UNUSED_FOR`].
+const SPARE_TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Closes the oldest spares while they have sat unused for
+/// [`SPARE_UNUSED_FOR`], keeping the zygote's `MIN_SPARES`.
+fn trim(spares: &mut std::collections::VecDeque<(libc::pid_t, OwnedFd, std::time::Instant)>) {
+    while spares.len() > zygote::MIN_SPARES && spares.front().is_some_and(|(_, _, at)| at.elapsed() >= SPARE_UNUSED_FOR) {
+        spares.pop_front();
+    }
 }
 
 /// A request sent: where its statuses arrive, and the runner's ends of the
@@ -261,9 +273,7 @@ impl Zygote {
         loop {
             let spare = {
                 let mut spares = lock(&spares);
-                while spares.len() > zygote::MIN_SPARES && spares.front().is_some_and(|(_, _, at)| at.elapsed() >= SPARE_UNUSED_FOR) {
-                    spares.pop_front();
-                }
+                trim(&mut spares);
                 spares.pop_back()
             };
             let Some((pid, socket, _)) = spare else { return Ok(None) };
@@ -278,10 +288,18 @@ impl Zygote {
             // The spare's socket is empty and sized for the largest request.
             match zygote::send_with_fds(socket.as_raw_fd(), bytes, &fds, false) {
                 Ok(()) => return Ok(Some((pid, (rx, [stdin_w, stdout_r, stderr_r])))),
-                // Dead (killed from outside) or unusable: closed; the next.
-                Err(_) => {
+                // Dead (killed from outside): closed; the next.
+                Err(err) if matches!(err.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ECONNREFUSED | libc::ENOTCONN)) => {
                     lock(&waiters).remove(&id);
                     pipes = Some([(stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w)]);
+                }
+                // Anything else (no buffer space, say) is not the spare's
+                // fault: it goes back, and this start to the zygote.
+                Err(err) => {
+                    lock(&waiters).remove(&id);
+                    lock(&spares).push_back((pid, socket, std::time::Instant::now()));
+                    debug!(error = %err, "cannot hand a start to a spare supervisor; asking the zygote");
+                    return Ok(None);
                 }
             }
         }
@@ -396,12 +414,29 @@ impl Zygote {
 /// turn of a runtime busy with a burst's starts, the zygote's answers
 /// backed up in the socket, and the zygote stalled on a full socket.
 fn read_statuses(socket: Arc<AsyncFd<OwnedFd>>, waiters: Waiters, spares: Spares) {
+    // Blocking reads that give up every SPARE_TRIM_EVERY to close spares
+    // that sat unused (an idle runner must not keep a burst's spares).
+    let timeout = libc::timeval { tv_sec: SPARE_TRIM_EVERY.as_secs() as libc::time_t, tv_usec: 0 };
+    // SAFETY: setsockopt reads a timeval we own.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
     let mut buf = [0u8; zygote::STATUS_BYTES];
     loop {
         // The socket is blocking (tokio only sends on it, with
         // MSG_DONTWAIT); a spare's announcement carries its socket.
-        let (n, mut fds) = match zygote::recv_with_fds(socket.as_raw_fd(), &mut buf) {
-            Ok((n, fds, _)) => (n, fds),
+        let (n, mut fds, truncated) = match zygote::recv_with_fds(socket.as_raw_fd(), &mut buf) {
+            Ok(received) => received,
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                trim(&mut lock(&spares));
+                continue;
+            }
             Err(err) => {
                 warn!(error = %err, "cannot read the agent zygote's answers");
                 break;
@@ -416,8 +451,11 @@ fn read_statuses(socket: Arc<AsyncFd<OwnedFd>>, waiters: Waiters, spares: Spares
         };
         match status {
             Status::Spare(pid) => {
-                if let Some(socket) = fds.pop() {
-                    lock(&spares).push_back((pid, socket, std::time::Instant::now()));
+                match fds.pop() {
+                    Some(socket) if !truncated => lock(&spares).push_back((pid, socket, std::time::Instant::now())),
+                    // Out of descriptors (the spare sees EOF and exits; the
+                    // zygote backs off its refills).
+                    _ => warn!(pid, "a spare supervisor arrived without its socket (out of descriptors?); dropping it"),
                 }
                 continue;
             }

@@ -36,11 +36,37 @@ fn main() {
         }
         // No arguments, or a test-name filter from `cargo test <filter>`.
         _ => {
+            // As when the runner runs from a shell: the tests own a
+            // controlling terminal, which no agent may reach.
+            take_a_terminal();
             run_tests();
             if std::env::var_os(SHIM_ENV).is_none() {
                 run_with_dedicated_shim();
             }
         }
+    }
+}
+
+/// Makes this process the leader of a new session whose controlling
+/// terminal is a new pseudo-terminal (its master kept open for the
+/// process's life). Panics if it cannot: `agents_have_no_controlling_terminal`
+/// would prove nothing.
+fn take_a_terminal() {
+    // SAFETY: setsid/posix_openpt/grantpt/unlockpt/ptsname_r/open on this
+    // process and descriptors it owns (the master is deliberately leaked).
+    unsafe {
+        assert!(libc::setsid() != -1, "setsid: {}", std::io::Error::last_os_error());
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        assert!(master >= 0 && libc::grantpt(master) == 0 && libc::unlockpt(master) == 0, "no pseudo-terminal");
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(master, name.as_mut_ptr(), name.len()), 0, "ptsname");
+        // Without O_NOCTTY: the session leader's first terminal becomes its
+        // controlling terminal.
+        let slave = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        assert!(slave >= 0, "open the pseudo-terminal: {}", std::io::Error::last_os_error());
+        let tty = libc::open(c"/dev/tty".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        assert!(tty >= 0, "the tests have no controlling terminal: {}", std::io::Error::last_os_error());
+        libc::close(tty);
     }
 }
 
@@ -94,7 +120,9 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 20] = [
+    let tests: [Test; 22] = [
+        ("a_zygote_whose_spares_cannot_live_backs_off", |dir| runtime().block_on(spares_back_off(dir))),
+        ("agents_have_no_controlling_terminal", |dir| runtime().block_on(no_terminal(dir))),
         ("a_killed_supervisor_is_reported_while_the_zygote_is_stopped", |dir| runtime().block_on(killed_supervisor(dir))),
         ("a_start_goes_to_a_spare_while_the_zygote_is_stopped", |dir| runtime().block_on(spare_while_stopped(dir))),
         ("killed_spares_are_skipped_and_a_killed_zygote_takes_its_spares", |dir| runtime().block_on(killed_spares(dir))),
@@ -477,6 +505,75 @@ async fn stopped_zygote(dir: &Path) {
     assert_eq!(zygote.pid(), Some(pid), "the zygote was not killed");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!marker.exists(), "the agent of a start reported failed ran");
+}
+
+/// Forks since boot, machine-wide (`processes` in `/proc/stat`, read again
+/// from the start of `file`: no descriptor is needed).
+fn forks(file: &mut std::fs::File) -> u64 {
+    use std::io::{Read, Seek};
+    file.rewind().expect("rewind /proc/stat");
+    let mut stat = String::new();
+    file.read_to_string(&mut stat).expect("/proc/stat");
+    stat.lines().find_map(|line| line.strip_prefix("processes ")).and_then(|n| n.trim().parse().ok()).expect("processes line")
+}
+
+/// Spares that die as soon as they are made (here: the zygote may hold
+/// only 12 descriptors, too few for a spare to set its own up; in the
+/// field, a runner out of descriptors loses each spare's socket on the
+/// way) must not turn the zygote into a fork loop (before: thousands of
+/// forks a second for as long as it lasted); once they can live again,
+/// spares come back.
+async fn spares_back_off(dir: &Path) {
+    let settings = settings(dir);
+    let zygote = settings.zygote.clone().expect("zygote mode");
+    let warm = run_with(&settings, &sh_agent("true"), &assign("e-warm", 60)).await;
+    assert_eq!(warm.outcome(), Outcome::Succeeded, "{warm:?}");
+    let held = spares(&zygote, 1).await;
+    let pid = zygote.pid().expect("zygote running") as libc::pid_t;
+    let mut stat = std::fs::File::open("/proc/stat").expect("/proc/stat");
+    let mut saved = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: prlimit on a process of ours, with rlimits we own. Only the
+    // soft limit moves (raising a hard one back may take a capability).
+    assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut saved) }, 0);
+    let tight = libc::rlimit { rlim_cur: 12, rlim_max: saved.rlim_max };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &tight, std::ptr::null_mut()) }, 0, "{}", std::io::Error::last_os_error());
+    // All of them: the pool is short, and refills begin.
+    for &spare in &held {
+        signal(spare, libc::SIGKILL);
+    }
+    let before = forks(&mut stat);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = forks(&mut stat) - before;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &saved, std::ptr::null_mut()) }, 0, "{}", std::io::Error::last_os_error());
+    // Backoff (doubling from 100 ms per spare that died unused): a few
+    // refills at most (other processes of the machine fork too, hence the
+    // margin).
+    assert!(during < 200, "{during} forks in 1.5 s while every new spare died");
+    let next = run_with(&settings, &sh_agent("echo fine"), &assign("e-next", 60)).await;
+    assert_eq!(next.outcome(), Outcome::Succeeded, "{next:?}");
+    spares(&zygote, 1).await;
+}
+
+/// The runner has a controlling terminal (see `take_a_terminal`); its
+/// agents do not: `/dev/tty` fails (before: an agent reading it was
+/// stopped with its supervisor by SIGTTIN until its timeout, or wrote on
+/// the operator's terminal). Through a spare too.
+async fn no_terminal(dir: &Path) {
+    let settings = settings(dir);
+    let agent = sh_agent("if (exec 3</dev/tty) 2>/dev/null; then echo terminal; else echo none; fi");
+    let first = run_with(&settings, &agent, &assign("e-tty", 60)).await;
+    assert_eq!(first.outcome(), Outcome::Succeeded, "{first:?}");
+    assert_eq!(first.stdout_tail, "none\n", "the agent opened the runner's terminal");
+    if let Some(zygote) = &settings.zygote {
+        let held = spares(zygote, 1).await;
+        let (tx, mut events) = mpsc::channel(16);
+        let execution = executor::start(&agent, &assign("e-tty-spare", 60), &settings, tx).await.expect("shim starts");
+        assert_eq!(Some(&execution.pid()), held.last(), "a spare took the start");
+        let ended = finished(&mut events).await;
+        assert_eq!(ended.stdout_tail, "none\n", "an agent from a spare opened the runner's terminal");
+    }
 }
 
 /// Waits until the runner holds at least `n` spare supervisors (the zygote

@@ -181,6 +181,7 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
         }
     }
     let kill_grace_ns = kill_grace_ms.saturating_mul(1_000_000);
+    drop_controlling_terminal();
     let agent = spawn_agent(&program, args.into_iter()).unwrap_or_else(|err| {
         let code = match err.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -225,6 +226,24 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
                 eprintln!("punchclock agent shim: sigwait failed: {err}");
                 kill_group();
             }
+        }
+    }
+}
+
+/// Gives up the controlling terminal the runner has (run from a shell),
+/// so the agent has none: `/dev/tty` fails with ENXIO instead of reaching
+/// the operator's terminal, and a read from it cannot stop the agent's
+/// whole group (SIGTTIN) until its timeout. Supervisors share the runner's
+/// session (see the zygote's docs), so this is `TIOCNOTTY`, which a
+/// process that does not lead its session may use for itself, not
+/// `setsid`. Nothing to do (ENXIO) without a terminal.
+fn drop_controlling_terminal() {
+    // SAFETY: open/ioctl/close on a descriptor this function owns.
+    unsafe {
+        let tty = libc::open(c"/dev/tty".as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if tty >= 0 {
+            libc::ioctl(tty, libc::TIOCNOTTY);
+            libc::close(tty);
         }
     }
 }

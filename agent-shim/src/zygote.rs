@@ -407,6 +407,12 @@ const MAX_SPARES: usize = 256;
 /// a quiet moment, never between the requests of a burst (they would
 /// delay the next answer by a fork each).
 const SPARES_QUIET: std::time::Duration = std::time::Duration::from_millis(20);
+/// The first pause between refills after a spare died unused or could not
+/// be made; it doubles while that goes on, up to [`REFILL_BACKOFF_MAX`], and
+/// is forgotten once a spare is taken.
+const REFILL_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+/// The longest pause between refills.
+const REFILL_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 /// The bit that marks the request id of a spare: `SPARE_ID | pid` is the id
 /// under which the zygote announces a spare ([`Status::Spare`]) and
 /// reports its exit ([`Status::Exited`]); the runner's own request ids stay
@@ -438,7 +444,8 @@ const SPARE_TAKEN_FD: RawFd = 4;
 /// no spare left), up to [`MAX_SPARES`], so the next burst of the same size
 /// finds one for each start; it shrinks by one for each spare that dies
 /// idle (the runner closes spares it has held unused for a minute), down
-/// to [`MIN_SPARES`]. A spare dies with the zygote (parent-death SIGKILL)
+/// to [`MIN_SPARES`]. Refills pause after a spare dies unused or cannot be
+/// made (backoff 100 ms doubling to 10 s, reset when a spare is taken). A spare dies with the zygote (parent-death SIGKILL)
 /// and at EOF on its socket (the runner closed it, or died); it holds no
 /// descriptor but its socket, the pipe and stdio (stdin is `/dev/null`).
 #[derive(Debug)]
@@ -451,6 +458,10 @@ struct Spares {
     request_at: std::time::Instant,
     /// The pipe spares write their pid on when taken.
     taken: [OwnedFd; 2],
+    /// No refill before this (see [`Spares::back_off`]).
+    refill_at: std::time::Instant,
+    /// The current pause between refills after a failure (zero: none).
+    backoff: std::time::Duration,
 }
 
 impl Spares {
@@ -473,6 +484,8 @@ impl Spares {
             wanted: MIN_SPARES,
             request_at: now.checked_sub(SPARES_QUIET).unwrap_or(now),
             taken,
+            refill_at: now,
+            backoff: std::time::Duration::ZERO,
         })
     }
 
@@ -482,8 +495,20 @@ impl Spares {
         if self.idle.len() >= self.wanted {
             return -1;
         }
-        let left = SPARES_QUIET.saturating_sub(self.request_at.elapsed());
-        libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX)
+        let now = std::time::Instant::now();
+        let left = (self.request_at + SPARES_QUIET).max(self.refill_at).saturating_duration_since(now);
+        // Rounded up: a timeout cut to whole milliseconds would spin.
+        libc::c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
+    }
+
+    /// Something went wrong with a spare (it died unused, or could not be
+    /// made): no refill for a while, doubling from [`REFILL_BACKOFF_MIN`]
+    /// to [`REFILL_BACKOFF_MAX`] while it goes on. A spare that cannot
+    /// live (the runner out of descriptors, say) must not turn the zygote
+    /// into a fork loop.
+    fn back_off(&mut self) {
+        self.backoff = (self.backoff * 2).clamp(REFILL_BACKOFF_MIN, REFILL_BACKOFF_MAX);
+        self.refill_at = std::time::Instant::now() + self.backoff;
     }
 
     /// Where taken spares write their pid.
@@ -498,6 +523,8 @@ impl Spares {
         // writes are 4 bytes, atomic on a pipe).
         while unsafe { libc::read(self.taken_fd(), pid.as_mut_ptr().cast(), 4) } == 4 {
             self.idle.remove(&i32::from_le_bytes(pid));
+            // Spares serve: refills go at full speed again.
+            self.backoff = std::time::Duration::ZERO;
         }
     }
 
@@ -505,10 +532,13 @@ impl Spares {
     /// the last request is [`SPARES_QUIET`] old, and hand its socket to the
     /// runner.
     fn refill(&mut self, zygote: libc::pid_t, running: &mut HashMap<libc::pid_t, u64>, buf: &mut [u8]) {
-        if self.idle.len() >= self.wanted || self.request_at.elapsed() < SPARES_QUIET {
+        if self.idle.len() >= self.wanted || self.request_at.elapsed() < SPARES_QUIET || std::time::Instant::now() < self.refill_at {
             return;
         }
-        let Ok((mine, theirs)) = seqpacket_pair() else { return };
+        let Ok((mine, theirs)) = seqpacket_pair() else {
+            self.back_off();
+            return;
+        };
         // Room for the largest request in one message (the runner sends on
         // this end).
         let size: libc::c_int = 2 * MAX_REQUEST_BYTES as libc::c_int;
@@ -524,7 +554,7 @@ impl Spares {
             );
             match libc::fork() {
                 // Out of processes: no more spares for now; requests fork.
-                -1 => self.wanted = self.idle.len(),
+                -1 => self.back_off(),
                 0 => {
                     drop(mine);
                     wait_as_spare(zygote, theirs, self.taken[1].as_raw_fd(), buf)
@@ -553,6 +583,10 @@ impl Spares {
     fn missed(&mut self) {
         self.request_at = std::time::Instant::now();
         self.wanted = (self.wanted + 1).min(MAX_SPARES);
+        // Demand: refill (at most one fork per request while spares keep
+        // dying, never a loop).
+        self.backoff = std::time::Duration::ZERO;
+        self.refill_at = self.request_at;
     }
 
     /// A child exited: if it was an idle spare (the runner dropped it, or
@@ -560,6 +594,7 @@ impl Spares {
     fn exited(&mut self, pid: libc::pid_t) {
         if self.idle.remove(&pid) {
             self.wanted = self.wanted.saturating_sub(1).max(MIN_SPARES);
+            self.back_off();
         }
     }
 }
