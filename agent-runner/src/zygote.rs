@@ -384,19 +384,8 @@ impl Zygote {
         }
         let child = command.spawn()?;
         info!(program = %self.shim.program.display(), pid = child.id(), "agent zygote started");
-        // Room for the largest request (the default buffer may be smaller;
-        // a request that still does not fit gets EMSGSIZE and is exec'd).
-        let size: libc::c_int = 2 * MAX_REQUEST_BYTES as libc::c_int;
-        // SAFETY: setsockopt reads an int we own.
-        unsafe {
-            libc::setsockopt(
-                mine.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&raw const size).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
+        // A request that still does not fit gets EMSGSIZE and is exec'd.
+        let _ = zygote::size_for_requests(mine.as_raw_fd());
         let socket = Arc::new(register(mine)?);
         let waiters = Waiters::default();
         let spares = Spares::default();
@@ -417,16 +406,9 @@ fn read_statuses(socket: Arc<AsyncFd<OwnedFd>>, waiters: Waiters, spares: Spares
     // Blocking reads that give up every SPARE_TRIM_EVERY to close spares
     // that sat unused (an idle runner must not keep a burst's spares).
     let timeout = libc::timeval { tv_sec: SPARE_TRIM_EVERY.as_secs() as libc::time_t, tv_usec: 0 };
-    // SAFETY: setsockopt reads a timeval we own.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&raw const timeout).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    if let Err(err) = zygote::set_socket_option(socket.as_raw_fd(), libc::SO_RCVTIMEO, &timeout) {
+        warn!(error = %err, "cannot time out reads of the agent zygote's socket: unused spares are closed only at starts");
+    }
     let mut buf = [0u8; zygote::STATUS_BYTES];
     loop {
         // The socket is blocking (tokio only sends on it, with

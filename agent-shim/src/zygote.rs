@@ -198,6 +198,21 @@ impl Status {
     }
 }
 
+/// Sets `SOL_SOCKET` option `option` of `socket` to `value` (an int, a
+/// `timeval`, ...).
+pub fn set_socket_option<T>(socket: RawFd, option: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: setsockopt reads size_of::<T>() bytes from a value we borrow.
+    let set = unsafe { libc::setsockopt(socket, libc::SOL_SOCKET, option, (value as *const T).cast(), size_of::<T>() as libc::socklen_t) };
+    if set == -1 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Gives `socket`'s send buffer room for the largest request in one
+/// message (the default may be smaller; a request that still does not fit
+/// gets `EMSGSIZE`).
+pub fn size_for_requests(socket: RawFd) -> io::Result<()> {
+    set_socket_option(socket, libc::SO_SNDBUF, &(2 * MAX_REQUEST_BYTES as libc::c_int))
+}
+
 /// Sends `bytes` as one message on `socket` with `fds` attached
 /// (`SCM_RIGHTS`), without SIGPIPE (`MSG_NOSIGNAL`); `wait`: block while
 /// the socket is full, else `WouldBlock`.
@@ -539,19 +554,10 @@ impl Spares {
             self.back_off();
             return;
         };
-        // Room for the largest request in one message (the runner sends on
-        // this end).
-        let size: libc::c_int = 2 * MAX_REQUEST_BYTES as libc::c_int;
-        // SAFETY: setsockopt reads an int we own; fork in a single-threaded
-        // process.
+        // The runner sends its requests on this end.
+        let _ = size_for_requests(mine.as_raw_fd());
+        // SAFETY: fork in a single-threaded process.
         unsafe {
-            libc::setsockopt(
-                mine.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&raw const size).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
             match libc::fork() {
                 // Out of processes: no more spares for now; requests fork.
                 -1 => self.back_off(),
