@@ -457,7 +457,7 @@ impl ExecCgroup {
     }
 }
 
-pub use punchclock_proto::size::parse_bytes;
+pub use punchclock_units::parse_bytes;
 
 #[cfg(test)]
 mod tests {

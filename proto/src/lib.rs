@@ -251,31 +251,3 @@ pub mod signature {
         format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
     }
 }
-
-/// Sizes in bytes as people write them (the agents file's and a task's
-/// `limits.memory_max`).
-pub mod size {
-    /// Parses a size: `512Mi`, `1Gi`, `64M`, `1000000` (bytes).
-    ///
-    /// # Errors
-    ///
-    /// A message saying what a size looks like.
-    pub fn parse_bytes(s: &str) -> Result<u64, String> {
-        let s = s.trim();
-        let (num, mult) = [
-            ("Ki", 1u64 << 10),
-            ("Mi", 1 << 20),
-            ("Gi", 1 << 30),
-            ("Ti", 1 << 40),
-            ("K", 1000),
-            ("M", 1_000_000),
-            ("G", 1_000_000_000),
-            ("T", 1_000_000_000_000),
-        ]
-        .iter()
-        .find_map(|(suffix, m)| s.strip_suffix(suffix).map(|n| (n, *m)))
-        .unwrap_or((s, 1));
-        let n: u64 = num.trim().parse().map_err(|_| format!("{s:?}: a size such as 512Mi, 1Gi or 1000000 (bytes)"))?;
-        n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
-    }
-}

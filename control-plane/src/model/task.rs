@@ -277,7 +277,7 @@ fn bytes_or_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, 
     match Option::<Form>::deserialize(d)? {
         None => Ok(None),
         Some(Form::Bytes(n)) => Ok(Some(n)),
-        Some(Form::Text(t)) => punchclock_proto::size::parse_bytes(&t).map(Some).map_err(serde::de::Error::custom),
+        Some(Form::Text(t)) => punchclock_units::parse_bytes(&t).map(Some).map_err(serde::de::Error::custom),
     }
 }
 
