@@ -490,33 +490,21 @@ struct ExecutionDir {
 
 impl ExecutionDir {
     /// Takes a directory from `dirs` (with an empty progress file) and
-    /// writes the checkpoint file if the assignment carries one; one trip to
-    /// the blocking pool. The result file is the agent's to create.
+    /// writes the checkpoint file if the assignment carries one. A free
+    /// directory without a checkpoint costs one `lstat`, here; making a
+    /// directory or writing a checkpoint, one trip to the blocking pool
+    /// (which waited for a thread's wake-up, up to 25 ms under a burst of
+    /// starts). The result file is the agent's to create.
     async fn create(work_dir: &Path, assign: &Assign, dirs: &ExecutionDirs) -> Result<Self, Error> {
-        // A free directory and no checkpoint: one `lstat`, here (a trip to
-        // the blocking pool waited for a thread's wake-up, up to 25 ms
-        // under a burst of starts).
         if assign.checkpoint_json.is_empty()
             && let Some(path) = dirs.take_free()
         {
-            return Ok(Self {
-                progress: path.join(PROGRESS_FILE),
-                result: path.join(RESULT_FILE),
-                checkpoint: path.join(CHECKPOINT_FILE),
-                path,
-                dirs: dirs.clone(),
-            });
+            return Ok(Self::at(path, dirs.clone()));
         }
         let (work_dir, dirs, checkpoint_json) = (work_dir.to_owned(), dirs.clone(), assign.checkpoint_json.clone());
         let create = move || {
             let path = dirs.take(&work_dir).map_err(|source| Error::ExecutionDir { path: work_dir.clone(), source })?;
-            let dir = Self {
-                progress: path.join(PROGRESS_FILE),
-                result: path.join(RESULT_FILE),
-                checkpoint: path.join(CHECKPOINT_FILE),
-                path,
-                dirs,
-            };
+            let dir = Self::at(path, dirs);
             if !checkpoint_json.is_empty()
                 && let Err(source) = std::fs::write(&dir.checkpoint, checkpoint_json)
             {
@@ -529,6 +517,11 @@ impl ExecutionDir {
         tokio::task::spawn_blocking(create).await.unwrap_or_else(|join| {
             Err(Error::ExecutionDir { path: PathBuf::new(), source: io::Error::other(format!("setup task failed: {join}")) })
         })
+    }
+
+    /// The execution directory `path`, taken from `dirs`, with its files' paths.
+    fn at(path: PathBuf, dirs: ExecutionDirs) -> Self {
+        Self { progress: path.join(PROGRESS_FILE), result: path.join(RESULT_FILE), checkpoint: path.join(CHECKPOINT_FILE), path, dirs }
     }
 
     /// Empties the directory and gives it back (blocking).

@@ -87,7 +87,7 @@ const SPARE_TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(10)
 
 /// Closes the oldest spares while they have sat unused for
 /// [`SPARE_UNUSED_FOR`], keeping the zygote's `MIN_SPARES`.
-fn trim(spares: &mut std::collections::VecDeque<(libc::pid_t, OwnedFd, std::time::Instant)>) {
+fn trim(spares: &mut SparePool) {
     while spares.len() > zygote::MIN_SPARES && spares.front().is_some_and(|(_, _, at)| at.elapsed() >= SPARE_UNUSED_FOR) {
         spares.pop_front();
     }
@@ -98,8 +98,9 @@ fn trim(spares: &mut std::collections::VecDeque<(libc::pid_t, OwnedFd, std::time
 type Sent = (mpsc::UnboundedReceiver<Status>, [OwnedFd; 3]);
 
 /// Spare supervisors ready for a request: pid, the runner's end of the
-/// spare's socket, and when it arrived.
-type Spares = Arc<Mutex<std::collections::VecDeque<(libc::pid_t, OwnedFd, std::time::Instant)>>>;
+/// spare's socket, and when it arrived; newest last.
+type SparePool = std::collections::VecDeque<(libc::pid_t, OwnedFd, std::time::Instant)>;
+type Spares = Arc<Mutex<SparePool>>;
 
 /// How long a spare may wait unused before the runner closes it (it then
 /// exits, and the zygote keeps one fewer), down to the zygote's
@@ -209,33 +210,20 @@ impl Zygote {
         let _permit = self.starting.acquire().await.map_err(io::Error::other)?;
         let t_permit = t0.elapsed();
         let (control, theirs) = zygote::seqpacket_pair()?;
-        if let Some((pid, (statuses, [stdin, stdout, stderr]))) = self.send_to_spare(&bytes, &theirs)? {
+        if let Some((pid, sent)) = self.send_to_spare(&bytes, &theirs)? {
             drop(theirs);
-            tracing::debug!(target: "punchclock::start", request = request.id, pid, permit_us = t_permit.as_micros(), spare_us = (t0.elapsed() - t_permit).as_micros(), "zygote phases");
-            let spawned = Spawned {
-                stdin: pipe::Sender::from_owned_fd(stdin)?,
-                stdout: pipe::Receiver::from_owned_fd(stdout)?,
-                stderr: pipe::Receiver::from_owned_fd(stderr)?,
-                process: ZygoteProcess {
-                    pid,
-                    control: register(control)?,
-                    statuses,
-                    exit: None,
-                    eof_deadline: None,
-                    _zygote: self.clone(),
-                },
-            };
-            return go(spawned, cgroup);
+            debug!(target: "punchclock::start", request = request.id, pid, permit_us = t_permit.as_micros(), spare_us = (t0.elapsed() - t_permit).as_micros(), "zygote phases");
+            return go(self.spawned(pid, control, sent)?, cgroup);
         }
         let Ok(sent) = tokio::time::timeout(self.patience, self.send(request.id, &bytes, theirs)).await else {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "the agent zygote did not take the request in time"));
         };
-        let (mut statuses, [stdin, stdout, stderr]) = sent?;
+        let (mut statuses, pipes) = sent?;
         let t_sent = t0.elapsed();
         let Ok(first) = tokio::time::timeout(self.patience, statuses.recv()).await else {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "the agent zygote did not answer in time"));
         };
-        tracing::debug!(
+        debug!(
             target: "punchclock::start",
             request = request.id,
             permit_us = t_permit.as_micros(),
@@ -250,13 +238,18 @@ impl Zygote {
             }
             Some(Status::Exited(_) | Status::Spare(_)) | None => return Err(io::Error::other("the agent zygote exited")),
         };
-        let spawned = Spawned {
+        go(self.spawned(pid, control, (statuses, pipes))?, cgroup)
+    }
+
+    /// Supervisor `pid` with the runner's ends of its control socket and
+    /// pipes, registered with the reactor.
+    fn spawned(&self, pid: libc::pid_t, control: OwnedFd, (statuses, [stdin, stdout, stderr]): Sent) -> io::Result<Spawned> {
+        Ok(Spawned {
             stdin: pipe::Sender::from_owned_fd(stdin)?,
             stdout: pipe::Receiver::from_owned_fd(stdout)?,
             stderr: pipe::Receiver::from_owned_fd(stderr)?,
             process: ZygoteProcess { pid, control: register(control)?, statuses, exit: None, eof_deadline: None, _zygote: self.clone() },
-        };
-        go(spawned, cgroup)
+        })
     }
 
     /// Sends the encoded request to a spare supervisor, if the running
