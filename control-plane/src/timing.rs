@@ -38,6 +38,8 @@
 
 use std::time::Duration;
 
+use punchclock_proto::fence::RUNNER_STOP_LEAD;
+
 /// The control plane's timing, derived from `heartbeat_interval` and `kill_grace`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -101,10 +103,13 @@ impl Timing {
 
     /// Runner self-fence deadline (told to runners in Welcome): with no
     /// acknowledged heartbeat for this long, counted from sending the last
-    /// acknowledged one, a runner's agents are gone. Equal to
-    /// [`Timing::failover_bound`], so agents survive a leader change.
+    /// acknowledged one, a runner's agents are gone. A runner starts
+    /// stopping them `kill_grace` + [`RUNNER_STOP_LEAD`] (1 s) before, so
+    /// the fence is [`Timing::failover_bound`] plus both: agents survive a
+    /// leader change (when runners use the control plane's kill grace, as
+    /// `--kill-grace-ms` on both sets it). Default 22 s.
     pub fn runner_fence(&self) -> Duration {
-        self.failover_bound()
+        self.failover_bound() + self.kill_grace + RUNNER_STOP_LEAD
     }
 
     /// Added to the fence before the leader declares a runner lost: one
@@ -115,7 +120,7 @@ impl Timing {
 
     /// A runner silent this long (since the arrival of its last message) is
     /// lost: its attempts end `lost`, their agents were stopped by the
-    /// self-fence. `runner_fence + fence_margin`; default 18 s.
+    /// self-fence. `runner_fence + fence_margin`; default 24 s.
     pub fn runner_lost_after(&self) -> Duration {
         self.runner_fence() + self.fence_margin()
     }
@@ -140,6 +145,11 @@ mod tests {
 
     /// The fence must outlast a failover (runners keep their agents across
     /// a leader change) and the leader must wait past it (no two agents).
+    /// The runner's own stop (TERM at the deadline less its kill grace and
+    /// a second) must come after a failover too: before, the fence was the
+    /// failover bound itself, so a runner stopped its agents 5.5 s into a
+    /// failover the bound allows 7.5 s for (the tests' timing; CI caught it
+    /// in `inv_failover_agents`).
     #[test]
     fn fence_outlasts_a_failover_and_loss_outlasts_the_fence() {
         for t in [
@@ -150,11 +160,13 @@ mod tests {
                 lease_ttl: Duration::from_secs(3),
             },
         ] {
-            assert!(t.runner_fence() >= t.lease_ttl * 2 + t.runner_silent_after());
+            let failover = t.lease_ttl * 2 + t.runner_silent_after();
+            assert!(t.runner_fence() >= failover);
+            assert!(t.runner_fence() - t.kill_grace - RUNNER_STOP_LEAD >= failover, "a runner stops its agents inside a failover");
             assert!(t.runner_lost_after() > t.runner_fence());
             assert!(t.runner_silent_after() < t.runner_fence());
             assert_eq!(t.redeclare_wait(), t.runner_lost_after());
         }
-        assert_eq!(Timing::default().runner_lost_after(), Duration::from_secs(18));
+        assert_eq!(Timing::default().runner_lost_after(), Duration::from_secs(24));
     }
 }

@@ -538,7 +538,8 @@ pub async fn wait_log(proc: &Proc, needle: &str, within: Duration) -> bool {
 }
 
 /// Copies every `*.log` of `dir` to `target/test-logs/NAME/` if the test
-/// panics (the temp dir itself is deleted), so a failure can be read.
+/// panics (the temp dir itself is deleted), so a failure can be read; with
+/// `PUNCHCLOCK_KEEP_TEST_LOGS=1` also when it passes (to compare timelines).
 pub struct KeepLogsOnPanic {
     dir: PathBuf,
     name: String,
@@ -553,7 +554,7 @@ impl KeepLogsOnPanic {
 
 impl Drop for KeepLogsOnPanic {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        if !std::thread::panicking() && std::env::var_os("PUNCHCLOCK_KEEP_TEST_LOGS").is_none() {
             return;
         }
         let out = repo_root().join("target").join("test-logs").join(&self.name);
