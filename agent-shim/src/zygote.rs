@@ -598,6 +598,13 @@ impl Spares {
     /// A child exited: if it was an idle spare (the runner dropped it, or
     /// it was killed), the pool wants one fewer.
     fn exited(&mut self, pid: libc::pid_t) {
+        // A spare that was taken wrote its pid before it could exit: read
+        // it first. `reap` collects children that exited after this loop
+        // turn's pipe read, and /bin/true-quick agents made most of those
+        // look like idle deaths (413 in one 20 s bench row): the pool
+        // shrank, refills backed off for seconds, and whole bursts fell
+        // back to the zygote.
+        self.read_taken();
         if self.idle.remove(&pid) {
             self.wanted = self.wanted.saturating_sub(1).max(MIN_SPARES);
             self.back_off();
@@ -828,6 +835,26 @@ pub fn read_status(socket: RawFd) -> io::Result<Option<(u64, Status)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A taken spare's exit, reaped before its pid was read from the pipe,
+    /// is not an idle death: the pool keeps its size and refills at once.
+    #[test]
+    fn a_taken_spare_that_exits_before_its_pid_is_read_is_not_an_idle_death() {
+        let mut spares = Spares::new().expect("spares");
+        spares.wanted = 20;
+        spares.idle.insert(4242);
+        // SAFETY: a 4-byte write to the pipe's write end, which we own.
+        unsafe { libc::write(spares.taken[1].as_raw_fd(), 4242i32.to_le_bytes().as_ptr().cast(), 4) };
+        spares.exited(4242);
+        assert_eq!(spares.wanted, 20);
+        assert_eq!(spares.backoff, std::time::Duration::ZERO);
+        assert!(spares.refill_at <= std::time::Instant::now());
+        // An idle spare's death does shrink the pool and pause refills.
+        spares.idle.insert(4343);
+        spares.exited(4343);
+        assert_eq!(spares.wanted, 19);
+        assert!(spares.backoff > std::time::Duration::ZERO);
+    }
 
     #[test]
     fn requests_round_trip() {
