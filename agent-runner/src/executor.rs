@@ -80,7 +80,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::{ProcessAgent, RunnerConfig, ShimCommand};
 use crate::shim::zygote::Request as ShimRequest;
-use crate::shim::{SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_PARENT_PID_ENV};
+use crate::shim::{SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_NICE_ENV, SHIM_PARENT_PID_ENV};
 use crate::zygote::{Zygote, ZygoteProcess};
 use crate::{Error, time as clock};
 
@@ -134,6 +134,9 @@ pub struct ExecutorSettings {
     /// Where executions' cgroups go (`None`: no limits are applied; an
     /// agent with `enforce: required` limits then fails to start).
     pub cgroups: Option<Arc<crate::cgroup::Cgroups>>,
+    /// How much lower agents' CPU priority is than the runner's: added to
+    /// their nice value (0-19; [`crate::config::DEFAULT_AGENT_NICE`]).
+    pub agent_nice: u8,
 }
 
 impl From<&RunnerConfig> for ExecutorSettings {
@@ -148,6 +151,7 @@ impl From<&RunnerConfig> for ExecutorSettings {
             http: Arc::default(),
             callbacks: Arc::default(),
             cgroups: None,
+            agent_nice: config.agent_nice,
         }
     }
 }
@@ -602,6 +606,7 @@ async fn spawn_by_zygote(
         cwd: agent.working_dir.as_ref().map(|dir| dir.as_os_str().to_owned()),
         fence_file: Some(settings.fence.path().as_os_str().to_owned()),
         kill_grace_ms: u64::try_from(settings.kill_grace.as_millis()).unwrap_or(u64::MAX),
+        nice: settings.agent_nice,
         argv: agent.command.iter().map(OsString::from).collect(),
         env: env
             .into_iter()
@@ -716,11 +721,16 @@ fn spawn(
         command.env(SHIM_PARENT_PID_ENV, runner_pid.to_string());
         command.env(SHIM_FENCE_FILE_ENV, settings.fence.path());
         command.env(SHIM_KILL_GRACE_ENV, settings.kill_grace.as_millis().to_string());
+        command.env(SHIM_NICE_ENV, settings.agent_nice.to_string());
     } else {
+        let nice = libc::c_int::from(settings.agent_nice);
         // SAFETY: the closure only makes async-signal-safe syscalls (prctl,
-        // getppid) and allocates nothing.
+        // getppid, nice) and allocates nothing.
         unsafe {
             command.pre_exec(move || {
+                if nice > 0 {
+                    libc::nice(nice);
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
                     return Err(io::Error::last_os_error());
                 }

@@ -32,7 +32,7 @@ mod time;
 mod trace;
 pub mod zygote;
 
-pub use config::{AgentSpec, AgentsFile, Credentials, DEFAULT_KILL_GRACE, ProcessAgent, RunnerConfig, ShimCommand};
+pub use config::{AgentSpec, AgentsFile, Credentials, DEFAULT_AGENT_NICE, DEFAULT_KILL_GRACE, ProcessAgent, RunnerConfig, ShimCommand};
 pub use error::Error;
 pub use executor::{Execution, ExecutionEvent, ExecutorSettings, StopRequest};
 pub use punchclock_agent_shim::{self as shim, SHIM_BINARY, SHIM_SUBCOMMAND, shim_main};

@@ -23,6 +23,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         http: Default::default(),
         callbacks: Default::default(),
         cgroups: None,
+        agent_nice: 0,
     }
 }
 

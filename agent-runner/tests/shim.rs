@@ -120,7 +120,8 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 22] = [
+    let tests: [Test; 23] = [
+        ("agents_run_at_the_runners_nice_plus_agent_nice", |dir| runtime().block_on(agent_nice(dir))),
         ("a_zygote_whose_spares_cannot_live_backs_off", |dir| runtime().block_on(spares_back_off(dir))),
         ("agents_have_no_controlling_terminal", |dir| runtime().block_on(no_terminal(dir))),
         ("a_killed_supervisor_is_reported_while_the_zygote_is_stopped", |dir| runtime().block_on(killed_supervisor(dir))),
@@ -166,6 +167,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         fence: punchclock_agent_runner::fence::Fence::new(work_dir.join("fence"), Duration::from_millis(300)),
         dirs: Default::default(),
         cgroups: None,
+        agent_nice: 0,
     }
 }
 
@@ -573,6 +575,31 @@ async fn no_terminal(dir: &Path) {
         assert_eq!(Some(&execution.pid()), held.last(), "a spare took the start");
         let ended = finished(&mut events).await;
         assert_eq!(ended.stdout_tail, "none\n", "an agent from a spare opened the runner's terminal");
+    }
+}
+
+/// Agents run `agent_nice` lower than the runner (their nice value is the
+/// runner's plus it, at most 19), through an exec'd shim, a supervisor the
+/// zygote forks, and a spare; with 0, at the runner's own.
+async fn agent_nice(dir: &Path) {
+    // SAFETY: getpriority has no memory-safety preconditions.
+    let own = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let agent = sh_agent("cut -d' ' -f19 /proc/$$/stat");
+    for nice in [7u8, 0] {
+        let settings = ExecutorSettings { agent_nice: nice, ..settings(dir) };
+        let want = format!("{}\n", (own + i32::from(nice)).min(19));
+        let first = run_with(&settings, &agent, &assign(&format!("e-nice-{nice}"), 60)).await;
+        assert_eq!(first.outcome(), Outcome::Succeeded, "{first:?}");
+        assert_eq!(first.stdout_tail, want, "agent_nice {nice}, runner at nice {own}");
+        if let Some(zygote) = &settings.zygote {
+            let held = spares(zygote, 1).await;
+            let (tx, mut events) = mpsc::channel(16);
+            let execution =
+                executor::start(&agent, &assign(&format!("e-nice-spare-{nice}"), 60), &settings, tx).await.expect("shim starts");
+            assert_eq!(Some(&execution.pid()), held.last(), "a spare took the start");
+            let ended = finished(&mut events).await;
+            assert_eq!(ended.stdout_tail, want, "agent_nice {nice} through a spare");
+        }
     }
 }
 

@@ -71,6 +71,10 @@ pub const SHIM_PARENT_PID_ENV: &str = "PUNCHCLOCK_SHIM_PARENT_PID";
 pub const SHIM_FENCE_FILE_ENV: &str = "PUNCHCLOCK_SHIM_FENCE_FILE";
 /// Environment variable with the kill grace in milliseconds.
 pub const SHIM_KILL_GRACE_ENV: &str = "PUNCHCLOCK_SHIM_KILL_GRACE_MS";
+/// Environment variable: how much lower the agent's CPU priority is than
+/// the runner's (0-19, added to the shim's nice value before the agent
+/// starts; unset: 0). Removed from the agent's environment.
+pub const SHIM_NICE_ENV: &str = "PUNCHCLOCK_SHIM_NICE";
 /// How often the shim checks the fence deadline.
 const FENCE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -116,7 +120,8 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
     let expected_parent = std::env::var(SHIM_PARENT_PID_ENV).ok().and_then(|pid| pid.parse::<libc::pid_t>().ok());
     let fence_file = std::env::var_os(SHIM_FENCE_FILE_ENV).map(std::path::PathBuf::from);
     let kill_grace_ms = std::env::var(SHIM_KILL_GRACE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(5000);
-    supervise(program, argv.collect(), Supervision { expected_parent, fence_file, kill_grace_ms, control: None })
+    let nice = std::env::var(SHIM_NICE_ENV).ok().and_then(|v| v.parse::<u8>().ok()).unwrap_or(0);
+    supervise(program, argv.collect(), Supervision { expected_parent, fence_file, kill_grace_ms, nice, control: None })
 }
 
 /// What the supervisor is told besides the agent's command.
@@ -128,6 +133,9 @@ struct Supervision {
     fence_file: Option<std::path::PathBuf>,
     /// Time between the fence's SIGTERM and its kill, in milliseconds.
     kill_grace_ms: u64,
+    /// Added to the supervisor's nice value once the agent is to start
+    /// (the agent inherits it; the supervisor then competes as its agent).
+    nice: u8,
     /// Behind the zygote: the execution's control socket (at fd 3,
     /// close-on-exec). The agent is started only once the runner sends one
     /// byte on it ("go": it has taken the supervisor's pid; EOF instead —
@@ -168,8 +176,8 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
         kill_group();
     }
 
-    let Supervision { fence_file, kill_grace_ms, control, .. } = &supervision;
-    let (fence_file, kill_grace_ms, control) = (fence_file.clone(), *kill_grace_ms, *control);
+    let Supervision { fence_file, kill_grace_ms, nice, control, .. } = &supervision;
+    let (fence_file, kill_grace_ms, nice, control) = (fence_file.clone(), *kill_grace_ms, *nice, *control);
     // Behind the zygote: wait for the runner's go (EOF: it gave up on this
     // start, so the agent must not run).
     if let Some(control) = control {
@@ -182,6 +190,7 @@ fn supervise(program: OsString, args: Vec<OsString>, supervision: Supervision) -
     }
     let kill_grace_ns = kill_grace_ms.saturating_mul(1_000_000);
     drop_controlling_terminal();
+    lower_priority(nice);
     let agent = spawn_agent(&program, args.into_iter()).unwrap_or_else(|err| {
         let code = match err.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -277,6 +286,17 @@ impl ShimFence {
     }
 }
 
+/// Adds `by` to this process's nice value (capped at 19 by the kernel),
+/// before the agent starts, which inherits it: the runner's own work
+/// (starting agents, heartbeats, the fence) comes before agents' when the
+/// CPU is short. Best effort: raising one's nice value needs no privilege.
+fn lower_priority(by: u8) {
+    if by > 0 {
+        // SAFETY: nice(2) has no memory-safety preconditions.
+        unsafe { libc::nice(libc::c_int::from(by)) };
+    }
+}
+
 /// Starts the agent with `posix_spawnp` (a `vfork`: no page tables are
 /// copied): `program` looked up in `PATH`, the shim's environment minus its
 /// own variables, every signal unblocked and SIGPIPE back to its default
@@ -294,7 +314,7 @@ fn spawn_agent(program: &OsString, args: impl Iterator<Item = OsString>) -> io::
     for arg in args {
         argv.push(cstring(arg.as_bytes())?);
     }
-    let own = [SHIM_PARENT_PID_ENV, SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV];
+    let own = [SHIM_PARENT_PID_ENV, SHIM_FENCE_FILE_ENV, SHIM_KILL_GRACE_ENV, SHIM_NICE_ENV];
     let env: Vec<CString> = std::env::vars_os()
         .filter(|(key, _)| !own.iter().any(|own| key.as_bytes() == own.as_bytes()))
         .filter_map(|(key, value)| {

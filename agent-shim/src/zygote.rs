@@ -91,6 +91,9 @@ pub struct Request {
     pub fence_file: Option<OsString>,
     /// Time between the fence's SIGTERM and its kill, in milliseconds.
     pub kill_grace_ms: u64,
+    /// How much lower the agent's CPU priority is than the runner's: added
+    /// to the supervisor's nice value before it starts the agent (0-19).
+    pub nice: u8,
     /// The agent's program and arguments (non-empty; the program is looked
     /// up in the `PATH` of `env`).
     pub argv: Vec<OsString>,
@@ -100,7 +103,7 @@ pub struct Request {
 
 impl Request {
     /// The wire form: length-prefixed fields (u32 little-endian lengths):
-    /// id, cwd, fence file, kill grace, argc (the numbers in decimal),
+    /// id, cwd, fence file, kill grace, nice, argc (the numbers in decimal),
     /// argv…, env…. Empty cwd or fence file means `None`.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -113,6 +116,7 @@ impl Request {
         field(&bytes(&self.cwd));
         field(&bytes(&self.fence_file));
         field(self.kill_grace_ms.to_string().as_bytes());
+        field(self.nice.to_string().as_bytes());
         field(self.argv.len().to_string().as_bytes());
         for arg in self.argv.iter().chain(&self.env) {
             field(arg.as_encoded_bytes());
@@ -134,12 +138,13 @@ impl Request {
         let cwd = optional(fields.next()?);
         let fence_file = optional(fields.next()?);
         let kill_grace_ms = fields.next()?.to_str()?.parse().ok()?;
+        let nice = fields.next()?.to_str()?.parse().ok()?;
         let argc: usize = fields.next()?.to_str()?.parse().ok()?;
         let argv: Vec<OsString> = fields.by_ref().take(argc).collect();
         if argv.len() != argc || argc == 0 {
             return None;
         }
-        Some(Self { id, cwd, fence_file, kill_grace_ms, argv, env: fields.collect() })
+        Some(Self { id, cwd, fence_file, kill_grace_ms, nice, argv, env: fields.collect() })
     }
 }
 
@@ -767,7 +772,7 @@ fn become_supervisor(zygote: libc::pid_t, request: Request, stdio: [RawFd; 3], c
         }
         libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
     }
-    let Request { cwd, fence_file, kill_grace_ms, argv, env, .. } = request;
+    let Request { cwd, fence_file, kill_grace_ms, nice, argv, env, .. } = request;
     if let Some(cwd) = &cwd
         && let Err(err) = std::env::set_current_dir(cwd)
     {
@@ -792,7 +797,13 @@ fn become_supervisor(zygote: libc::pid_t, request: Request, stdio: [RawFd; 3], c
     supervise(
         program,
         argv.collect(),
-        Supervision { expected_parent: Some(zygote), fence_file: fence_file.map(Into::into), kill_grace_ms, control: Some(CONTROL_FD) },
+        Supervision {
+            expected_parent: Some(zygote),
+            fence_file: fence_file.map(Into::into),
+            kill_grace_ms,
+            nice,
+            control: Some(CONTROL_FD),
+        },
     )
 }
 
@@ -863,6 +874,7 @@ mod tests {
             cwd: Some("/tmp".into()),
             fence_file: None,
             kill_grace_ms: 300,
+            nice: 19,
             argv: vec!["sh".into(), "-c".into(), "".into()],
             env: vec!["A=1".into(), "PATH=/bin".into()],
         };

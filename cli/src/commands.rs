@@ -258,6 +258,11 @@ struct DevArgs {
     /// default: half the CPU per agent start, same guarantees).
     #[arg(long)]
     no_agent_zygote: bool,
+    /// Added to process agents' nice value, 0-19 (0: the runner's own CPU
+    /// priority). The default, 19, lets the runner start a burst of agents
+    /// and answer heartbeats before agents already running take the CPU.
+    #[arg(long, default_value_t = punchclock_agent_runner::DEFAULT_AGENT_NICE, value_parser = clap::value_parser!(u8).range(0..=19))]
+    agent_nice: u8,
     /// Where asynchronous HTTP agents call back (default: a free port on
     /// 127.0.0.1).
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -345,6 +350,11 @@ struct RunnerArgs {
     /// default: half the CPU per agent start, same guarantees).
     #[arg(long)]
     no_agent_zygote: bool,
+    /// Added to process agents' nice value, 0-19 (0: the runner's own CPU
+    /// priority). The default, 19, lets the runner start a burst of agents
+    /// and answer heartbeats before agents already running take the CPU.
+    #[arg(long, default_value_t = punchclock_agent_runner::DEFAULT_AGENT_NICE, value_parser = clap::value_parser!(u8).range(0..=19))]
+    agent_nice: u8,
     /// Where asynchronous HTTP agents (a `202` answer) call back with their
     /// progress and result (off when not given).
     #[arg(long)]
@@ -890,6 +900,7 @@ async fn dev(a: DevArgs) -> Res {
         a.data_dir.join("runner"),
     )?;
     rcfg.zygote = !a.no_agent_zygote;
+    rcfg.agent_nice = a.agent_nice;
     rcfg.callback_listen = Some(a.callback_listen);
     rcfg.cgroup_root = Some(a.cgroup_root.clone()).filter(|p| p.as_os_str() != "none");
     announce(&format!(
@@ -1034,6 +1045,7 @@ async fn runner(a: RunnerArgs, auth: &ClientAuthArgs) -> Res {
     let mut cfg =
         runner_config(runner_id, cps, &a.agents, a.slots, parse_labels(&a.labels)?, Duration::from_millis(a.kill_grace_ms), work_dir)?;
     cfg.zygote = !a.no_agent_zygote;
+    cfg.agent_nice = a.agent_nice;
     cfg.credentials = credentials;
     cfg.callback_listen = a.callback_listen;
     cfg.callback_advertise = a.callback_advertise.clone();

@@ -69,6 +69,7 @@ async fn measure(shim: Option<ShimCommand>, zygote: bool, runs: usize, concurren
         http: Default::default(),
         callbacks: Default::default(),
         cgroups: None,
+        agent_nice: 0,
         shim,
         fence: Fence::new(work.join("fence"), Duration::from_secs(1)),
         dirs: Default::default(),
