@@ -51,13 +51,21 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 /// How much lower process agents' CPU priority is than the runner's, by
 /// default: nice 19 more (the kernel's weight 15 against 1,024). A burst
 /// of agents otherwise takes the CPU from the runner threads that start
-/// the rest of the burst and acknowledge heartbeats (measured: 100
-/// `/bin/true` due on one second, start p50/p99 33 / 76 ms at 0 and
-/// 14 / 37 ms at 19, 2 cores). Agents keep equal shares among themselves,
-/// and under autogroup scheduling or a cpu cgroup per service the nice
-/// value only weighs them against the runner's own process tree.
-/// Kubernetes gives best-effort pods `cpu.shares` 2 against the kubelet's
-/// 1,024 for the same reason.
+/// the rest of the burst and acknowledge heartbeats (measured, bench-load
+/// on `dev`, 2 cores, 100 `/bin/true` due every second: start p50/p99
+/// 37 / 83 ms at 0 and 19 / 59 ms at 19; runs differ by 10-15 ms at p99).
+/// Agents keep equal shares among themselves, and under autogroup
+/// scheduling or a cpu cgroup per service the nice value only weighs them
+/// against the runner's own process tree. Kubernetes gives best-effort
+/// pods `cpu.shares` 2 against the kubelet's 1,024 for the same reason.
+///
+/// Not covered: an agent with `limits` runs in a cgroup of its own, which
+/// competes with the runner by the cgroup's CPU weight (the default), not
+/// by nice. The supervisor takes the agent's nice value too (it lowers its
+/// own before the agent starts, so the exec is counted low as well): the
+/// fence it enforces while the runner is stopped may then wait for the CPU
+/// behind nice-0 work on a saturated host, within the leader's margin of
+/// one heartbeat.
 pub const DEFAULT_AGENT_NICE: u8 = 19;
 
 /// The parsed agents file: agent id → how to run it.

@@ -26,7 +26,7 @@ pub use punchclock_agent_shim::fence_file::{FENCE_REASON, boottime_ns, read_dead
 
 /// Name of the deadline file in the runner's work directory.
 pub const FENCE_FILE: &str = "fence";
-/// The runner stops its agents this long before the shim would.
+// The runner stops its agents this long before the shim would.
 use punchclock_proto::fence::RUNNER_STOP_LEAD as RUNNER_LEAD;
 
 /// The fence deadline of one runner process; cheap to clone.

@@ -513,6 +513,18 @@ impl Runner {
         // Only a leader at least as new as any seen renews the fence.
         if welcome.fencing_token >= self.max_token_seen {
             self.fence_after = (welcome.fence_ms > 0).then(|| Duration::from_millis(welcome.fence_ms));
+            // The runner stops its agents its kill grace and a second
+            // before the fence: a grace longer than the leader's leaves
+            // them less than a failover, or no time at all.
+            if let Some(after) = self.fence_after
+                && after <= self.config.kill_grace + punchclock_proto::fence::RUNNER_STOP_LEAD
+            {
+                warn!(
+                    fence_ms = welcome.fence_ms,
+                    kill_grace_ms = self.config.kill_grace.as_millis(),
+                    "this runner's kill grace leaves its agents no time within the leader's fence: they are stopped whenever a heartbeat goes unanswered; give the runner the control plane's --kill-grace-ms"
+                );
+            }
             match self.fence_after {
                 Some(after) => self.renew_fence(hello_sent, after),
                 None => self.fence.disarm(),

@@ -5,7 +5,8 @@
 //! The runner starts `punchclock-agent-shim --zygote` once, with one end of
 //! a `SOCK_SEQPACKET` Unix socket pair as its stdin. For each execution it
 //! sends one [`Request`] (an id of its choosing, the agent's argv, its whole
-//! environment, working directory, fence file and kill grace) with four
+//! environment, working directory, fence file, kill grace and the nice
+//! value to add for the agent) with four
 //! descriptors attached (`SCM_RIGHTS`, see [`REQUEST_FDS`]): the agent's
 //! stdin, stdout and stderr, and the supervisor's end of the execution's
 //! control socket. The zygote forks; the child becomes the supervisor
@@ -41,8 +42,9 @@
 //! had just started: with 100 agents due at once, the last start waited
 //! 110-130 ms for its pid, against 55-80 ms in the runner's session, and
 //! the runner's CPU per run doubled (bench-load, process agents, 2 cores).
-//! Keeping agents from starving the runner is what `limits` (cgroups) are
-//! for.
+//! Keeping agents from starving the runner is the request's `nice` (the
+//! runner's `agent_nice`: the supervisor lowers its own and its agent's
+//! priority before the agent starts) and, for a hard cap, `limits`.
 //!
 //! Spares: in quiet moments the zygote forks supervisors ahead of time and
 //! hands the runner one end of each one's socket ([`Status::Spare`], id

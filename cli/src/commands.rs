@@ -130,7 +130,7 @@ enum ClusterCmd {
 
 #[derive(Args, Debug, Clone)]
 struct TimingArgs {
-    /// Runner heartbeat interval in milliseconds: a runner silent for 3 gets no new work; it is lost after its fence (2 × lease TTL + 3 heartbeats) plus one.
+    /// Runner heartbeat interval in milliseconds: a runner silent for 3 gets no new work; it is lost after its fence (2 × lease TTL + 3 heartbeats + kill grace + 1 s) plus one.
     #[arg(long, default_value_t = 2000)]
     heartbeat_ms: u64,
     /// TERM→KILL grace in milliseconds when an agent is stopped.

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use punchclock_control_plane::timing::Timing;
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
 use punchclock_tests::{KeepLogsOnPanic, Proc, apply, cli, live_agents, max_live_agents_until, status, wait_leader, wait_run};
@@ -43,8 +44,14 @@ async fn a_failover_keeps_one_agent_per_concurrency_slot() {
     let failover = async {
         servers[leader].kill9();
         let next = wait_leader(std::slice::from_ref(&other), Duration::from_secs(30), |s| s.leader_id != first.leader_id).await;
-        // Past the new leader's re-declaration wait and the runner's fence.
-        tokio::time::sleep(Duration::from_secs(12)).await;
+        // Past the new leader's re-declaration wait and the runner's fence
+        // (the servers' and runner's timing in `Proc`), with 2 s to spare.
+        let timing = Timing {
+            heartbeat_interval: Duration::from_millis(500),
+            kill_grace: Duration::from_secs(1),
+            lease_ttl: Duration::from_secs(3),
+        };
+        tokio::time::sleep(timing.redeclare_wait().max(timing.runner_fence()) + Duration::from_secs(2)).await;
         next
     };
     let (max, _) = max_live_agents_until(MARKER, failover).await;
