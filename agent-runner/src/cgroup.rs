@@ -94,6 +94,10 @@ impl Capability {
 #[derive(Debug, Clone)]
 pub struct Cgroups {
     layout: Layout,
+    /// The runner's `agent_nice`: an execution's cgroup gets the CPU
+    /// weight of that nice value ([`nice_weight`]), so an agent with limits
+    /// yields to the runner as one without does (0: the default weight).
+    agent_nice: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -128,7 +132,7 @@ impl Cgroups {
     /// (off only for the unit tests' fake trees).
     fn detect_on(root: &Path, own: &str, runner_id: &str, check_fs: bool) -> Cgroups {
         match Self::try_v2(root, own, check_fs) {
-            Ok(Some(agents)) => return Cgroups { layout: Layout::V2 { agents } },
+            Ok(Some(agents)) => return Cgroups { layout: Layout::V2 { agents }, agent_nice: 0 },
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "cgroup v2 is there but cannot be delegated to this runner; trying v1"),
         }
@@ -161,14 +165,22 @@ impl Cgroups {
                 layout: Layout::None {
                     why: format!("no cgroup v2 with memory, cpu and pids delegated, and no cgroup v1 hierarchy under {}", root.display()),
                 },
+                agent_nice: 0,
             };
         }
-        Cgroups { layout: Layout::V1 { memory, cpu, cpuacct, pids } }
+        Cgroups { layout: Layout::V1 { memory, cpu, cpuacct, pids }, agent_nice: 0 }
     }
 
     /// No limits at all (a runner told not to use cgroups).
     pub fn none(why: &str) -> Cgroups {
-        Cgroups { layout: Layout::None { why: why.to_string() } }
+        Cgroups { layout: Layout::None { why: why.to_string() }, agent_nice: 0 }
+    }
+
+    /// Executions' cgroups get the CPU weight of nice `nice` (the runner's
+    /// `agent_nice`): v1 `cpu.shares`, v2 `cpu.weight`.
+    pub fn with_agent_nice(mut self, nice: u8) -> Cgroups {
+        self.agent_nice = nice;
+        self
     }
 
     /// cgroup v2: the runner's own cgroup (`0::/path`) must offer memory,
@@ -282,6 +294,10 @@ impl Cgroups {
                 let dir = agents.join(&name);
                 std::fs::create_dir_all(&dir)?;
                 made.v2 = Some(dir.clone());
+                if self.agent_nice > 0 {
+                    // cpu.weight 100 is nice 0's 1,024 (1..=10000).
+                    write(&dir, "cpu.weight", (nice_weight(self.agent_nice) * 100 / 1024).max(1).to_string())?;
+                }
                 if let Some(m) = limits.memory_max {
                     write(&dir, "memory.max", m.to_string())?;
                     write(&dir, "memory.high", (m / 10 * 9).max(1).to_string())?;
@@ -313,6 +329,9 @@ impl Cgroups {
                     // RAM and swap together: no way around the limit by swapping.
                     let _ = std::fs::write(d.join("memory.memsw.limit_in_bytes"), m.to_string());
                 }
+                if let (true, Some(d)) = (self.agent_nice > 0, &made.cpu) {
+                    write(d, "cpu.shares", nice_weight(self.agent_nice).max(2).to_string())?;
+                }
                 if let (Some(c), Some(d)) = (limits.cpu, &made.cpu) {
                     write(d, "cpu.cfs_period_us", "100000".into())?;
                     write(d, "cpu.cfs_quota_us", ((c * 100_000.0).round() as u64).max(1000).to_string())?;
@@ -324,6 +343,15 @@ impl Cgroups {
             }
         }
     }
+}
+
+/// The kernel's CPU weight of a nice value 0-19 (`sched_prio_to_weight`,
+/// kernel/sched/core.c): nice 0 is 1,024, each step about 1.25 times less,
+/// nice 19 is 15. What a cgroup's `cpu.shares` (v1) weighs against a
+/// process at that nice value in the same parent.
+pub fn nice_weight(nice: u8) -> u64 {
+    const WEIGHTS: [u64; 20] = [1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15];
+    WEIGHTS[usize::from(nice.min(19))]
 }
 
 /// Whether `dir` is on a cgroup filesystem (`v2`: cgroup2, else cgroup v1).
@@ -487,7 +515,7 @@ mod tests {
             std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
         }
         let own = "4:memory:/sandbox\n1:cpu:/\n2:cpuacct:/\n8:pids:/\n0::/\n";
-        let cgs = Cgroups::detect_on(root.path(), own, "r1", false);
+        let cgs = Cgroups::detect_on(root.path(), own, "r1", false).with_agent_nice(19);
         assert_eq!(cgs.capability(), Capability::V1);
         assert!(!root.path().join("memory/sandbox/punchclock-r1").exists(), "made at the first execution only");
         let limits = Limits { memory_max: Some(64 << 20), cpu: Some(0.5), pids_max: Some(32) };
@@ -497,6 +525,7 @@ mod tests {
         let read = |p: &str| std::fs::read_to_string(root.path().join(p)).expect(p);
         assert_eq!(read("memory/sandbox/punchclock-r1/e-1/memory.limit_in_bytes"), (64u64 << 20).to_string());
         assert_eq!(read("cpu/punchclock-r1/e-1/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("cpu/punchclock-r1/e-1/cpu.shares"), "15", "the weight of nice 19");
         assert_eq!(read("pids/punchclock-r1/e-1/pids.max"), "32");
         std::fs::write(
             root.path().join("memory/sandbox/punchclock-r1/e-1/memory.oom_control"),
@@ -562,12 +591,13 @@ mod tests {
         std::fs::create_dir_all(&mine).expect("mkdir");
         std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids").expect("w");
         std::fs::write(mine.join("cgroup.controllers"), "cpuset cpu io memory pids").expect("w");
-        let cgs = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false);
+        let cgs = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false).with_agent_nice(10);
         assert_eq!(cgs.capability(), Capability::V2);
         assert_eq!(std::fs::read_to_string(mine.join("runner/cgroup.procs")).expect("moved"), std::process::id().to_string());
         assert_eq!(std::fs::read_to_string(mine.join("agents/cgroup.subtree_control")).expect("enabled"), "+memory +cpu +pids");
         let cg = cgs.create("e-2", &Limits { memory_max: Some(1000), cpu: Some(2.0), pids_max: None }).expect("create").expect("some");
         assert_eq!(std::fs::read_to_string(mine.join("agents/e-2/cpu.max")).expect("cpu"), "200000 100000");
+        assert_eq!(std::fs::read_to_string(mine.join("agents/e-2/cpu.weight")).expect("weight"), "10", "nice 10's 110 of 1,024");
         assert_eq!(std::fs::read_to_string(mine.join("agents/e-2/memory.high")).expect("high"), "900");
         std::fs::write(mine.join("agents/e-2/memory.events"), "low 0\nhigh 3\nmax 2\noom 1\noom_kill 1\n").expect("w");
         std::fs::write(mine.join("agents/e-2/cpu.stat"), "usage_usec 1500000\nuser_usec 1\n").expect("w");

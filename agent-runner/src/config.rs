@@ -59,9 +59,9 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 /// against the runner's own process tree. Kubernetes gives best-effort
 /// pods `cpu.shares` 2 against the kubelet's 1,024 for the same reason.
 ///
-/// Not covered: an agent with `limits` runs in a cgroup of its own, which
-/// competes with the runner by the cgroup's CPU weight (the default), not
-/// by nice. The supervisor takes the agent's nice value too (it lowers its
+/// An agent with `limits` runs in a cgroup of its own, which competes with
+/// the runner by the cgroup's CPU weight, not by nice: that cgroup gets the
+/// weight of the same nice value ([`crate::cgroup::nice_weight`]). The supervisor takes the agent's nice value too (it lowers its
 /// own before the agent starts, so the exec is counted low as well): the
 /// fence it enforces while the runner is stopped may then wait for the CPU
 /// behind nice-0 work on a saturated host, within the leader's margin of

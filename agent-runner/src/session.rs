@@ -130,7 +130,8 @@ pub async fn run(mut config: RunnerConfig, shutdown: impl Future<Output = ()>) -
 fn apply_cgroups(config: &mut RunnerConfig) -> Result<crate::cgroup::Cgroups, Error> {
     use crate::cgroup::Cgroups;
     let cgroups = match &config.cgroup_root {
-        Some(root) => Cgroups::detect(root, &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(), &config.runner_id),
+        Some(root) => Cgroups::detect(root, &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(), &config.runner_id)
+            .with_agent_nice(config.agent_nice),
         None => Cgroups::none("the runner was told not to use cgroups"),
     };
     config.labels.entry(punchclock_proto::labels::CGROUP.into()).or_insert_with(|| cgroups.capability().as_str().into());
