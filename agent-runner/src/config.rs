@@ -567,16 +567,45 @@ impl ShimCommand {
     }
 
     /// The shim for a runner running as `exe`: [`crate::SHIM_BINARY`] in the
-    /// same directory if it is there and executable (less than half the CPU
-    /// per start), else `exe`'s own `__agent-shim` subcommand.
+    /// same directory if it is there, executable, and speaks this build's
+    /// [`crate::shim::SHIM_PROTOCOL`] (asked with `--protocol`; less than
+    /// half the CPU per start), else `exe`'s own `__agent-shim` subcommand
+    /// (a shim from another build is logged and not used: it would misread
+    /// the zygote's requests).
     pub fn beside(exe: PathBuf) -> Self {
         use std::os::unix::fs::PermissionsExt;
         let executable = |path: &std::path::Path| std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
         match exe.parent().map(|dir| dir.join(crate::SHIM_BINARY)) {
-            Some(binary) if executable(&binary) => Self::binary(binary),
+            Some(binary) if executable(&binary) => match shim_protocol(&binary) {
+                Some(p) if p == crate::shim::SHIM_PROTOCOL => Self::binary(binary),
+                found => {
+                    tracing::warn!(
+                        shim = %binary.display(),
+                        protocol = ?found,
+                        expected = crate::shim::SHIM_PROTOCOL,
+                        "the agent shim beside the runner is from another build; using the runner's own __agent-shim (install both from one build)"
+                    );
+                    Self::subcommand(exe)
+                }
+            },
             _ => Self::subcommand(exe),
         }
     }
+}
+
+/// What `binary --protocol` prints (`None`: nothing a number, or it did
+/// not run: a shim from before the flag takes it for an agent to start).
+fn shim_protocol(binary: &std::path::Path) -> Option<u32> {
+    let out = std::process::Command::new(binary)
+        .arg(crate::shim::PROTOCOL_FLAG)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    std::str::from_utf8(&out.stdout).ok()?.trim().parse().ok()
 }
 
 impl RunnerConfig {
@@ -654,6 +683,23 @@ pub(crate) fn normalize_address(address: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shim binary beside the runner that does not answer `--protocol`
+    /// with this build's number (one from an older build takes the flag
+    /// for an agent; here programs that print nothing or something else)
+    /// is not used: the runner's own subcommand is.
+    #[test]
+    fn a_shim_from_another_build_is_not_used() {
+        for stand_in in ["/bin/true", "/bin/echo", "/bin/false"] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            std::os::unix::fs::symlink(stand_in, dir.path().join(crate::SHIM_BINARY)).expect("symlink");
+            let exe = dir.path().join("punchclock");
+            assert_eq!(ShimCommand::beside(exe.clone()), ShimCommand::subcommand(exe), "{stand_in} as the shim");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exe = dir.path().join("punchclock");
+        assert_eq!(ShimCommand::beside(exe.clone()), ShimCommand::subcommand(exe), "no shim beside it");
+    }
 
     #[test]
     fn parses_a_good_file() {

@@ -102,7 +102,7 @@ pub async fn run(mut config: RunnerConfig, shutdown: impl Future<Output = ()>) -
     match &config.shim {
         Some(shim) if !shim.args.is_empty() => warn!(
             shim = %shim.program.display(),
-            "no executable {} beside the (symlink-resolved) runner binary: agents start behind its `{}` subcommand, \
+            "no usable {} beside the (symlink-resolved) runner binary (missing, not executable, or from another build): agents start behind its `{}` subcommand, \
              about twice the CPU per start",
             crate::SHIM_BINARY,
             crate::SHIM_SUBCOMMAND,

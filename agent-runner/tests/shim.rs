@@ -104,6 +104,8 @@ fn run_with_dedicated_shim() {
     assert!(status.success(), "cargo build of {SHIM_BINARY} failed");
     let binary = profile_dir.join(SHIM_BINARY);
     assert!(binary.is_file(), "{} was not built", binary.display());
+    // It speaks this build's protocol, so a runner beside it uses it.
+    assert_eq!(ShimCommand::beside(profile_dir.join("punchclock")), ShimCommand::binary(binary.clone()), "the shim answers --protocol");
     println!("again with {}", binary.display());
     let status = std::process::Command::new(&exe).env(SHIM_ENV, &binary).status().expect("re-run the tests");
     assert!(status.success(), "the tests failed with {}", binary.display());

@@ -64,6 +64,14 @@ pub use zygote::ZYGOTE_FLAG;
 pub const SHIM_SUBCOMMAND: &str = "__agent-shim";
 /// File name of the dedicated shim binary, looked up beside `punchclock`.
 pub const SHIM_BINARY: &str = "punchclock-agent-shim";
+/// The version of what the runner and the shim say to each other (the
+/// zygote's [`zygote::Request`] fields and statuses, the `SHIM_*`
+/// variables); bumped whenever either changes. 2: the request's `nice`.
+pub const SHIM_PROTOCOL: u32 = 2;
+/// `shim --protocol` prints [`SHIM_PROTOCOL`] and exits: a runner asks a
+/// dedicated shim binary found beside it before using it, since one left
+/// from another build would misread its requests.
+pub const PROTOCOL_FLAG: &str = "--protocol";
 
 /// Environment variable through which the runner passes its pid to the shim.
 pub const SHIM_PARENT_PID_ENV: &str = "PUNCHCLOCK_SHIM_PARENT_PID";
@@ -103,6 +111,10 @@ pub fn shim_main(argv: Vec<OsString>) -> ! {
     let mut argv = argv.into_iter().peekable();
     if argv.peek().is_some_and(|arg| arg == ZYGOTE_FLAG) {
         zygote::zygote_main();
+    }
+    if argv.peek().is_some_and(|arg| arg == PROTOCOL_FLAG) {
+        println!("{SHIM_PROTOCOL}");
+        std::process::exit(0);
     }
     if argv.peek().is_some_and(|arg| arg == "--") {
         argv.next();
