@@ -83,11 +83,17 @@ async fn a_file_is_applied_whole_reapplied_unchanged_and_refused_whole() {
 
 /// Starts an apply of `file` through the CLI, kills the server with -9 at
 /// the first change under `at` (a key prefix), restarts it, and returns
-/// the tasks stored once the new leader is up.
-async fn kill_during_apply(etcd: &Etcd, dir: &std::path::Path, file: &std::path::Path, at: &str) -> (usize, usize) {
+/// the tasks stored once the new leader is up. `round` names the servers
+/// (`{round}-0`, `{round}-1`): each waits until it leads itself, not
+/// until it names a leader — the previous round's killed one could still
+/// hold the lease, and the apply then went to a dead leader and never
+/// wrote (seen once in a fresh-image run: "the apply writes: Elapsed").
+async fn kill_during_apply(etcd: &Etcd, dir: &std::path::Path, file: &std::path::Path, at: &str, round: &str) -> (usize, usize) {
     let port = free_port();
-    let mut server = Proc::server(&etcd.store_url(), "cp0", port, dir);
-    wait_leader(std::slice::from_ref(&server.addr), Duration::from_secs(30), |_| true).await;
+    let (first, next) = (format!("{round}-0"), format!("{round}-1"));
+    let mut server = Proc::server(&etcd.store_url(), &first, port, dir);
+    wait_leader(std::slice::from_ref(&server.addr), Duration::from_secs(30), |s| s.leader_id == first).await;
+    punchclock_tests::wait_engine(&server.addr).await;
     let store = EtcdStore::connect(&etcd.endpoints()).await.expect("etcd");
     let mut changes = store.watch(at).await.expect("watch");
     let mut cli = apply_cmd(&server.addr, file).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("cli");
@@ -97,8 +103,8 @@ async fn kill_during_apply(etcd: &Etcd, dir: &std::path::Path, file: &std::path:
     let store: Arc<dyn KvStore> = Arc::new(store);
     let tasks_before = stored(&*store, "/punchclock/tasks/").await;
 
-    let restarted = Proc::server(&etcd.store_url(), "cp1", free_port(), dir);
-    wait_leader(std::slice::from_ref(&restarted.addr), Duration::from_secs(30), |s| s.leader_id == "cp1").await;
+    let restarted = Proc::server(&etcd.store_url(), &next, free_port(), dir);
+    wait_leader(std::slice::from_ref(&restarted.addr), Duration::from_secs(30), |s| s.leader_id == next).await;
     // The leader recovers the journal before its engine starts; the engine
     // is up once it answers ListRunners.
     let mut cluster =
@@ -126,7 +132,7 @@ async fn a_server_killed_mid_apply_leaves_all_tasks_or_none() {
 
     // Killed while writing tasks (the journal is complete): finished.
     let file = task_file(dir.path(), "a.json", N, "a");
-    let (before, after) = kill_during_apply(&etcd, dir.path(), &file, "/punchclock/tasks/").await;
+    let (before, after) = kill_during_apply(&etcd, dir.path(), &file, "/punchclock/tasks/", "tasks").await;
     assert!(before < N, "the kill came after the whole apply ({before} tasks): nothing was tested");
     assert_eq!(after, N, "killed with {before} of {N} written: the next leader must finish the apply");
 
@@ -136,7 +142,7 @@ async fn a_server_killed_mid_apply_leaves_all_tasks_or_none() {
         store.delete(&kv.key).await.expect("delete");
     }
     let file = task_file(dir.path(), "b.json", N, "b");
-    let (before, after) = kill_during_apply(&etcd, dir.path(), &file, "/punchclock/applies/").await;
+    let (before, after) = kill_during_apply(&etcd, dir.path(), &file, "/punchclock/applies/", "journal").await;
     assert!(after == 0 || after == N, "{after} of {N} tasks after the restart ({before} at the kill)");
 
     // The client goes away mid-apply: the leader finishes it anyway.
