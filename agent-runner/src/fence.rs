@@ -27,7 +27,7 @@ pub use punchclock_agent_shim::fence_file::{FENCE_REASON, boottime_ns, read_dead
 /// Name of the deadline file in the runner's work directory.
 pub const FENCE_FILE: &str = "fence";
 // The runner stops its agents this long before the shim would.
-use punchclock_proto::fence::RUNNER_STOP_LEAD as RUNNER_LEAD;
+use punchclock_proto::fence::RUNNER_STOP_LEAD;
 
 /// The fence deadline of one runner process; cheap to clone.
 #[derive(Debug, Clone)]
@@ -90,7 +90,7 @@ impl Fence {
     /// `None` without a fence.
     pub fn stop_in(&self) -> Option<Duration> {
         let d = self.deadline()?;
-        let lead = u64::try_from((self.inner.kill_grace + RUNNER_LEAD).as_nanos()).unwrap_or(u64::MAX);
+        let lead = u64::try_from((self.inner.kill_grace + RUNNER_STOP_LEAD).as_nanos()).unwrap_or(u64::MAX);
         Some(Duration::from_nanos(d.saturating_sub(lead).saturating_sub(boottime_ns())))
     }
 
