@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 
 pub use self::core::{MAX_DELAY_SECONDS, MAX_RUNS_PER_FIRE};
-pub use shell::{Engine, EngineConfig, EngineExit};
+pub use shell::{Engine, EngineConfig, EngineExit, MAX_TIMERS_PER_TURN};
 
 use crate::error::{Error, Result};
 use crate::model::RunRecord;

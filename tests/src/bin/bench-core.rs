@@ -19,13 +19,11 @@ use std::time::Instant;
 
 use chrono::{DateTime, Duration, Utc};
 use punchclock_control_plane::clock::{Mono, Now};
+use punchclock_control_plane::engine::MAX_TIMERS_PER_TURN;
 use punchclock_control_plane::engine::core::{CoreConfig, EngineCore, Input};
 use punchclock_control_plane::engine::protocol::{FinishedReport, FromRunner, ReportedOutcome, RunnerHello, ToRunner};
 use punchclock_control_plane::model::{TaskRecord, TaskSpec};
 use punchclock_control_plane::timing::Timing;
-
-/// Timers the shell hands the core per turn (`engine::shell`).
-const MAX_TIMERS_PER_TURN: usize = 256;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
