@@ -291,8 +291,9 @@ enum SessionEnd {
 /// An execution this runner is running.
 #[derive(Debug)]
 struct Running {
-    /// `None` while it is being started (in a task of its own: the session
-    /// keeps reading its stream meanwhile).
+    /// `None` while it is being started (a process agent in a task of its
+    /// own: the session keeps reading its stream meanwhile; an HTTP agent
+    /// until its queued [`StartDone`] is handled).
     execution: Option<Execution>,
     /// As declared in Hello.
     in_flight: InFlight,

@@ -47,14 +47,18 @@ use crate::timing::Timing;
 /// Commands handled per turn before effects are performed.
 pub const MAX_COMMANDS_PER_TURN: usize = 256;
 /// Timers fired per turn. A batch's writes commit together (one fsync on
-/// the embedded store, one round on etcd), and a batch's assignments leave
-/// only once it committed: an instant of up to this many due slots goes
-/// out in one commit. With 256, 1,000 HTTP runs due every second went out
-/// in three or four chained commits, the last ending 65-117 ms after the
-/// slot; with 1,024, in one ending 41-80 ms after it (`bench-load --agent
-/// http`, dev, 2 cores). The core decides a turn of 1,024 in about 14 ms
-/// (`bench-core`: 13 µs a slot): the longest a queued command waits
-/// behind one.
+/// the embedded store; on etcd as few transactions as its limits allow),
+/// and a batch's assignments leave only once it committed: an instant of
+/// up to this many due slots goes out in one commit. With 256, 1,000 HTTP
+/// runs due every second went out in three or four chained commits, the
+/// last ending 65-117 ms after the slot; with 1,024, in one ending 41-80
+/// ms after it (`bench-load --agent http`, dev, 2 cores). The core decides
+/// a turn of 1,024 one-run timers in about 14 ms (`bench-core`: 13 µs a
+/// slot), the longest a queued command waits behind one. A catch-up fire
+/// creates up to `MAX_RUNS_PER_FIRE` (50) runs, so a turn of catch-up
+/// after an outage can take 1-2 s (was a quarter of that):
+/// heartbeat acks wait that long, well inside a runner's silence bound
+/// (3 heartbeats).
 pub const MAX_TIMERS_PER_TURN: usize = 1024;
 /// Commands queued for the engine; senders wait when it is full.
 const COMMAND_QUEUE: usize = 1024;
