@@ -132,7 +132,7 @@ impl Cgroups {
     /// (off only for the unit tests' fake trees).
     fn detect_on(root: &Path, own: &str, runner_id: &str, check_fs: bool) -> Cgroups {
         match Self::try_v2(root, own, check_fs) {
-            Ok(Some(agents)) => return Cgroups { layout: Layout::V2 { agents }, agent_nice: 0 },
+            Ok(Some(agents)) => return Cgroups::of(Layout::V2 { agents }),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "cgroup v2 is there but cannot be delegated to this runner; trying v1"),
         }
@@ -161,19 +161,22 @@ impl Cgroups {
         };
         let (memory, cpu, cpuacct, pids) = (v1("memory"), v1("cpu"), v1("cpuacct"), v1("pids"));
         if memory.is_none() && cpu.is_none() && pids.is_none() {
-            return Cgroups {
-                layout: Layout::None {
-                    why: format!("no cgroup v2 with memory, cpu and pids delegated, and no cgroup v1 hierarchy under {}", root.display()),
-                },
-                agent_nice: 0,
-            };
+            return Cgroups::none(&format!(
+                "no cgroup v2 with memory, cpu and pids delegated, and no cgroup v1 hierarchy under {}",
+                root.display()
+            ));
         }
-        Cgroups { layout: Layout::V1 { memory, cpu, cpuacct, pids }, agent_nice: 0 }
+        Cgroups::of(Layout::V1 { memory, cpu, cpuacct, pids })
     }
 
     /// No limits at all (a runner told not to use cgroups).
     pub fn none(why: &str) -> Cgroups {
-        Cgroups { layout: Layout::None { why: why.to_string() }, agent_nice: 0 }
+        Cgroups::of(Layout::None { why: why.to_string() })
+    }
+
+    /// `layout`, with the default CPU weight ([`Cgroups::with_agent_nice`] sets another).
+    fn of(layout: Layout) -> Cgroups {
+        Cgroups { layout, agent_nice: 0 }
     }
 
     /// Executions' cgroups get the CPU weight of nice `nice` (the runner's

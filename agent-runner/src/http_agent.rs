@@ -66,6 +66,9 @@ const ERROR_BODY_BYTES: usize = 4096;
 pub struct AgentClient {
     client: reqwest::Client,
     turns: Arc<tokio::sync::Semaphore>,
+    /// The agent's definition, shared by its executions (one `Arc` clone
+    /// per request, not a copy of its URL and headers).
+    agent: Arc<HttpAgent>,
 }
 
 impl AgentClient {
@@ -93,7 +96,11 @@ impl AgentClient {
             b = b.identity(reqwest::Identity::from_pem(&pem).map_err(|e| bad("cert_file", e.to_string()))?);
         }
         let client = b.build().map_err(|e| Error::InvalidConfig(format!("agents.{id}: {e}")))?;
-        Ok(AgentClient { client, turns: Arc::new(tokio::sync::Semaphore::new(agent.max_in_flight as usize)) })
+        Ok(AgentClient {
+            client,
+            turns: Arc::new(tokio::sync::Semaphore::new(agent.max_in_flight as usize)),
+            agent: Arc::new(agent.clone()),
+        })
     }
 }
 
@@ -231,15 +238,14 @@ pub fn callback_routes(callbacks: Arc<Callbacks>) -> axum::Router {
         .with_state(callbacks)
 }
 
-/// Starts `assign` on the HTTP agent `agent`: the request goes out in a
-/// task of its own, which sends the execution's events to `events`.
+/// Starts `assign` on the HTTP agent of `client`: the request goes out in
+/// a task of its own, which sends the execution's events to `events`.
 ///
 /// # Errors
 ///
 /// None today: a request that cannot be sent ends the attempt FAILED
 /// through `events`, like an agent that exits non-zero.
 pub fn start(
-    agent: &HttpAgent,
     client: &AgentClient,
     callbacks: &Arc<Callbacks>,
     assign: &Assign,
@@ -256,12 +262,12 @@ pub fn start(
     };
     let deadline = assign.deadline.as_ref().and_then(clock::from_timestamp);
     let mut timeout = deadline.map(|d| (d - clock::now()).to_std().unwrap_or(Duration::ZERO));
+    let agent = &client.agent;
     if let Some(t) = agent.timeout {
         timeout = Some(timeout.map_or(t, |d| d.min(t)));
     }
     let (cancel_tx, cancel_rx) = oneshot::channel();
     let call = Call {
-        agent: agent.clone(),
         client: client.clone(),
         callbacks: callbacks.clone(),
         assign: assign.clone(),
@@ -279,7 +285,6 @@ pub fn start(
 
 /// One execution's request, and what follows it.
 struct Call {
-    agent: HttpAgent,
     client: AgentClient,
     callbacks: Arc<Callbacks>,
     assign: Assign,
@@ -374,11 +379,11 @@ impl Call {
     async fn call(&self, asynchronous: &mut bool) -> End {
         let Ok(_turn) = self.client.turns.acquire().await else { return End::failed("the agent's client is closed".into()) };
         let body = self.assign.context_json.clone().into_bytes();
-        let method = reqwest::Method::from_bytes(self.agent.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+        let method = reqwest::Method::from_bytes(self.client.agent.method.as_bytes()).unwrap_or(reqwest::Method::POST);
         let mut req = self
             .client
             .client
-            .request(method, &self.agent.url)
+            .request(method, &self.client.agent.url)
             .header("content-type", "application/json")
             .header("idempotency-key", &self.assign.execution_id)
             .header("punchclock-run-id", &self.assign.run_id)
@@ -389,10 +394,10 @@ impl Call {
         if !self.assign.tracestate.is_empty() {
             req = req.header("tracestate", &self.assign.tracestate);
         }
-        for (k, v) in &self.agent.headers {
+        for (k, v) in &self.client.agent.headers {
             req = req.header(k.as_str(), v.as_str());
         }
-        if let Some(f) = &self.agent.signing_secret_file {
+        if let Some(f) = &self.client.agent.signing_secret_file {
             match std::fs::read_to_string(f) {
                 Ok(secret) => {
                     let secret = secret.strip_suffix('\n').unwrap_or(&secret).to_string();
@@ -409,7 +414,7 @@ impl Call {
         }
         let resp = match req.body(body).send().await {
             Ok(r) => r,
-            Err(e) => return End::failed(format!("no answer from {}: {}", self.agent.url, error_chain(&e))),
+            Err(e) => return End::failed(format!("no answer from {}: {}", self.client.agent.url, error_chain(&e))),
         };
         let status = resp.status().as_u16();
         let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
@@ -448,11 +453,11 @@ impl Call {
 
     /// Tells an asynchronous agent its execution is over (`cancel_url`).
     async fn cancel_remote(&self, asynchronous: bool) {
-        let Some(url) = self.agent.cancel_url.as_ref().filter(|_| asynchronous) else { return };
+        let Some(url) = self.client.agent.cancel_url.as_ref().filter(|_| asynchronous) else { return };
         let body = serde_json::json!({"execution_id": self.assign.execution_id, "run_id": self.assign.run_id}).to_string();
         let mut req =
             self.client.client.post(url).header("content-type", "application/json").header("idempotency-key", &self.assign.execution_id);
-        for (k, v) in &self.agent.headers {
+        for (k, v) in &self.client.agent.headers {
             req = req.header(k.as_str(), v.as_str());
         }
         match tokio::time::timeout(Duration::from_secs(10), req.body(body).send()).await {

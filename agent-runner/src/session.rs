@@ -339,6 +339,9 @@ struct Runner {
     fence_after: Option<Duration>,
     /// The executions were interrupted by the fence and it was not renewed since.
     fenced: bool,
+    /// The fence a too-long kill grace was last warned about: once per
+    /// fence, not at every reconnect.
+    grace_warned: Option<Duration>,
     /// Last heartbeat seq sent, and when recent ones were sent.
     heartbeat_seq: u64,
     heartbeats_sent: std::collections::VecDeque<(u64, Instant)>,
@@ -359,6 +362,7 @@ impl Runner {
             fence: executor.fence.clone(),
             fence_after: None,
             fenced: false,
+            grace_warned: None,
             heartbeat_seq: 0,
             heartbeats_sent: std::collections::VecDeque::new(),
             acked_seq: 0,
@@ -520,6 +524,7 @@ impl Runner {
             // them less than a failover, or no time at all.
             if let Some(after) = self.fence_after
                 && after <= self.config.kill_grace + punchclock_proto::fence::RUNNER_STOP_LEAD
+                && self.grace_warned.replace(after) != Some(after)
             {
                 warn!(
                     fence_ms = welcome.fence_ms,
@@ -745,7 +750,6 @@ impl Runner {
             let reason = format!("unknown agent {:?}: not in this runner's agents file", assign.agent_id);
             return Err(Box::new((assign, reason)));
         };
-        let spec = spec.clone();
         if self.running.contains_key(&assign.execution_id) {
             let reason = format!("execution {} is already running on this runner", assign.execution_id);
             return Err(Box::new((assign, reason)));
@@ -766,16 +770,16 @@ impl Runner {
             // An HTTP agent's start only spawns its request: done here, not
             // in a task whose wait for a worker thread would be start lag
             // (with 1,000 due at once that wait was 34 ms at p99).
-            AgentSpec::Http(agent) => {
+            AgentSpec::Http(_) => {
                 let result = match self.executor.http.get(&assign.agent_id) {
-                    Some(client) => crate::http_agent::start(&agent, client, &self.executor.callbacks, &assign, self.events_tx.clone()),
+                    Some(client) => crate::http_agent::start(client, &self.executor.callbacks, &assign, self.events_tx.clone()),
                     None => Err(Error::InvalidConfig(format!("no client for http agent {:?}", assign.agent_id))),
                 };
                 log_start(&assign, received, std::time::Duration::ZERO);
                 let _ = self.starts_tx.send(StartDone { assign, result: result.map_err(|err| err.to_string()) });
                 return Ok(());
             }
-            AgentSpec::Process(agent) => agent,
+            AgentSpec::Process(agent) => agent.clone(),
         };
         let (settings, events, starts) = (self.executor.clone(), self.events_tx.clone(), self.starts_tx.clone());
         tokio::spawn(async move {
