@@ -46,7 +46,8 @@ use crate::timing::Timing;
 
 /// Commands handled per turn before effects are performed.
 pub const MAX_COMMANDS_PER_TURN: usize = 256;
-/// Timers fired per turn. A batch's writes commit together (one fsync on
+/// Timers fired per turn, or fewer: a timer counts the run writes it adds
+/// (`EngineCore::handle_timeout`). A batch's writes commit together (one fsync on
 /// the embedded store; on etcd as few transactions as its limits allow),
 /// and a batch's assignments leave only once it committed: an instant of
 /// up to this many due slots goes out in one commit. With 256, 1,000 HTTP
@@ -55,10 +56,8 @@ pub const MAX_COMMANDS_PER_TURN: usize = 256;
 /// ms after it (`bench-load --agent http`, dev, 2 cores). The core decides
 /// a turn of 1,024 one-run timers in about 14 ms (`bench-core`: 13 µs a
 /// slot), the longest a queued command waits behind one. A catch-up fire
-/// creates up to `MAX_RUNS_PER_FIRE` (50) runs, so a turn of catch-up
-/// after an outage can take 1-2 s (was a quarter of that):
-/// heartbeat acks wait that long, well inside a runner's silence bound
-/// (3 heartbeats).
+/// creates up to `MAX_RUNS_PER_FIRE` (50) runs and counts them all, so a
+/// turn after an outage holds about 1,024 runs too, not 50 times that.
 pub const MAX_TIMERS_PER_TURN: usize = 1024;
 /// Commands queued for the engine; senders wait when it is full.
 const COMMAND_QUEUE: usize = 1024;

@@ -449,13 +449,19 @@ impl EngineCore {
         self.timers.next(now)
     }
 
-    /// Fires up to `max` due timers; returns whether more are due (the
-    /// shell then serves other inputs before coming back, so a burst of
-    /// timers never starves runner messages).
+    /// Fires due timers until `max` is spent; returns whether more are due
+    /// (the shell then serves other inputs before coming back, so a burst
+    /// of timers never starves runner messages). A timer spends the run
+    /// writes it adds to the turn, at least one: a turn of catch-up fires
+    /// (up to [`MAX_RUNS_PER_FIRE`] runs each) stops at about `max` runs,
+    /// not `max` x 50, so its decisions and its commit stay the size of a
+    /// turn of one-run slots.
     pub fn handle_timeout(&mut self, now: Now, max: usize) -> bool {
         self.observe(now);
-        for _ in 0..max {
+        let mut spent = 0;
+        while spent < max {
             let Some(timer) = self.timers.pop_due(now) else { break };
+            let writes = self.writes.runs();
             match timer {
                 Timer::Deadline { run_id, execution_id } => self.on_deadline(now, &run_id, &execution_id),
                 Timer::StartBy { run_id } => self.on_start_by(now, &run_id),
@@ -469,6 +475,7 @@ impl EngineCore {
                 }
                 Timer::Wake => self.dispatch_needed = true,
             }
+            spent += self.writes.runs().saturating_sub(writes).max(1);
         }
         self.after_input(now);
         self.poll_timeout(now).is_some_and(|at| at <= now.mono)

@@ -303,6 +303,34 @@ fn admission_follows_the_overlap_policy() {
     }
 }
 
+/// A turn of catch-up fires is bounded by the runs it creates, not only
+/// by its timers: ten `run_all` tasks that each missed 20 slots fire in
+/// turns of about `max` runs (here 16: 20, one task's fire), and every
+/// missed slot still gets its run, once.
+#[test]
+fn a_turn_of_catch_up_fires_is_bounded_by_its_runs() {
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let mut rec = H::new()
+                .record(every_10s(&format!("t{i}"), serde_json::json!({"misfire_policy": "run_all", "misfire_grace_seconds": 3600})));
+            rec.created_at = t0() - Duration::seconds(300);
+            (rec, Some(Cursor { last_slot: Some(t0() - Duration::seconds(200)), updated_at: None, breaker: None }))
+        })
+        .collect();
+    let mut h = H::loaded(t0(), tasks, Vec::new());
+    let created = |fx: &Effects| fx.writes.iter().flatten().filter(|op| matches!(op, StoreOp::CreateRun(_))).count();
+    let mut turns = Vec::new();
+    loop {
+        let more = h.core.handle_timeout(h.clocks(), 16);
+        turns.push(created(&h.drain()));
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(turns.iter().sum::<usize>(), 10 * 20, "every missed slot once: {turns:?}");
+    assert!(turns.iter().all(|&n| n <= 16 + 19), "no turn past max + one fire's excess: {turns:?}");
+}
+
 /// Issue 6, invariant 6: `run_all` after an outage runs every missed slot
 /// within the grace, oldest first, one after another — none is SKIPPED for
 /// overlapping the others.

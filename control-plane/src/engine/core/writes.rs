@@ -93,6 +93,11 @@ impl WriteSet {
         }
     }
 
+    /// Runs this turn writes now (created or urgently changed).
+    pub(super) fn runs(&self) -> usize {
+        self.created.len() + self.urgent.len()
+    }
+
     /// Whether the run's write is pending this turn (urgent or created).
     pub(super) fn pending(&self, run_id: &str) -> bool {
         self.urgent.contains(run_id) || self.created_set.contains(run_id)
