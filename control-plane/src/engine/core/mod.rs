@@ -56,8 +56,13 @@ use timers::{Timer, Timers};
 use writes::{Urgency, WriteSet};
 
 /// Most slot runs one task admits per fire; a longer `run_all` catch-up
-/// continues at once in the next turn, so one task's group of writes stays
-/// within one etcd transaction (`max-txn-ops` 128).
+/// fires again at once (`fire_now`), in the same turn while the turn's
+/// budget lasts ([`EngineCore::handle_timeout`]: each fire spends its
+/// runs), so a turn holds about `max` runs. One task's group of writes (its
+/// runs and its cursor) can still pass an etcd transaction's limits
+/// (`max-txn-ops` 128): `repo::commit` then writes it op by op, the cursor
+/// last, and a crash in between leaves runs the next leader meets as
+/// existing (the shell's conflict recovery moves the cursor past them).
 pub const MAX_RUNS_PER_FIRE: usize = 50;
 
 /// Identifies a pending reply of the shell.
