@@ -93,7 +93,11 @@ impl Timers {
         self.wall.len() + self.mono.len()
     }
 
-    /// The next due timer, deadlines first.
+    /// The next due timer: deadlines first, then the head overdue longer
+    /// (each on its own clock, against the reading `now`; on a tie the
+    /// monotonic one). Not wall clock timers first: a long
+    /// `run_all` catch-up re-arms a fire at `now` each time, and would
+    /// hold back the runner check, flushes and wakes until it ended.
     pub(super) fn pop_due(&mut self, now: Now) -> Option<Timer> {
         if let Some((run_id, execution_id)) = self.attempt_deadlines.pop_due(now.mono) {
             return Some(Timer::Deadline { run_id, execution_id });
@@ -101,14 +105,43 @@ impl Timers {
         if let Some(run_id) = self.start_by.pop_due(now.mono) {
             return Some(Timer::StartBy { run_id });
         }
-        let t = match (self.wall.peek(), self.mono.peek()) {
-            (Some(Reverse((at, _, _))), _) if *at <= now.wall => self.wall.pop().map(|Reverse((_, _, t))| t),
-            (_, Some(Reverse((at, _, _)))) if *at <= now.mono => self.mono.pop().map(|Reverse((_, _, t))| t),
-            _ => None,
+        let wall = self.wall.peek().filter(|Reverse((at, _, _))| *at <= now.wall).map(|Reverse((at, _, _))| now.wall - *at);
+        let mono = self.mono.peek().filter(|Reverse((at, _, _))| *at <= now.mono).map(|Reverse((at, _, _))| now.mono.since(*at));
+        let t = match (wall, mono) {
+            (Some(w), Some(m)) if w > m => self.wall.pop().map(|Reverse((_, _, t))| t),
+            (_, Some(_)) => self.mono.pop().map(|Reverse((_, _, t))| t),
+            (Some(_), None) => self.wall.pop().map(|Reverse((_, _, t))| t),
+            (None, None) => None,
         }?;
         if t == Timer::Wake {
             self.wake_at = None;
         }
         Some(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A monotonic timer due before a wall clock one goes first, even while
+    /// wall clock fires keep being armed at `now` (a long catch-up).
+    #[test]
+    fn the_earlier_due_timer_goes_first_whichever_clock() {
+        let wall = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z").expect("time").with_timezone(&Utc);
+        let now = Now::new(wall, Mono::ZERO.after(chrono::Duration::seconds(100)));
+        let mut timers = Timers::default();
+        timers.push_mono(Mono::ZERO.after(chrono::Duration::seconds(99)), Timer::RunnerCheck);
+        timers.push_wall(wall, Timer::Fire { task_id: "t".into(), generation: 1 });
+        timers.push_wall(wall - chrono::Duration::seconds(5), Timer::Fire { task_id: "old".into(), generation: 1 });
+        let order: Vec<Timer> = std::iter::from_fn(|| timers.pop_due(now)).collect();
+        assert_eq!(
+            order,
+            vec![
+                Timer::Fire { task_id: "old".into(), generation: 1 },
+                Timer::RunnerCheck,
+                Timer::Fire { task_id: "t".into(), generation: 1 },
+            ]
+        );
     }
 }
