@@ -57,7 +57,8 @@ pub const MAX_COMMANDS_PER_TURN: usize = 256;
 /// a turn of 1,024 one-run timers in about 14 ms (`bench-core`: 13 µs a
 /// slot), the longest a queued command waits behind one. A catch-up fire
 /// creates up to `MAX_RUNS_PER_FIRE` (50) runs and counts them all, so a
-/// turn after an outage holds about 1,024 runs too, not 50 times that.
+/// turn after an outage decides about 1,024 runs too, not 50 times that
+/// (turns taken while a commit is in flight add up in the next commit).
 pub const MAX_TIMERS_PER_TURN: usize = 1024;
 /// Commands queued for the engine; senders wait when it is full.
 const COMMAND_QUEUE: usize = 1024;

@@ -459,8 +459,9 @@ impl EngineCore {
     /// of timers never starves runner messages). A timer spends the run
     /// writes it adds to the turn, at least one: a turn of catch-up fires
     /// (up to [`MAX_RUNS_PER_FIRE`] runs each) stops at about `max` runs,
-    /// not `max` x 50, so its decisions and its commit stay the size of a
-    /// turn of one-run slots.
+    /// not `max` x 50, so the engine is held no longer than by a turn of
+    /// one-run slots. (Turns taken while a commit is in flight still add
+    /// up in the next commit.)
     pub fn handle_timeout(&mut self, now: Now, max: usize) -> bool {
         self.observe(now);
         let mut spent = 0;

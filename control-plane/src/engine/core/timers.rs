@@ -53,6 +53,9 @@ pub(super) struct Timers {
     pub flush_armed: bool,
     /// The earliest armed wake (one is enough until it fires).
     wake_at: Option<Mono>,
+    /// The last timer taken while both heaps had one due came from the
+    /// wall clock heap: the next such pick is the monotonic heap's.
+    took_wall: bool,
 }
 
 impl Timers {
@@ -93,11 +96,12 @@ impl Timers {
         self.wall.len() + self.mono.len()
     }
 
-    /// The next due timer: deadlines first, then the head overdue longer
-    /// (each on its own clock, against the reading `now`; on a tie the
-    /// monotonic one). Not wall clock timers first: a long
-    /// `run_all` catch-up re-arms a fire at `now` each time, and would
-    /// hold back the runner check, flushes and wakes until it ended.
+    /// The next due timer: deadlines first, then the two heaps' due heads
+    /// in turn while both have one (otherwise the one that has). Not wall
+    /// clock timers first, nor the head overdue longer: a `run_all`
+    /// catch-up after an outage re-arms a fire at its next missed slot,
+    /// overdue by the outage, so either rule held back the runner check,
+    /// flushes, wakes and backoffs until the whole catch-up ended.
     pub(super) fn pop_due(&mut self, now: Now) -> Option<Timer> {
         if let Some((run_id, execution_id)) = self.attempt_deadlines.pop_due(now.mono) {
             return Some(Timer::Deadline { run_id, execution_id });
@@ -105,14 +109,17 @@ impl Timers {
         if let Some(run_id) = self.start_by.pop_due(now.mono) {
             return Some(Timer::StartBy { run_id });
         }
-        let wall = self.wall.peek().filter(|Reverse((at, _, _))| *at <= now.wall).map(|Reverse((at, _, _))| now.wall - *at);
-        let mono = self.mono.peek().filter(|Reverse((at, _, _))| *at <= now.mono).map(|Reverse((at, _, _))| now.mono.since(*at));
-        let t = match (wall, mono) {
-            (Some(w), Some(m)) if w > m => self.wall.pop().map(|Reverse((_, _, t))| t),
-            (_, Some(_)) => self.mono.pop().map(|Reverse((_, _, t))| t),
-            (Some(_), None) => self.wall.pop().map(|Reverse((_, _, t))| t),
-            (None, None) => None,
-        }?;
+        let wall = self.wall.peek().is_some_and(|Reverse((at, _, _))| *at <= now.wall);
+        let mono = self.mono.peek().is_some_and(|Reverse((at, _, _))| *at <= now.mono);
+        let take_wall = match (wall, mono) {
+            (true, true) => !self.took_wall,
+            (wall, mono) if wall || mono => wall,
+            _ => return None,
+        };
+        if wall && mono {
+            self.took_wall = take_wall;
+        }
+        let t = if take_wall { self.wall.pop().map(|Reverse((_, _, t))| t) } else { self.mono.pop().map(|Reverse((_, _, t))| t) }?;
         if t == Timer::Wake {
             self.wake_at = None;
         }
@@ -124,24 +131,21 @@ impl Timers {
 mod tests {
     use super::*;
 
-    /// A monotonic timer due before a wall clock one goes first, even while
-    /// wall clock fires keep being armed at `now` (a long catch-up).
+    /// While a long catch-up keeps wall clock fires due (each overdue by
+    /// the outage), a due monotonic timer still goes within the next two.
     #[test]
-    fn the_earlier_due_timer_goes_first_whichever_clock() {
+    fn due_timers_of_both_clocks_take_turns() {
         let wall = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z").expect("time").with_timezone(&Utc);
         let now = Now::new(wall, Mono::ZERO.after(chrono::Duration::seconds(100)));
         let mut timers = Timers::default();
+        let fire = |i: i64| Timer::Fire { task_id: format!("t{i}"), generation: 1 };
+        for i in 0..4 {
+            // Slots of an hour-old backlog.
+            timers.push_wall(wall - chrono::Duration::seconds(3600 - i), fire(i));
+        }
         timers.push_mono(Mono::ZERO.after(chrono::Duration::seconds(99)), Timer::RunnerCheck);
-        timers.push_wall(wall, Timer::Fire { task_id: "t".into(), generation: 1 });
-        timers.push_wall(wall - chrono::Duration::seconds(5), Timer::Fire { task_id: "old".into(), generation: 1 });
+        timers.push_mono(Mono::ZERO.after(chrono::Duration::seconds(100)), Timer::Flush);
         let order: Vec<Timer> = std::iter::from_fn(|| timers.pop_due(now)).collect();
-        assert_eq!(
-            order,
-            vec![
-                Timer::Fire { task_id: "old".into(), generation: 1 },
-                Timer::RunnerCheck,
-                Timer::Fire { task_id: "t".into(), generation: 1 },
-            ]
-        );
+        assert_eq!(order, vec![fire(0), Timer::RunnerCheck, fire(1), Timer::Flush, fire(2), fire(3)]);
     }
 }
