@@ -126,18 +126,25 @@ impl Etcd {
         format!("etcd://{}", self.members.iter().map(|m| format!("127.0.0.1:{}", m.client_port)).collect::<Vec<_>>().join(","))
     }
 
-    /// Waits until a write succeeds (at most 30 s).
+    /// Waits until a write succeeds through each running member's client
+    /// endpoint alone (at most 30 s). Not through the cluster: a write
+    /// succeeds once two of three members have quorum, while the third may
+    /// not accept connections yet, and a client that picks it first gets
+    /// "connection refused" (a flake of `ha_quorum`'s first apply).
     pub async fn wait_ready(&self) {
+        use punchclock_control_plane::store::KvStore;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(s) = self.connect().await {
-                use punchclock_control_plane::store::KvStore;
-                if s.put("/test/ready", b"1".to_vec()).await.is_ok() {
-                    return;
+        let endpoints = self.endpoints();
+        for (i, endpoint) in endpoints.iter().enumerate().filter(|(i, _)| self.members[*i].child.is_some()) {
+            loop {
+                if let Ok(s) = EtcdStore::connect_with(std::slice::from_ref(endpoint), &self.security()).await
+                    && s.put("/test/ready", b"1".to_vec()).await.is_ok()
+                {
+                    break;
                 }
+                assert!(tokio::time::Instant::now() < deadline, "etcd member m{i} did not become ready");
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            assert!(tokio::time::Instant::now() < deadline, "etcd did not become ready");
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
