@@ -69,6 +69,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt;
 use punchclock_proto::v1::{Assign, Finished, InFlight, Outcome, ProgressReport};
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -137,6 +138,68 @@ pub struct ExecutorSettings {
     /// How much lower agents' CPU priority is than the runner's: added to
     /// their nice value (0-19; [`crate::config::DEFAULT_AGENT_NICE`]).
     pub agent_nice: u8,
+    /// The starts in progress: executions that ended wait for them before
+    /// they finish ([`StartGate`]).
+    pub starts: StartGate,
+}
+
+/// The process agents' starts in progress on a runner (cheap to clone).
+/// An execution whose agent has exited waits until none is left (at most
+/// [`START_FIRST_WAIT`]) before it reads the agent's files and reports:
+/// with a burst of agents due at once, the runtime's threads start the
+/// burst's last agents before they finish its first ones. Without it the
+/// starts queued behind the first runs' endings and reports (300 agents
+/// due at once: the last started ~190 ms after the slot).
+#[derive(Debug, Clone, Default)]
+pub struct StartGate {
+    inner: Arc<GateInner>,
+}
+
+#[derive(Debug, Default)]
+struct GateInner {
+    starting: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// The longest an ended execution waits for the starts in progress: a
+/// stream of starts that never pauses delays reports by this much, never
+/// more.
+pub const START_FIRST_WAIT: Duration = Duration::from_millis(250);
+
+impl StartGate {
+    /// One more start in progress, until the guard is dropped.
+    pub fn enter(&self) -> StartGuard {
+        self.inner.starting.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        StartGuard(self.clone())
+    }
+
+    /// Waits until no start is in progress, or for `limit`.
+    async fn idle_within(&self, limit: Duration) {
+        let wait = async {
+            loop {
+                let notified = self.inner.idle.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.inner.starting.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = time::timeout(limit, wait).await;
+    }
+}
+
+/// A start in progress ([`StartGate::enter`]).
+#[derive(Debug)]
+pub struct StartGuard(StartGate);
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if self.0.inner.starting.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.0.inner.idle.notify_waiters();
+        }
+    }
 }
 
 impl From<&RunnerConfig> for ExecutorSettings {
@@ -152,6 +215,7 @@ impl From<&RunnerConfig> for ExecutorSettings {
             callbacks: Arc::default(),
             cgroups: None,
             agent_nice: config.agent_nice,
+            starts: StartGate::default(),
         }
     }
 }
@@ -442,6 +506,27 @@ impl ExecutionDirs {
         }
     }
 }
+
+/// What an execution left in its directory `path` is read and cleared
+/// without blocking a runtime thread for long: at most the contract's three
+/// entries, each a regular file of at most [`INLINE_FILE_BYTES`] (one
+/// `getdents` and a `statx` each). `false` for anything else, or when the
+/// directory cannot be listed.
+fn small_leftovers(path: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(path) else { return false };
+    let mut count = 0;
+    for entry in entries {
+        count += 1;
+        let small = entry.and_then(|e| e.metadata()).is_ok_and(|m| m.is_file() && m.len() <= INLINE_FILE_BYTES);
+        if !small || count > 3 {
+            return false;
+        }
+    }
+    true
+}
+
+/// The largest file [`small_leftovers`] reads on a runtime thread: 64 KiB.
+const INLINE_FILE_BYTES: u64 = 64 * 1024;
 
 /// A directory, not a symlink to one.
 fn is_real_dir(path: &Path) -> bool {
@@ -838,13 +923,26 @@ fn supervise(
     let group = ProcessGroup::new(pid);
 
     if let Some(mut stdin) = stdin {
-        let context = assign.context_json.clone().into_bytes();
-        tokio::spawn(async move {
-            // A broken pipe just means the agent does not read its context.
-            if let Err(err) = stdin.write_all(&context).await {
+        // The context fits the pipe's buffer (64 KiB) in most runs: written
+        // here in one non-blocking try; a task writes the rest, if any.
+        let context = assign.context_json.as_bytes();
+        let written = match stdin.write(context).now_or_never() {
+            Some(Ok(n)) => n,
+            Some(Err(err)) => {
+                // A broken pipe just means the agent does not read its context.
                 debug!(error = %err, "agent did not read its stdin");
+                context.len()
             }
-        });
+            None => 0,
+        };
+        if written < context.len() {
+            let rest = context[written..].to_vec();
+            tokio::spawn(async move {
+                if let Err(err) = stdin.write_all(&rest).await {
+                    debug!(error = %err, "agent did not read its stdin");
+                }
+            });
+        }
     }
     let stdout = OutputTail::collect(stdout);
     let stderr = OutputTail::collect(stderr);
@@ -866,6 +964,7 @@ fn supervise(
     let (cancel_tx, cancel_rx) = oneshot::channel();
     let supervisor = Supervisor {
         started_at,
+        ended_at: started_at,
         fence: settings.fence.clone(),
         in_flight: in_flight.clone(),
         process,
@@ -884,6 +983,7 @@ fn supervise(
         invoke,
         cgroup,
         used: None,
+        starts: settings.starts.clone(),
     };
     info!(
         run_id = %in_flight.run_id,
@@ -910,6 +1010,8 @@ struct Supervisor {
     in_flight: InFlight,
     /// When the agent was spawned (UTC).
     started_at: prost_types::Timestamp,
+    /// When its main process ended (UTC; `started_at` until then).
+    ended_at: prost_types::Timestamp,
     /// The runner's fence: an agent that dies after it expired was stopped
     /// by the fence (the shim's, when the runner was paused).
     fence: crate::fence::Fence,
@@ -936,17 +1038,22 @@ struct Supervisor {
     cgroup: Option<(crate::cgroup::ExecCgroup, crate::cgroup::Limits)>,
     /// What the cgroup said the execution used (and its memory_max).
     used: Option<(crate::cgroup::Usage, Option<u64>)>,
+    /// The runner's starts in progress, which go first.
+    starts: StartGate,
 }
 
 impl Supervisor {
     async fn run(mut self, cancel: oneshot::Receiver<StopRequest>) {
         let (status, stop) = self.wait(cancel).await;
+        // The run ended now, whatever the report waits for below.
+        self.ended_at = clock::now_timestamp();
 
         // The main process is gone: kill whatever it left in its group, so
         // that the pipes close and nothing outlives the execution.
         if let Some(group) = self.group.take() {
             group.kill_remaining();
         }
+        self.starts.idle_within(START_FIRST_WAIT).await;
         // And whatever left the group but not the cgroup (a `setsid`
         // daemon); what it used is read first.
         if let Some((cg, limits)) = self.cgroup.take() {
@@ -1074,7 +1181,11 @@ impl Supervisor {
     async fn collect_files(&mut self, reusable: bool) -> (Vec<ProgressUpdate>, (String, Option<String>)) {
         let (mut progress, path) = (self.progress.clone(), self.progress_path.clone());
         let dir = self.dir.take();
-        tokio::task::spawn_blocking(move || {
+        // What most agents leave (the contract's files, small) is read and
+        // cleared here in a few syscalls: cheaper than a trip to the
+        // blocking pool, a thread woken and two context switches per run.
+        let inline = reusable && dir.as_ref().is_some_and(|dir| small_leftovers(&dir.path));
+        let collect = move || {
             let updates = progress.read_new(&path, true);
             let result = dir.map(|dir| {
                 let result = read_result(&dir.result);
@@ -1086,9 +1197,13 @@ impl Supervisor {
                 result
             });
             (updates, result.unwrap_or_default())
-        })
-        .await
-        .unwrap_or_else(|err| (Vec::new(), (String::new(), Some(format!("cannot read the execution's files: {err}")))))
+        };
+        if inline {
+            return collect();
+        }
+        tokio::task::spawn_blocking(collect)
+            .await
+            .unwrap_or_else(|err| (Vec::new(), (String::new(), Some(format!("cannot read the execution's files: {err}")))))
     }
 
     /// Sends a `Progress` event for each update.
@@ -1151,7 +1266,7 @@ impl Supervisor {
             let at = |ts: prost_types::Timestamp| {
                 clock::from_timestamp(&ts).map(std::time::SystemTime::from).unwrap_or_else(std::time::SystemTime::now)
             };
-            span.end(at(self.started_at), std::time::SystemTime::now(), &outcome_label(outcome), exit_code, &result_json, &error);
+            span.end(at(self.started_at), at(self.ended_at), &outcome_label(outcome), exit_code, &result_json, &error);
         }
 
         Finished {
@@ -1163,7 +1278,7 @@ impl Supervisor {
             exit_code,
             stdout_tail,
             stderr_tail,
-            finished_at: Some(clock::now_timestamp()),
+            finished_at: Some(self.ended_at),
             started_at: Some(self.started_at),
             class: if oom.is_some() { "oom_killed".into() } else { String::new() },
             peak_memory_bytes: self.used.and_then(|(u, _)| u.peak_memory_bytes),

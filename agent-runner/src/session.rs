@@ -782,7 +782,9 @@ impl Runner {
             AgentSpec::Process(agent) => agent.clone(),
         };
         let (settings, events, starts) = (self.executor.clone(), self.events_tx.clone(), self.starts_tx.clone());
+        let starting = self.executor.starts.enter();
         tokio::spawn(async move {
+            let _starting = starting;
             let queued = received.elapsed();
             let result = executor::start(&agent, &assign, &settings, events).await;
             log_start(&assign, received, queued);

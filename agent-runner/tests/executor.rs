@@ -24,6 +24,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         callbacks: Default::default(),
         cgroups: None,
         agent_nice: 0,
+        starts: Default::default(),
     }
 }
 
@@ -271,4 +272,49 @@ async fn env_from_file_is_read_at_each_start_and_a_missing_file_names_only_the_v
         .expect_err("no secret")
         .to_string();
     assert!(err.contains("env_from_file API_KEY: cannot read") && !err.contains("s3cret"), "{err}");
+}
+
+/// A context larger than a pipe's buffer (64 KiB) reaches the agent whole:
+/// the first non-blocking write takes what fits, a task the rest.
+#[tokio::test]
+async fn a_context_larger_than_the_pipe_buffer_reaches_the_agent_whole() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let agent = sh_agent("wc -c | tr -d ' '");
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(300 * 1024));
+    let assign = Assign { context_json: big.clone(), ..assign("exec-big-context", Duration::from_secs(30)) };
+    let mut started = start(&agent, &assign, work.path()).await;
+    let (_, finished) = until_finished(&mut started.events).await;
+    assert_eq!(finished.outcome(), Outcome::Succeeded, "{finished:?}");
+    assert_eq!(finished.stdout_tail.trim(), big.len().to_string());
+}
+
+/// An execution whose agent has exited reports only once no start is in
+/// progress on the runner (the burst's starts go first), and at the latest
+/// after `START_FIRST_WAIT` while starts never stop; its `finished_at` is
+/// when the agent exited.
+#[tokio::test]
+async fn an_ended_execution_reports_after_the_starts_in_progress() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let settings = settings(work.path());
+    let agent = sh_agent("exit 0");
+    let (tx, mut events) = mpsc::channel(64);
+    let starting = settings.starts.enter();
+    let execution = executor::start(&agent, &assign("exec-gated", Duration::from_secs(30)), &settings, tx).await.expect("starts");
+    // The agent exits at once; its Finished waits for the start in progress.
+    assert!(wait_until_gone(i32::try_from(execution.pid()).expect("pid")).await, "the agent exits");
+    assert!(tokio::time::timeout(executor::START_FIRST_WAIT / 5, events.recv()).await.is_err(), "reported while a start was in progress");
+    let released = timestamp(Utc::now());
+    drop(starting);
+    let ExecutionEvent::Finished(finished) = next_event(&mut events).await else { panic!("expected Finished") };
+    // Its end is when the agent exited, not when the report could go.
+    let ended = finished.finished_at.expect("finished_at");
+    assert!((ended.seconds, ended.nanos) < (released.seconds, released.nanos), "finished_at {ended:?} after the wait");
+
+    // A start that never ends holds reports back for START_FIRST_WAIT only.
+    let (tx, mut events) = mpsc::channel(64);
+    let _stuck = settings.starts.enter();
+    let at = std::time::Instant::now();
+    let _execution = executor::start(&agent, &assign("exec-gated-2", Duration::from_secs(30)), &settings, tx).await.expect("starts");
+    assert!(matches!(next_event(&mut events).await, ExecutionEvent::Finished(_)));
+    assert!(at.elapsed() >= executor::START_FIRST_WAIT, "reported after {:?}", at.elapsed());
 }

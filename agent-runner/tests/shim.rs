@@ -170,6 +170,7 @@ fn settings(work_dir: &Path) -> ExecutorSettings {
         dirs: Default::default(),
         cgroups: None,
         agent_nice: 0,
+        starts: Default::default(),
     }
 }
 

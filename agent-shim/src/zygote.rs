@@ -425,9 +425,11 @@ pub const ZYGOTE_SPARES_ENV: &str = "PUNCHCLOCK_ZYGOTE_SPARES";
 /// Most spares the pool grows to (each an idle fork of the zygote: a few
 /// private pages and page tables).
 const MAX_SPARES: usize = 256;
-/// How long after the last request the pool is refilled: forks wait for
-/// a quiet moment, never between the requests of a burst (they would
-/// delay the next answer by a fork each).
+/// How long after the last request (or the last spare taken) the pool is
+/// refilled: forks wait for a quiet moment, never between the starts of a
+/// burst (they would delay the next answer by a fork each, and the forks
+/// and the new spares, at the runner's priority, took the CPU from the
+/// runner's starts).
 const SPARES_QUIET: std::time::Duration = std::time::Duration::from_millis(20);
 /// The first pause between refills after a spare died unused or could not
 /// be made; it doubles while that goes on, up to [`REFILL_BACKOFF_MAX`], and
@@ -476,7 +478,7 @@ struct Spares {
     idle: std::collections::HashSet<libc::pid_t>,
     /// How many idle spares the pool keeps.
     wanted: usize,
-    /// The last request's arrival.
+    /// The last request's arrival, or the last spare's take.
     request_at: std::time::Instant,
     /// The pipe spares write their pid on when taken.
     taken: [OwnedFd; 2],
@@ -547,6 +549,9 @@ impl Spares {
             self.idle.remove(&i32::from_le_bytes(pid));
             // Spares serve: refills go at full speed again.
             self.backoff = std::time::Duration::ZERO;
+            // A start, though it never reached the zygote: refills wait
+            // for the burst's quiet moment as after a request.
+            self.request_at = std::time::Instant::now();
         }
     }
 
@@ -867,6 +872,24 @@ mod tests {
         spares.exited(4343);
         assert_eq!(spares.wanted, 19);
         assert!(spares.backoff > std::time::Duration::ZERO);
+    }
+
+    /// A spare taken by the runner is a start the zygote never sees as a
+    /// request: refills still wait for the quiet after it, never fork
+    /// between the starts of a burst (they took the CPU from the runner's
+    /// starts: every take was followed by a fork of a replacement).
+    #[test]
+    fn a_taken_spare_holds_refills_back_as_a_request_does() {
+        let mut spares = Spares::new().expect("spares");
+        spares.wanted = 20;
+        spares.idle.insert(4242);
+        spares.idle.insert(4343);
+        assert_eq!(spares.poll_timeout(), 0, "short and quiet: refill now");
+        // SAFETY: a 4-byte write to the pipe's write end, which we own.
+        unsafe { libc::write(spares.taken[1].as_raw_fd(), 4242i32.to_le_bytes().as_ptr().cast(), 4) };
+        spares.read_taken();
+        let quiet_ms = libc::c_int::try_from(SPARES_QUIET.as_millis()).expect("ms");
+        assert!(spares.poll_timeout() > quiet_ms / 2, "refill held back after a take: {} ms", spares.poll_timeout());
     }
 
     #[test]

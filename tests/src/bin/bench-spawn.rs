@@ -70,6 +70,7 @@ async fn measure(shim: Option<ShimCommand>, zygote: bool, runs: usize, concurren
         callbacks: Default::default(),
         cgroups: None,
         agent_nice: 0,
+        starts: Default::default(),
         shim,
         fence: Fence::new(work.join("fence"), Duration::from_secs(1)),
         dirs: Default::default(),
