@@ -186,6 +186,54 @@ impl Cgroups {
         self
     }
 
+    /// Prepares the cgroup all agents share and returns its `cgroup.procs`
+    /// file, for the runner's agent zygote to join before it execs (so
+    /// every supervisor and agent it forks starts in it). The group weighs
+    /// as one against the runner the CPU weight of nice `agent_nice`
+    /// ([`nice_weight`]): v1 the runner's `punchclock-<id>` in the cpu
+    /// hierarchy (`cpu.shares`), v2 `agents/shared` under an `agents/` of
+    /// that `cpu.weight`. An execution with limits moves on to its own
+    /// cgroup, a child of the same parent.
+    ///
+    /// Why a group: a nice value weighs a process by the virtual runtime it
+    /// has used, and the kernel places each new process at the average, so
+    /// a stream of short-lived agents at nice 19 still took ~75 % of the
+    /// CPU from the runner's threads during a burst (300 `/bin/true` due at
+    /// once, 2 cores: the runner's threads waited up to 49 ms for a core);
+    /// a cgroup's weight holds for all its processes, new or old.
+    ///
+    /// `Ok(None)`: nothing to join (no cgroups, no cpu controller, or
+    /// `agent_nice` 0).
+    ///
+    /// # Errors
+    ///
+    /// A directory or file that cannot be written, naming it.
+    pub fn shared(&self) -> io::Result<Option<PathBuf>> {
+        if self.agent_nice == 0 {
+            return Ok(None);
+        }
+        let write = |dir: &Path, file: &str, value: String| {
+            std::fs::write(dir.join(file), &value).map_err(|e| io::Error::new(e.kind(), format!("{}/{file} = {value}: {e}", dir.display())))
+        };
+        match &self.layout {
+            Layout::None { .. } | Layout::V1 { cpu: None, .. } => Ok(None),
+            Layout::V1 { cpu: Some(group), .. } => {
+                std::fs::create_dir_all(group)?;
+                write(group, "cpu.shares", nice_weight(self.agent_nice).max(2).to_string())?;
+                Ok(Some(group.join("cgroup.procs")))
+            }
+            Layout::V2 { agents } => {
+                let weight = (nice_weight(self.agent_nice) * 100 / 1024).max(1).to_string();
+                write(agents, "cpu.weight", weight.clone())?;
+                let shared = agents.join(SHARED_CGROUP);
+                std::fs::create_dir_all(&shared)?;
+                // Among the executions' cgroups beside it, as one of them.
+                write(&shared, "cpu.weight", weight)?;
+                Ok(Some(shared.join("cgroup.procs")))
+            }
+        }
+    }
+
     /// cgroup v2: the runner's own cgroup (`0::/path`) must offer memory,
     /// cpu and pids; the runner moves into `runner/` under it and executions
     /// go under `agents/`. `Ok(None)`: no usable v2 here.
@@ -347,6 +395,10 @@ impl Cgroups {
         }
     }
 }
+
+/// The v2 leaf under `agents/` that the zygote and the agents without
+/// limits live in ([`Cgroups::shared`]).
+const SHARED_CGROUP: &str = "shared";
 
 /// The kernel's CPU weight of a nice value 0-19 (`sched_prio_to_weight`,
 /// kernel/sched/core.c): nice 0 is 1,024, each step about 1.25 times less,
@@ -602,5 +654,33 @@ mod tests {
         std::fs::write(mine.join("agents/e-2/cpu.stat"), "usage_usec 1500000\nuser_usec 1\n").expect("w");
         let u = cg.usage();
         assert!(u.oom_killed && u.cpu_seconds == Some(1.5), "{u:?}");
+    }
+
+    /// The agents' shared cgroup weighs nice `agent_nice` as one group: v1
+    /// the runner's `punchclock-<id>` in the cpu hierarchy, v2
+    /// `agents/shared` (and `agents/` itself); nothing at nice 0.
+    #[test]
+    fn the_agents_share_one_cgroup_of_the_agent_nice_weight() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for c in ["memory", "cpu", "cpuacct", "pids"] {
+            std::fs::create_dir_all(root.path().join(c)).expect("mkdir");
+            std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
+        }
+        let own = "4:memory:/\n1:cpu:/\n2:cpuacct:/\n8:pids:/\n0::/\n";
+        assert_eq!(Cgroups::detect_on(root.path(), own, "r1", false).shared().expect("nice 0"), None);
+        let procs = Cgroups::detect_on(root.path(), own, "r1", false).with_agent_nice(19).shared().expect("v1").expect("some");
+        assert_eq!(procs, root.path().join("cpu/punchclock-r1/cgroup.procs"));
+        assert_eq!(std::fs::read_to_string(root.path().join("cpu/punchclock-r1/cpu.shares")).expect("shares"), "15");
+
+        let root = tempfile::tempdir().expect("tempdir");
+        let mine = root.path().join("svc");
+        std::fs::create_dir_all(&mine).expect("mkdir");
+        std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids").expect("w");
+        std::fs::write(mine.join("cgroup.controllers"), "cpu memory pids").expect("w");
+        let procs = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false).with_agent_nice(19).shared().expect("v2").expect("some");
+        assert_eq!(procs, mine.join("agents/shared/cgroup.procs"));
+        assert_eq!(std::fs::read_to_string(mine.join("agents/cpu.weight")).expect("weight"), "1");
+        assert_eq!(std::fs::read_to_string(mine.join("agents/shared/cpu.weight")).expect("weight"), "1");
+        assert_eq!(Cgroups::none("off").with_agent_nice(19).shared().expect("none"), None);
     }
 }

@@ -112,7 +112,9 @@ pub async fn run(mut config: RunnerConfig, shutdown: impl Future<Output = ()>) -
     }
     let mut shutdown = pin!(shutdown);
     let mut runner = Runner::new(config);
-    runner.executor.cgroups = Some(Arc::new(cgroups));
+    let cgroups = Arc::new(cgroups);
+    runner.executor.zygote = runner.executor.zygote.take().map(|zygote| zygote.in_cgroups(Arc::clone(&cgroups)));
+    runner.executor.cgroups = Some(cgroups);
     runner.executor.http = Arc::new(http_clients(&runner.config)?);
     let _callbacks = serve_callbacks(&runner.config, &runner.executor.callbacks).await?;
     runner.run(shutdown.as_mut()).await;

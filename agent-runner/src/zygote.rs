@@ -60,6 +60,9 @@ pub struct Zygote {
     /// the zygote has answered): a burst of thousands must not run the
     /// runner out of descriptors.
     starting: Arc<tokio::sync::Semaphore>,
+    /// The runner's cgroups: the zygote starts in the agents' shared one
+    /// ([`crate::cgroup::Cgroups::join_shared`]).
+    cgroups: Option<Arc<crate::cgroup::Cgroups>>,
 }
 
 /// Where the statuses of each request go, by request id; emptied (every
@@ -156,7 +159,14 @@ impl Zygote {
             patience: ZYGOTE_PATIENCE,
             spares: true,
             starting: Arc::new(tokio::sync::Semaphore::new(MAX_STARTING)),
+            cgroups: None,
         }
+    }
+
+    /// The same, its zygote (and so every supervisor and agent it starts)
+    /// in the agents' shared cgroup of `cgroups`, when they have one.
+    pub fn in_cgroups(self, cgroups: Arc<crate::cgroup::Cgroups>) -> Self {
+        Self { cgroups: Some(cgroups), ..self }
     }
 
     /// The same with another patience (how long a start waits for the
@@ -375,8 +385,31 @@ impl Zygote {
         if !self.spares {
             command.env(zygote::ZYGOTE_SPARES_ENV, "0");
         }
+        // The zygote joins the agents' shared cgroup before it execs, so
+        // every supervisor and agent it forks starts there: the file is
+        // opened here, the child writes "0" (itself) to it.
+        let shared = self.cgroups.as_ref().and_then(|cgroups| {
+            let joined = cgroups.shared().and_then(|procs| procs.map(|f| std::fs::OpenOptions::new().write(true).open(f)).transpose());
+            joined.unwrap_or_else(|e| {
+                warn!(error = %e, "cannot make the agents' cgroup: agents weigh against the runner by their nice value only");
+                None
+            })
+        });
+        if let Some(procs) = &shared {
+            let fd = procs.as_raw_fd();
+            // SAFETY: write(2) is async-signal-safe; `fd` (`shared`, with
+            // O_CLOEXEC) stays open until spawn returns.
+            unsafe {
+                command.pre_exec(move || {
+                    // Best effort: a CPU weight, not a limit; a zygote
+                    // outside it still serves.
+                    libc::write(fd, b"0".as_ptr().cast(), 1);
+                    Ok(())
+                });
+            }
+        }
         let child = command.spawn()?;
-        info!(program = %self.shim.program.display(), pid = child.id(), "agent zygote started");
+        info!(program = %self.shim.program.display(), pid = child.id(), agents_cgroup = shared.is_some(), "agent zygote started");
         // A request that still does not fit gets EMSGSIZE and is exec'd.
         let _ = zygote::size_for_requests(mine.as_raw_fd());
         let socket = Arc::new(register(mine)?);

@@ -122,8 +122,9 @@ fn runtime() -> tokio::runtime::Runtime {
 type Test = (&'static str, fn(&Path));
 
 fn run_tests() {
-    let tests: [Test; 23] = [
+    let tests: [Test; 24] = [
         ("agents_run_at_the_runners_nice_plus_agent_nice", |dir| runtime().block_on(agent_nice(dir))),
+        ("agents_of_the_zygote_start_in_the_agents_cgroup", |dir| runtime().block_on(agents_cgroup(dir))),
         ("a_zygote_whose_spares_cannot_live_backs_off", |dir| runtime().block_on(spares_back_off(dir))),
         ("agents_have_no_controlling_terminal", |dir| runtime().block_on(no_terminal(dir))),
         ("a_killed_supervisor_is_reported_while_the_zygote_is_stopped", |dir| runtime().block_on(killed_supervisor(dir))),
@@ -603,6 +604,48 @@ async fn agent_nice(dir: &Path) {
             let ended = finished(&mut events).await;
             assert_eq!(ended.stdout_tail, want, "agent_nice {nice} through a spare");
         }
+    }
+}
+
+/// The zygote joins the agents' shared cgroup (the CPU weight of
+/// `agent_nice`) before it execs: its agents start there, from a fork and
+/// from a spare. Skipped (said) where this process cannot make cgroups
+/// (not root, no cpu hierarchy), and outside zygote mode.
+async fn agents_cgroup(dir: &Path) {
+    use punchclock_agent_runner::cgroup::Cgroups;
+    if !zygote_mode() {
+        return;
+    }
+    let id = format!("shim-test-{}", std::process::id());
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let cgroups = std::sync::Arc::new(Cgroups::detect(Path::new("/sys/fs/cgroup"), &own, &id).with_agent_nice(19));
+    let procs = match cgroups.shared() {
+        Ok(Some(procs)) => procs,
+        other => {
+            println!("SKIPPED agents_of_the_zygote_start_in_the_agents_cgroup: no agents' cgroup here ({other:?})");
+            return;
+        }
+    };
+    let group = procs.parent().expect("cgroup dir").to_owned();
+    let zygote = Zygote::new(shim()).in_cgroups(cgroups);
+    let settings = ExecutorSettings { zygote: Some(zygote.clone()), agent_nice: 19, ..settings(dir) };
+    let agent = sh_agent("cat /proc/self/cgroup");
+    // The end of the group's path as /proc shows it (v1 `N:cpu:/...`, v2 `0::/...`).
+    let want = format!("/{}", group.file_name().expect("name").to_string_lossy());
+    let first = run_with(&settings, &agent, &assign("e-agents-cgroup", 60)).await;
+    assert_eq!(first.outcome(), Outcome::Succeeded, "{first:?}");
+    assert!(first.stdout_tail.lines().any(|l| l.ends_with(&want)), "agent not in {want}: {}", first.stdout_tail);
+    let held = spares(&zygote, 1).await;
+    let (tx, mut events) = mpsc::channel(16);
+    let execution = executor::start(&agent, &assign("e-agents-cgroup-spare", 60), &settings, tx).await.expect("shim starts");
+    assert_eq!(Some(&execution.pid()), held.last(), "a spare took the start");
+    let ended = finished(&mut events).await;
+    assert!(ended.stdout_tail.lines().any(|l| l.ends_with(&want)), "spare's agent not in {want}: {}", ended.stdout_tail);
+    drop((execution, settings, zygote));
+    // Left empty once the zygote is gone (it exits at its socket's EOF).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while std::fs::remove_dir(&group).is_err() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
