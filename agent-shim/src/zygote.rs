@@ -422,9 +422,13 @@ pub const MIN_SPARES: usize = 8;
 /// `Zygote::without_spares` in the runner crate): no spares, every
 /// supervisor is forked on request.
 pub const ZYGOTE_SPARES_ENV: &str = "PUNCHCLOCK_ZYGOTE_SPARES";
-/// Most spares the pool grows to (each an idle fork of the zygote: a few
-/// private pages and page tables).
-const MAX_SPARES: usize = 256;
+/// Most spares the pool grows to (each an idle fork of the zygote: ~48 KiB
+/// of private pages, its page tables, and a socket held by the runner): a
+/// burst of up to this many starts finds one for each. With 256, a burst
+/// of 300 sent ~50 starts a second to the zygote, whose answers, behind the
+/// agents in their cgroup, made the burst's slowest starts (p99 of the
+/// start step 95 ms against 1 ms through a spare).
+const MAX_SPARES: usize = 512;
 /// How long after the last request (or the last spare taken) the pool is
 /// refilled: forks wait for a quiet moment, never between the starts of a
 /// burst (they would delay the next answer by a fork each, and the forks
