@@ -148,8 +148,8 @@ impl Cgroups {
                 controllers.split(',').any(|c| c == controller).then(|| path.trim_start_matches('/').to_string())
             });
             let own = mount.join(path.unwrap_or_default());
-            // Made at the first execution with limits (a runner without
-            // any leaves no trace); here only whether it could be.
+            // Made at the first execution with limits, or when the agent
+            // zygote starts (`shared`); here only whether it could be.
             let writable = std::ffi::CString::new(own.as_os_str().as_encoded_bytes())
                 // SAFETY: access(2) reads a NUL-terminated path.
                 .is_ok_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0);
@@ -188,12 +188,11 @@ impl Cgroups {
 
     /// Prepares the cgroup all agents share and returns its `cgroup.procs`
     /// file, for the runner's agent zygote to join before it execs (so
-    /// every supervisor and agent it forks starts in it). The group weighs
-    /// as one against the runner the CPU weight of nice `agent_nice`
-    /// ([`nice_weight`]): v1 the runner's `punchclock-<id>` in the cpu
-    /// hierarchy (`cpu.shares`), v2 `agents/shared` under an `agents/` of
-    /// that `cpu.weight`. An execution with limits moves on to its own
-    /// cgroup, a child of the same parent.
+    /// every supervisor and agent it forks starts in it): on cgroup v1, the
+    /// runner's `punchclock-<id>` in the cpu hierarchy, with the
+    /// `cpu.shares` of nice `agent_nice` ([`nice_weight`]), which weighs as
+    /// one group against the runner. An execution with limits moves on to
+    /// its own cgroup, a child of it.
     ///
     /// Why a group: a nice value weighs a process by the virtual runtime it
     /// has used, and the kernel places each new process at the average, so
@@ -202,36 +201,27 @@ impl Cgroups {
     /// once, 2 cores: the runner's threads waited up to 49 ms for a core);
     /// a cgroup's weight holds for all its processes, new or old.
     ///
-    /// `Ok(None)`: nothing to join (no cgroups, no cpu controller, or
+    /// Not on v2 yet: there the executions with limits are `agents/<id>`,
+    /// siblings a shared leaf would weigh against one by one (the zygote
+    /// and every agent without limits as much as one limited execution);
+    /// that wants `agents/limited/<id>` first.
+    ///
+    /// `Ok(None)`: nothing to join (v2, no cgroups, no cpu controller, or
     /// `agent_nice` 0).
     ///
     /// # Errors
     ///
     /// A directory or file that cannot be written, naming it.
     pub fn shared(&self) -> io::Result<Option<PathBuf>> {
+        let Layout::V1 { cpu: Some(group), .. } = &self.layout else { return Ok(None) };
         if self.agent_nice == 0 {
             return Ok(None);
         }
-        let write = |dir: &Path, file: &str, value: String| {
-            std::fs::write(dir.join(file), &value).map_err(|e| io::Error::new(e.kind(), format!("{}/{file} = {value}: {e}", dir.display())))
-        };
-        match &self.layout {
-            Layout::None { .. } | Layout::V1 { cpu: None, .. } => Ok(None),
-            Layout::V1 { cpu: Some(group), .. } => {
-                std::fs::create_dir_all(group)?;
-                write(group, "cpu.shares", nice_weight(self.agent_nice).max(2).to_string())?;
-                Ok(Some(group.join("cgroup.procs")))
-            }
-            Layout::V2 { agents } => {
-                let weight = (nice_weight(self.agent_nice) * 100 / 1024).max(1).to_string();
-                write(agents, "cpu.weight", weight.clone())?;
-                let shared = agents.join(SHARED_CGROUP);
-                std::fs::create_dir_all(&shared)?;
-                // Among the executions' cgroups beside it, as one of them.
-                write(&shared, "cpu.weight", weight)?;
-                Ok(Some(shared.join("cgroup.procs")))
-            }
-        }
+        std::fs::create_dir_all(group)?;
+        let shares = nice_weight(self.agent_nice).max(2).to_string();
+        std::fs::write(group.join("cpu.shares"), &shares)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}/cpu.shares = {shares}: {e}", group.display())))?;
+        Ok(Some(group.join("cgroup.procs")))
     }
 
     /// cgroup v2: the runner's own cgroup (`0::/path`) must offer memory,
@@ -395,10 +385,6 @@ impl Cgroups {
         }
     }
 }
-
-/// The v2 leaf under `agents/` that the zygote and the agents without
-/// limits live in ([`Cgroups::shared`]).
-const SHARED_CGROUP: &str = "shared";
 
 /// The kernel's CPU weight of a nice value 0-19 (`sched_prio_to_weight`,
 /// kernel/sched/core.c): nice 0 is 1,024, each step about 1.25 times less,
@@ -657,8 +643,8 @@ mod tests {
     }
 
     /// The agents' shared cgroup weighs nice `agent_nice` as one group: v1
-    /// the runner's `punchclock-<id>` in the cpu hierarchy, v2
-    /// `agents/shared` (and `agents/` itself); nothing at nice 0.
+    /// the runner's `punchclock-<id>` in the cpu hierarchy; nothing at nice
+    /// 0 or on v2.
     #[test]
     fn the_agents_share_one_cgroup_of_the_agent_nice_weight() {
         let root = tempfile::tempdir().expect("tempdir");
@@ -677,10 +663,9 @@ mod tests {
         std::fs::create_dir_all(&mine).expect("mkdir");
         std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids").expect("w");
         std::fs::write(mine.join("cgroup.controllers"), "cpu memory pids").expect("w");
-        let procs = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false).with_agent_nice(19).shared().expect("v2").expect("some");
-        assert_eq!(procs, mine.join("agents/shared/cgroup.procs"));
-        assert_eq!(std::fs::read_to_string(mine.join("agents/cpu.weight")).expect("weight"), "1");
-        assert_eq!(std::fs::read_to_string(mine.join("agents/shared/cpu.weight")).expect("weight"), "1");
+        let v2 = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false).with_agent_nice(19);
+        assert_eq!(v2.capability(), Capability::V2);
+        assert_eq!(v2.shared().expect("v2"), None, "not on v2 yet");
         assert_eq!(Cgroups::none("off").with_agent_nice(19).shared().expect("none"), None);
     }
 }

@@ -69,7 +69,6 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::FutureExt;
 use punchclock_proto::v1::{Assign, Finished, InFlight, Outcome, ProgressReport};
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -528,6 +527,27 @@ fn small_leftovers(path: &Path) -> bool {
 /// The largest file [`small_leftovers`] reads on a runtime thread: 64 KiB.
 const INLINE_FILE_BYTES: u64 = 64 * 1024;
 
+/// Opens a file the agent wrote (its result or progress file) for
+/// reading, only if it is a regular file, never through a symlink, and
+/// without blocking: a FIFO in its place would hang the read (and the
+/// execution's report) for good, a symlink to `/dev/zero` would fill the
+/// runner's memory.
+///
+/// # Errors
+///
+/// `NotFound` when there is none; `InvalidData` ("not a regular file")
+/// for a symlink, FIFO, device or directory; any other open error.
+fn open_agent_file(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) { io::Error::new(io::ErrorKind::InvalidData, "a symlink, not a regular file") } else { e }
+    })?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
+    }
+    Ok(file)
+}
+
 /// A directory, not a symlink to one.
 fn is_real_dir(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir())
@@ -923,26 +943,13 @@ fn supervise(
     let group = ProcessGroup::new(pid);
 
     if let Some(mut stdin) = stdin {
-        // The context fits the pipe's buffer (64 KiB) in most runs: written
-        // here in one non-blocking try; a task writes the rest, if any.
-        let context = assign.context_json.as_bytes();
-        let written = match stdin.write(context).now_or_never() {
-            Some(Ok(n)) => n,
-            Some(Err(err)) => {
-                // A broken pipe just means the agent does not read its context.
+        let context = assign.context_json.clone().into_bytes();
+        tokio::spawn(async move {
+            // A broken pipe just means the agent does not read its context.
+            if let Err(err) = stdin.write_all(&context).await {
                 debug!(error = %err, "agent did not read its stdin");
-                context.len()
             }
-            None => 0,
-        };
-        if written < context.len() {
-            let rest = context[written..].to_vec();
-            tokio::spawn(async move {
-                if let Err(err) = stdin.write_all(&rest).await {
-                    debug!(error = %err, "agent did not read its stdin");
-                }
-            });
-        }
+        });
     }
     let stdout = OutputTail::collect(stdout);
     let stderr = OutputTail::collect(stderr);
@@ -1053,7 +1060,6 @@ impl Supervisor {
         if let Some(group) = self.group.take() {
             group.kill_remaining();
         }
-        self.starts.idle_within(START_FIRST_WAIT).await;
         // And whatever left the group but not the cgroup (a `setsid`
         // daemon); what it used is read first.
         if let Some((cg, limits)) = self.cgroup.take() {
@@ -1066,6 +1072,9 @@ impl Supervisor {
             .ok()
             .map(|u| (u, limits.memory_max));
         }
+        // The burst's starts first (what the cgroup said is read, and what
+        // left the group is killed, before the wait).
+        self.starts.idle_within(START_FIRST_WAIT).await;
         let stdout_closed = self.stdout.drain().await;
         let stderr_closed = self.stderr.drain().await;
         // The directory is used again only when nothing of this execution
@@ -1291,15 +1300,20 @@ impl Supervisor {
 /// JSON if valid; otherwise the raw text as a JSON string plus a problem
 /// description for `Finished.error`.
 fn read_result(path: &Path) -> (String, Option<String>) {
-    // Results ride in one gRPC message and in the run record: bounded.
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() > MAX_RESULT_BYTES => {
-            let problem = format!("result file is {} bytes, over the {MAX_RESULT_BYTES}-byte limit; dropped", m.len());
+    use std::io::Read;
+    let read = open_agent_file(path).and_then(|file| {
+        let mut bytes = Vec::new();
+        // Results ride in one gRPC message and in the run record: bounded
+        // (read up to one byte past, so a file that grows is caught too).
+        file.take(MAX_RESULT_BYTES + 1).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    });
+    let raw = match read {
+        Ok(bytes) if bytes.len() as u64 > MAX_RESULT_BYTES => {
+            let size = std::fs::symlink_metadata(path).map_or(bytes.len() as u64, |m| m.len());
+            let problem = format!("result file is {size} bytes, over the {MAX_RESULT_BYTES}-byte limit; dropped");
             return (serde_json::json!({ "error": problem }).to_string(), Some(problem));
         }
-        _ => {}
-    }
-    let raw = match std::fs::read(path) {
         Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(err) if err.kind() == io::ErrorKind::NotFound => return (String::new(), None),
         Err(err) => {
@@ -1516,7 +1530,7 @@ impl ProgressFile {
 
     fn read_appended(&mut self, path: &Path) -> io::Result<Vec<u8>> {
         use std::io::{Read, Seek};
-        let mut file = std::fs::File::open(path)?;
+        let mut file = open_agent_file(path)?;
         let len = file.metadata()?.len();
         if len < self.offset {
             debug!(file = %path.display(), "progress file shrank; reading it from the start");

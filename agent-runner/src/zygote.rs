@@ -61,7 +61,7 @@ pub struct Zygote {
     /// runner out of descriptors.
     starting: Arc<tokio::sync::Semaphore>,
     /// The runner's cgroups: the zygote starts in the agents' shared one
-    /// ([`crate::cgroup::Cgroups::join_shared`]).
+    /// ([`crate::cgroup::Cgroups::shared`]).
     cgroups: Option<Arc<crate::cgroup::Cgroups>>,
 }
 
@@ -409,7 +409,12 @@ impl Zygote {
             }
         }
         let child = command.spawn()?;
-        info!(program = %self.shim.program.display(), pid = child.id(), agents_cgroup = shared.is_some(), "agent zygote started");
+        // The child's write is best effort: see where it ended up.
+        let in_group = shared.is_some() && child.id().is_some_and(|pid| in_cgroup(pid, self.cgroups.as_deref()));
+        if shared.is_some() && !in_group {
+            warn!("the agent zygote did not join the agents' cgroup: agents weigh against the runner by their nice value only");
+        }
+        info!(program = %self.shim.program.display(), pid = child.id(), agents_cgroup = in_group, "agent zygote started");
         // A request that still does not fit gets EMSGSIZE and is exec'd.
         let _ = zygote::size_for_requests(mine.as_raw_fd());
         let socket = Arc::new(register(mine)?);
@@ -589,4 +594,15 @@ fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: both descriptors are new and owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Whether process `pid` is in the agents' shared cgroup of `cgroups` (its
+/// `/proc/<pid>/cgroup` names the group's directory).
+fn in_cgroup(pid: u32, cgroups: Option<&crate::cgroup::Cgroups>) -> bool {
+    let Some(name) = cgroups.and_then(|c| c.shared().ok().flatten()).and_then(|procs| procs.parent()?.file_name().map(|n| n.to_owned()))
+    else {
+        return false;
+    };
+    let suffix = format!("/{}", name.to_string_lossy());
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| text.lines().any(|l| l.ends_with(&suffix)))
 }

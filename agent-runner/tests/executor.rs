@@ -274,8 +274,7 @@ async fn env_from_file_is_read_at_each_start_and_a_missing_file_names_only_the_v
     assert!(err.contains("env_from_file API_KEY: cannot read") && !err.contains("s3cret"), "{err}");
 }
 
-/// A context larger than a pipe's buffer (64 KiB) reaches the agent whole:
-/// the first non-blocking write takes what fits, a task the rest.
+/// A context larger than a pipe's buffer (64 KiB) reaches the agent whole.
 #[tokio::test]
 async fn a_context_larger_than_the_pipe_buffer_reaches_the_agent_whole() {
     let work = tempfile::tempdir().expect("tempdir");
@@ -317,4 +316,25 @@ async fn an_ended_execution_reports_after_the_starts_in_progress() {
     let _execution = executor::start(&agent, &assign("exec-gated-2", Duration::from_secs(30)), &settings, tx).await.expect("starts");
     assert!(matches!(next_event(&mut events).await, ExecutionEvent::Finished(_)));
     assert!(at.elapsed() >= executor::START_FIRST_WAIT, "reported after {:?}", at.elapsed());
+}
+
+/// A result file that is a FIFO, or a symlink to `/dev/zero`, is refused
+/// with an error: reading the one hung the execution's report for good,
+/// the other filled the runner's memory. The same for the progress file.
+#[tokio::test]
+async fn a_result_file_that_is_a_fifo_or_a_symlink_is_refused_not_read() {
+    for (name, script) in [
+        ("fifo", r#"mkfifo "$PUNCHCLOCK_RESULT_FILE"; rm -f "$PUNCHCLOCK_PROGRESS_FILE"; mkfifo "$PUNCHCLOCK_PROGRESS_FILE""#),
+        (
+            "symlink",
+            r#"ln -s /dev/zero "$PUNCHCLOCK_RESULT_FILE"; rm -f "$PUNCHCLOCK_PROGRESS_FILE"; ln -s /dev/zero "$PUNCHCLOCK_PROGRESS_FILE""#,
+        ),
+    ] {
+        let work = tempfile::tempdir().expect("tempdir");
+        let agent = sh_agent(script);
+        let mut started = start(&agent, &assign(&format!("exec-result-{name}"), Duration::from_secs(30)), work.path()).await;
+        let (_, finished) = until_finished(&mut started.events).await;
+        assert!(finished.error.contains("cannot read the result file"), "{name}: {finished:?}");
+        assert!(finished.error.contains("regular file"), "{name}: {finished:?}");
+    }
 }

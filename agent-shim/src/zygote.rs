@@ -524,7 +524,8 @@ impl Spares {
             return -1;
         }
         let now = std::time::Instant::now();
-        let left = (self.request_at + SPARES_QUIET).max(self.refill_at).saturating_duration_since(now);
+        let quiet = if self.low() { now } else { self.request_at + SPARES_QUIET };
+        let left = quiet.max(self.refill_at).saturating_duration_since(now);
         // Rounded up: a timeout cut to whole milliseconds would spin.
         libc::c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
     }
@@ -537,6 +538,14 @@ impl Spares {
     fn back_off(&mut self) {
         self.backoff = (self.backoff * 2).clamp(REFILL_BACKOFF_MIN, REFILL_BACKOFF_MAX);
         self.refill_at = std::time::Instant::now() + self.backoff;
+    }
+
+    /// Fewer than a quarter of the wanted spares are idle: refills go on
+    /// without waiting for a quiet moment. Starts that never pause for
+    /// [`SPARES_QUIET`] (a steady stream, not a burst) would otherwise never
+    /// see the pool refilled and all go to the zygote.
+    fn low(&self) -> bool {
+        self.idle.len() < self.wanted / 4
     }
 
     /// Where taken spares write their pid.
@@ -563,7 +572,10 @@ impl Spares {
     /// the last request is [`SPARES_QUIET`] old, and hand its socket to the
     /// runner.
     fn refill(&mut self, zygote: libc::pid_t, running: &mut HashMap<libc::pid_t, u64>, buf: &mut [u8]) {
-        if self.idle.len() >= self.wanted || self.request_at.elapsed() < SPARES_QUIET || std::time::Instant::now() < self.refill_at {
+        if self.idle.len() >= self.wanted
+            || (self.request_at.elapsed() < SPARES_QUIET && !self.low())
+            || std::time::Instant::now() < self.refill_at
+        {
             return;
         }
         let Ok((mine, theirs)) = seqpacket_pair() else {
@@ -885,15 +897,26 @@ mod tests {
     #[test]
     fn a_taken_spare_holds_refills_back_as_a_request_does() {
         let mut spares = Spares::new().expect("spares");
-        spares.wanted = 20;
-        spares.idle.insert(4242);
-        spares.idle.insert(4343);
+        spares.wanted = 9;
+        spares.idle.extend(4240..4248);
         assert_eq!(spares.poll_timeout(), 0, "short and quiet: refill now");
-        // SAFETY: a 4-byte write to the pipe's write end, which we own.
-        unsafe { libc::write(spares.taken[1].as_raw_fd(), 4242i32.to_le_bytes().as_ptr().cast(), 4) };
-        spares.read_taken();
+        let take = |spares: &mut Spares, pid: i32| {
+            // SAFETY: a 4-byte write to the pipe's write end, which we own.
+            unsafe { libc::write(spares.taken[1].as_raw_fd(), pid.to_le_bytes().as_ptr().cast(), 4) };
+            spares.read_taken();
+        };
+        take(&mut spares, 4240);
         let quiet_ms = libc::c_int::try_from(SPARES_QUIET.as_millis()).expect("ms");
         assert!(spares.poll_timeout() > quiet_ms / 2, "refill held back after a take: {} ms", spares.poll_timeout());
+        // A stream that never pauses: below a quarter of the pool, refills
+        // go on anyway.
+        for pid in 4241..4246 {
+            take(&mut spares, pid);
+        }
+        assert_eq!(spares.idle.len(), 2);
+        assert!(spares.poll_timeout() > 0, "2 of 9 idle: still held back");
+        take(&mut spares, 4246);
+        assert_eq!(spares.poll_timeout(), 0, "1 of 9 idle: refill at once");
     }
 
     #[test]
