@@ -547,10 +547,7 @@ mod tests {
     #[test]
     fn v1_layout_writes_limits_and_reads_usage() {
         let root = tempfile::tempdir().expect("tempdir");
-        for c in ["memory", "cpu", "cpuacct", "pids"] {
-            std::fs::create_dir_all(root.path().join(c).join("sandbox")).expect("mkdir");
-            std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
-        }
+        fake_v1(root.path(), "sandbox");
         let own = "4:memory:/sandbox\n1:cpu:/\n2:cpuacct:/\n8:pids:/\n0::/\n";
         let cgs = Cgroups::detect_on(root.path(), own, "r1", false).with_agent_nice(19);
         assert_eq!(cgs.capability(), Capability::V1);
@@ -580,10 +577,7 @@ mod tests {
     #[test]
     fn a_cgroup_that_cannot_be_made_leaves_nothing_and_leftovers_are_swept() {
         let root = tempfile::tempdir().expect("tempdir");
-        for c in ["memory", "cpu", "cpuacct", "pids"] {
-            std::fs::create_dir_all(root.path().join(c).join("punchclock-r1")).expect("mkdir");
-            std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
-        }
+        fake_v1(root.path(), "punchclock-r1");
         let cgs = Cgroups::detect_on(
             root.path(),
             "4:memory:/
@@ -624,10 +618,7 @@ mod tests {
     #[test]
     fn v2_layout_delegates_and_writes_limits() {
         let root = tempfile::tempdir().expect("tempdir");
-        let mine = root.path().join("svc");
-        std::fs::create_dir_all(&mine).expect("mkdir");
-        std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids").expect("w");
-        std::fs::write(mine.join("cgroup.controllers"), "cpuset cpu io memory pids").expect("w");
+        let mine = fake_v2(root.path(), "cpuset cpu io memory pids");
         let cgs = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false).with_agent_nice(10);
         assert_eq!(cgs.capability(), Capability::V2);
         assert_eq!(std::fs::read_to_string(mine.join("runner/cgroup.procs")).expect("moved"), std::process::id().to_string());
@@ -648,10 +639,7 @@ mod tests {
     #[test]
     fn the_agents_share_one_cgroup_of_the_agent_nice_weight() {
         let root = tempfile::tempdir().expect("tempdir");
-        for c in ["memory", "cpu", "cpuacct", "pids"] {
-            std::fs::create_dir_all(root.path().join(c)).expect("mkdir");
-            std::fs::write(root.path().join(c).join("cgroup.procs"), "").expect("procs");
-        }
+        fake_v1(root.path(), "");
         let own = "4:memory:/\n1:cpu:/\n2:cpuacct:/\n8:pids:/\n0::/\n";
         assert_eq!(Cgroups::detect_on(root.path(), own, "r1", false).shared().expect("nice 0"), None);
         let procs = Cgroups::detect_on(root.path(), own, "r1", false).with_agent_nice(19).shared().expect("v1").expect("some");
@@ -659,13 +647,29 @@ mod tests {
         assert_eq!(std::fs::read_to_string(root.path().join("cpu/punchclock-r1/cpu.shares")).expect("shares"), "15");
 
         let root = tempfile::tempdir().expect("tempdir");
-        let mine = root.path().join("svc");
-        std::fs::create_dir_all(&mine).expect("mkdir");
-        std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids").expect("w");
-        std::fs::write(mine.join("cgroup.controllers"), "cpu memory pids").expect("w");
+        fake_v2(root.path(), "cpu memory pids");
         let v2 = Cgroups::detect_on(root.path(), "0::/svc\n", "r1", false).with_agent_nice(19);
         assert_eq!(v2.capability(), Capability::V2);
         assert_eq!(v2.shared().expect("v2"), None, "not on v2 yet");
         assert_eq!(Cgroups::none("off").with_agent_nice(19).shared().expect("none"), None);
+    }
+
+    /// A fake v1 tree under `root`: the four hierarchies, each with an
+    /// empty `cgroup.procs` and the directory `own` (the runner's cgroup).
+    fn fake_v1(root: &Path, own: &str) {
+        for c in ["memory", "cpu", "cpuacct", "pids"] {
+            std::fs::create_dir_all(root.join(c).join(own)).expect("mkdir");
+            std::fs::write(root.join(c).join("cgroup.procs"), "").expect("procs");
+        }
+    }
+
+    /// A fake v2 tree under `root` whose runner cgroup `svc` offers
+    /// `controllers`; returns `svc`'s path.
+    fn fake_v2(root: &Path, controllers: &str) -> PathBuf {
+        let mine = root.join("svc");
+        std::fs::create_dir_all(&mine).expect("mkdir");
+        std::fs::write(root.join("cgroup.controllers"), "cpu memory pids").expect("w");
+        std::fs::write(mine.join("cgroup.controllers"), controllers).expect("w");
+        mine
     }
 }

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -389,13 +390,14 @@ impl Zygote {
         // every supervisor and agent it forks starts there: the file is
         // opened here, the child writes "0" (itself) to it.
         let shared = self.cgroups.as_ref().and_then(|cgroups| {
-            let joined = cgroups.shared().and_then(|procs| procs.map(|f| std::fs::OpenOptions::new().write(true).open(f)).transpose());
+            let opened = |path: PathBuf| std::fs::OpenOptions::new().write(true).open(&path).map(|file| (path, file));
+            let joined = cgroups.shared().and_then(|procs| procs.map(opened).transpose());
             joined.unwrap_or_else(|e| {
                 warn!(error = %e, "cannot make the agents' cgroup: agents weigh against the runner by their nice value only");
                 None
             })
         });
-        if let Some(procs) = &shared {
+        if let Some((_, procs)) = &shared {
             let fd = procs.as_raw_fd();
             // SAFETY: write(2) is async-signal-safe; `fd` (`shared`, with
             // O_CLOEXEC) stays open until spawn returns.
@@ -410,7 +412,7 @@ impl Zygote {
         }
         let child = command.spawn()?;
         // The child's write is best effort: see where it ended up.
-        let in_group = shared.is_some() && child.id().is_some_and(|pid| in_cgroup(pid, self.cgroups.as_deref()));
+        let in_group = shared.as_ref().is_some_and(|(procs, _)| child.id().is_some_and(|pid| in_cgroup(pid, procs)));
         if shared.is_some() && !in_group {
             warn!("the agent zygote did not join the agents' cgroup: agents weigh against the runner by their nice value only");
         }
@@ -596,13 +598,10 @@ fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Whether process `pid` is in the agents' shared cgroup of `cgroups` (its
-/// `/proc/<pid>/cgroup` names the group's directory).
-fn in_cgroup(pid: u32, cgroups: Option<&crate::cgroup::Cgroups>) -> bool {
-    let Some(name) = cgroups.and_then(|c| c.shared().ok().flatten()).and_then(|procs| procs.parent()?.file_name().map(|n| n.to_owned()))
-    else {
-        return false;
-    };
+/// Whether process `pid` is in the cgroup of the `cgroup.procs` file
+/// `procs` (its `/proc/<pid>/cgroup` names that directory).
+fn in_cgroup(pid: u32, procs: &Path) -> bool {
+    let Some(name) = procs.parent().and_then(Path::file_name) else { return false };
     let suffix = format!("/{}", name.to_string_lossy());
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| text.lines().any(|l| l.ends_with(&suffix)))
 }

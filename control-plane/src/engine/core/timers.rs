@@ -111,14 +111,13 @@ impl Timers {
         }
         let wall = self.wall.peek().is_some_and(|Reverse((at, _, _))| *at <= now.wall);
         let mono = self.mono.peek().is_some_and(|Reverse((at, _, _))| *at <= now.mono);
-        let take_wall = match (wall, mono) {
-            (true, true) => !self.took_wall,
-            (wall, mono) if wall || mono => wall,
-            _ => return None,
-        };
-        if wall && mono {
-            self.took_wall = take_wall;
+        if !wall && !mono {
+            return None;
         }
+        if wall && mono {
+            self.took_wall = !self.took_wall;
+        }
+        let take_wall = if wall && mono { self.took_wall } else { wall };
         let t = if take_wall { self.wall.pop().map(|Reverse((_, _, t))| t) } else { self.mono.pop().map(|Reverse((_, _, t))| t) }?;
         if t == Timer::Wake {
             self.wake_at = None;
