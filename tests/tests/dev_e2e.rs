@@ -164,7 +164,12 @@ async fn slot_of_a_cancelled_run_stays_taken_until_its_agent_exits() {
     apply(&dev.addr, json!({"task_id": "stubborn", "agent_id": "stubborn_agent"})).await;
     apply(&dev.addr, json!({"task_id": "next", "agent_id": "ok_agent"})).await;
     cli(&dev.addr, &["task", "trigger", "stubborn", "--key", "a"]);
-    wait_run(&dev.addr, "stubborn", Duration::from_secs(30), |r| status(r) == pb::RunStatus::Running).await;
+    // Running, and TERM ignored (an agent started slowly under load would
+    // otherwise die of the TERM at once, before its trap).
+    wait_run(&dev.addr, "stubborn", Duration::from_secs(30), |r| {
+        status(r) == pb::RunStatus::Running && r.progress.as_ref().is_some_and(|p| p.message == "trap set")
+    })
+    .await;
     // Taken before the cancel is sent: the grace starts no earlier.
     let cancelled_at = chrono::Utc::now();
     cli(&dev.addr, &["runs", "cancel", "stubborn.manual-a"]);
