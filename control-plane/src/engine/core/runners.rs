@@ -288,6 +288,7 @@ impl EngineCore {
                     stdout_tail: Some(f.stdout_tail),
                     stderr_tail: Some(f.stderr_tail),
                     started_at: f.started_at,
+                    finished_at: f.finished_at,
                     awaiting_runner: false,
                     class: f.class,
                     machine: f.machine,

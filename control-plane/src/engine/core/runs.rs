@@ -61,6 +61,10 @@ pub(super) struct AttemptEnd {
     pub stdout_tail: Option<String>,
     pub stderr_tail: Option<String>,
     pub started_at: Option<DateTime<Utc>>,
+    /// When the runner says the agent ended (UTC); `None`: the control
+    /// plane decided the end now. Kept within `[start or dispatch, now]`,
+    /// so a runner's clock cannot move it outside what this leader saw.
+    pub finished_at: Option<DateTime<Utc>>,
     /// The control plane ended it without the runner confirming the agent
     /// is gone: it keeps holding its slots until the runner reports or is lost.
     pub awaiting_runner: bool,
@@ -545,8 +549,15 @@ impl EngineCore {
         // A start the runner's Started did not tell (lost, or a runner that
         // reports it only with Finished) is announced here.
         let start_learned = end.started_at.is_some() && run.current_attempt().is_some_and(|a| a.started_at.is_none());
+        // The agent's exit as its runner reports it, not this leader's
+        // receipt (issue 34: a report re-sent to a new leader after a
+        // failover made a 1.3 s run read 6.6 s).
+        let ended_at = match (end.finished_at, run.current_attempt()) {
+            (Some(t), Some(a)) => t.clamp(end.started_at.or(a.started_at).unwrap_or(a.dispatched_at).min(now.wall), now.wall),
+            _ => now.wall,
+        };
         if let Some(a) = run.current_attempt_mut() {
-            a.finished_at = Some(now.wall);
+            a.finished_at = Some(ended_at);
             a.outcome = Some(outcome);
             a.error = end.error.clone();
             a.exit_code = end.exit_code;
@@ -590,7 +601,7 @@ impl EngineCore {
         let next = self.policies.attempt_ended(&q);
         self.attempt_event(run_id, execution_id, outcome);
         match next {
-            AfterAttempt::Finish { status, why } => self.finish(now, run_id, status, why),
+            AfterAttempt::Finish { status, why } => self.finish_at(now, run_id, status, why, ended_at),
             AfterAttempt::Requeue => {
                 // Not the agent's failure: dispatched again, no attempt spent.
                 let Some(run) = self.runs.get_mut(run_id) else { return };
@@ -635,13 +646,19 @@ impl EngineCore {
     /// Ends a run: the one place a run becomes SUCCEEDED, FAILED, TIMEOUT or
     /// CANCELLED. Terminal is final: a run already terminal is left as it is.
     pub(super) fn finish(&mut self, now: Now, run_id: &str, status: RunStatus, error: String) {
+        self.finish_at(now, run_id, status, error, now.wall);
+    }
+
+    /// [`EngineCore::finish`], ended at `at` (the ended attempt's end as its
+    /// runner reported it; `now` for an end the control plane decides).
+    pub(super) fn finish_at(&mut self, now: Now, run_id: &str, status: RunStatus, error: String, at: DateTime<Utc>) {
         debug_assert!(status.is_terminal() && status != RunStatus::Skipped);
         let Some(run) = self.runs.get_mut(run_id) else { return };
         if run.status.is_terminal() {
             return;
         }
         run.status = status;
-        run.finished_at = Some(now.wall);
+        run.finished_at = Some(at.min(now.wall));
         run.next_attempt_at = None;
         run.pending_reason = None;
         run.start_by = None;

@@ -1462,3 +1462,59 @@ fn a_run_that_ends_creates_its_followers_in_its_own_transaction() {
     let fx = h.finished("r1", s, &b, ReportedOutcome::Succeeded);
     assert!(fx.writes.iter().flatten().all(|op| !matches!(op, StoreOp::CreateRun(_))));
 }
+
+/// Issue 34, finding 14: after a failover a runner re-declares its run and
+/// reports its end to the new leader seconds later; the record kept the
+/// new leader's receipt time (6.6 s shown for a 1.3 s run). The attempt and
+/// the run end when the runner says the agent exited, within what the
+/// leader saw (never before the start, never after now).
+#[test]
+fn finished_at_is_the_runners_exit_not_the_leaders_receipt() {
+    let start = t0();
+    let rec = H::new().record(manual("t"));
+    let mut running = RunRecord::pending("t.manual-k".into(), "t", "a", TriggerKind::Manual, start, start);
+    running.status = RunStatus::Running;
+    running.attempts.push(crate::model::Attempt {
+        attempt: 1,
+        execution_id: "e1".into(),
+        runner_id: "r1".into(),
+        runner_instance: "i1".into(),
+        dispatched_at: start,
+        started_at: Some(start),
+        ..Default::default()
+    });
+    let mut h = H::loaded(start + Duration::seconds(5), vec![(rec, None)], vec![running]);
+    let fl = InFlightExec { run_id: "t.manual-k".into(), execution_id: "e1".into(), attempt: 1, started_at: Some(start) };
+    let (s, _) = h.hello_with("r1", &["a"], 4, "i1", vec![fl]);
+    h.advance(Duration::seconds(1));
+    let exited = start + Duration::milliseconds(1300);
+    let report = |finished_at| FinishedReport {
+        run_id: "t.manual-k".into(),
+        execution_id: "e1".into(),
+        outcome: ReportedOutcome::Succeeded,
+        result: None,
+        error: String::new(),
+        exit_code: Some(0),
+        stdout_tail: String::new(),
+        stderr_tail: String::new(),
+        started_at: Some(start),
+        finished_at,
+        class: None,
+        machine: None,
+    };
+    h.msg("r1", s, FromRunner::Finished(Box::new(report(Some(exited)))));
+    let stored = h.stored("t.manual-k").expect("written");
+    assert_eq!(stored.status, RunStatus::Succeeded);
+    assert_eq!(stored.finished_at, Some(exited), "the run ends at the agent's exit");
+    assert_eq!(stored.attempts[0].finished_at, Some(exited));
+    // A runner clock ahead of the leader's cannot put the end in the future.
+    let rec2 = h.record(manual("u"));
+    h.put(rec2);
+    let a2 = one_assign(&h.trigger("u", "k2"));
+    let mut r = report(Some(h.now + Duration::hours(1)));
+    r.run_id = a2.run_id.clone();
+    r.execution_id = a2.execution_id.clone();
+    r.started_at = None;
+    h.msg("r1", s, FromRunner::Finished(Box::new(r)));
+    assert_eq!(h.stored(&a2.run_id).expect("written").finished_at, Some(h.now));
+}
