@@ -465,6 +465,12 @@ enum RunnersCmd {
 enum ResourcesCmd {
     /// Every resource as the leader holds it now.
     List,
+    /// Ends a resource's hold-back now (an agent answered `rate_limited`
+    /// or `quota_exhausted` naming it); prints the resource (operator).
+    Release {
+        /// The resource (`resources.NAME` of the cluster configuration).
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -722,6 +728,16 @@ pub async fn run(cli: Cli) -> Res {
             }
             Ok(())
         }
+        Cmd::Resources(ResourcesCmd::Release { name }) => {
+            let mut c = ClusterServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let r = c.release_resource(pb::ReleaseResourceRequest { name }).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&resource_json(&r));
+            } else {
+                println!("{}: not held back; {} in use, {} waiting", r.name, r.in_use, r.waiting);
+            }
+            Ok(())
+        }
         Cmd::Event(EventCmd::Publish { topic, payload, key }) => {
             let mut c = TaskServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
             let r = c
@@ -760,7 +776,7 @@ pub async fn run(cli: Cli) -> Res {
                                 b.state.clone(),
                                 output::budget_use(b.used.as_ref(), b.limits.as_ref(), true),
                                 output::budget_use(b.reserved.as_ref(), b.limits.as_ref(), false),
-                                output::t(&b.window_end).as_str().unwrap_or("-").to_string(),
+                                output::in_zone(&b.window_end, &b.timezone).as_str().unwrap_or("-").to_string(),
                             ]
                         })
                         .collect(),

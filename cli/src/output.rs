@@ -84,6 +84,7 @@ pub fn run_json(r: &pb::Run) -> Value {
                 "output_tokens": u.output_tokens,
                 "cache_read_input_tokens": u.cache_read_input_tokens,
                 "cost": u.cost,
+                "cost_priced": u.cost_priced,
             })),
             "holds": a.holds.iter().map(|h| json!({"name": h.name, "units": h.units, "tokens": h.tokens})).collect::<Vec<_>>(),
             "awaiting_runner": a.awaiting_runner,
@@ -197,7 +198,19 @@ pub fn budget_json(b: &pb::Budget) -> Value {
         "soft_percent": b.soft_percent,
         "on_exceeded": b.on_exceeded,
         "state": b.state,
+        "timezone": b.timezone,
+        "resets_at": in_zone(&b.window_end, &b.timezone),
     })
+}
+
+/// `t` in the IANA zone `zone` (RFC 3339 with its offset), else in UTC.
+pub fn in_zone(t: &Option<prost_types::Timestamp>, zone: &str) -> Value {
+    let Some(ts) = t else { return Value::Null };
+    let Some(utc) = chrono::DateTime::from_timestamp(ts.seconds, u32::try_from(ts.nanos).unwrap_or(0)) else { return Value::Null };
+    match zone.parse::<chrono_tz::Tz>() {
+        Ok(tz) => Value::String(utc.with_timezone(&tz).to_rfc3339()),
+        Err(_) => Value::String(utc.to_rfc3339()),
+    }
 }
 
 /// The limited measures of `used`, each against its limit when

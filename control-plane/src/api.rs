@@ -804,6 +804,15 @@ impl Core {
         self.engine().await?.list_resources().await
     }
 
+    /// `ReleaseResource`: ends a resource's hold-back now (an agent's
+    /// `rate_limited` or `quota_exhausted`), on the leader.
+    ///
+    /// Errors: `NotFound` (not a resource of the config); `Unavailable`
+    /// when this replica is not the leader.
+    pub async fn release_resource(&self, name: &str) -> Result<crate::engine::core::policy::resources::ResourceSnapshot> {
+        self.engine().await?.release_resource(name.to_string()).await
+    }
+
     /// The config's budgets as the leader holds them now.
     ///
     /// Errors: `Unavailable` when this replica is not the leader.

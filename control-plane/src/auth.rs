@@ -145,6 +145,7 @@ pub const METHODS: &[(&str, Access)] = &[
     ("/punchclock.v1.ClusterService/GetClusterStatus", Access::Read),
     ("/punchclock.v1.ClusterService/ListRunners", Access::Read),
     ("/punchclock.v1.ClusterService/ListResources", Access::Read),
+    ("/punchclock.v1.ClusterService/ReleaseResource", Access::Operate),
     ("/punchclock.v1.ClusterService/ListBudgets", Access::Read),
 ];
 

@@ -131,6 +131,7 @@ pub(crate) enum Command {
     Trigger { req: TriggerRequest, reply: oneshot::Sender<Result<self::core::Triggered>> },
     CancelRun { run_id: String, reason: String, reply: oneshot::Sender<Result<RunRecord>> },
     ResetBreaker { task_id: String, reply: oneshot::Sender<Result<crate::model::breaker::Breaker>> },
+    ReleaseResource { resource: String, reply: oneshot::Sender<Result<crate::engine::core::policy::resources::ResourceSnapshot>> },
     ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
     ListResources { reply: oneshot::Sender<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> },
     ListBudgets { reply: oneshot::Sender<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> },
@@ -230,6 +231,14 @@ impl EngineHandle {
     /// has no `execution.circuit_breaker`).
     pub async fn reset_breaker(&self, task_id: String) -> Result<crate::model::breaker::Breaker> {
         self.ask(|reply| Command::ResetBreaker { task_id, reply }).await?
+    }
+
+    /// Ends a resource's hold-back by hand; returns the resource once the
+    /// hold's deletion is committed.
+    ///
+    /// Errors: `NotFound` (no such resource in the config).
+    pub async fn release_resource(&self, resource: String) -> Result<crate::engine::core::policy::resources::ResourceSnapshot> {
+        self.ask(|reply| Command::ReleaseResource { resource, reply }).await?
     }
 
     /// The engine's state for `/metrics`.

@@ -115,6 +115,7 @@ enum Pending {
     Trigger(oneshot::Sender<Result<Triggered>>),
     Cancel(oneshot::Sender<Result<RunRecord>>),
     ResetBreaker(oneshot::Sender<Result<crate::model::breaker::Breaker>>),
+    ReleaseResource(oneshot::Sender<Result<crate::engine::core::policy::resources::ResourceSnapshot>>),
     Events(oneshot::Sender<Vec<Result<super::EventAdmitted>>>),
 }
 
@@ -161,10 +162,12 @@ impl Engine {
         let tasks = cfg.repo.load_tasks().await?;
         let runs = cfg.repo.load_active_runs().await?;
         let ledgers = cfg.repo.load_ledgers().await?;
+        let holds = cfg.repo.load_holds().await?;
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
         let mut config = cfg.config.subscribe();
         core.configure(config.borrow_and_update().clone());
         core.load_ledgers(ledgers);
+        core.load_holds(cfg.clock.now(), holds);
         // Seconds of CPU for a big store: off the async workers (the
         // election's lease renewals must keep running meanwhile).
         let now = cfg.clock.read();
@@ -393,6 +396,10 @@ impl Engine {
                 let id = self.reply_id(Pending::ResetBreaker(reply));
                 self.core.handle(now, Input::ResetBreaker { reply: id, task_id });
             }
+            Command::ReleaseResource { resource, reply } => {
+                let id = self.reply_id(Pending::ReleaseResource(reply));
+                self.core.handle(now, Input::ReleaseResource { reply: id, resource });
+            }
             Command::Gauges { reply } => {
                 let _ = reply.send(self.core.gauges(now.wall));
             }
@@ -539,6 +546,9 @@ impl Engine {
                     let _ = tx.send(r.map(|b| *b));
                 }
                 (Some(Pending::ResetBreaker(tx)), Reply::ResetBreaker(r)) => {
+                    let _ = tx.send(r);
+                }
+                (Some(Pending::ReleaseResource(tx)), Reply::ReleaseResource(r)) => {
                     let _ = tx.send(r);
                 }
                 (Some(Pending::Events(tx)), Reply::Events(r)) => {

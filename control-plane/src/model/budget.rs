@@ -76,4 +76,11 @@ pub struct BudgetCharge {
     pub window_start: DateTime<Utc>,
     /// The estimate reserved (`runs` is 1).
     pub reserved: Amount,
+    /// Nothing could estimate the run when it was admitted (no settled run
+    /// of its task, none in the window) and the budget limits more than
+    /// runs: only its run is reserved, and it is estimated again when it
+    /// can be dispatched — after the first such run of the window settles
+    /// (issue 34: a new task's first burst was admitted whole).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
 }

@@ -340,6 +340,17 @@ pub struct ResourceHold {
     pub tokens: u64,
 }
 
+/// A resource held back for every task (an agent answered
+/// `rate_limited` or `quota_exhausted` naming it), as stored under
+/// `holds/{resource}` so that a new leader holds it too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldBack {
+    /// Held back until (UTC).
+    pub until: DateTime<Utc>,
+    /// Why, naming the run whose agent said so.
+    pub why: String,
+}
+
 fn one() -> u32 {
     1
 }
@@ -363,9 +374,14 @@ pub struct Usage {
     /// Input tokens read from a cache.
     #[serde(default)]
     pub cache_read_input_tokens: u64,
-    /// Cost, in the agent's currency unit.
+    /// Cost, in the agent's currency unit: as reported, or (with
+    /// `cost_priced`) its tokens times the model's price from the config's
+    /// `prices` when the agent reported none.
     #[serde(default)]
     pub cost: f64,
+    /// `cost` is the price table's, not the agent's report.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cost_priced: bool,
 }
 
 /// The model an agent's result names: `usage.model`, else `model` (at
@@ -397,6 +413,7 @@ impl Usage {
             output_tokens: int("output_tokens"),
             cache_read_input_tokens: int("cache_read_input_tokens"),
             cost,
+            cost_priced: false,
         };
         (usage != Usage::default()).then_some(usage)
     }
@@ -408,6 +425,7 @@ impl Usage {
             output_tokens: self.output_tokens.saturating_add(o.output_tokens),
             cache_read_input_tokens: self.cache_read_input_tokens.saturating_add(o.cache_read_input_tokens),
             cost: self.cost + o.cost,
+            cost_priced: self.cost_priced || o.cost_priced,
         }
     }
 }

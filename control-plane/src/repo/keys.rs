@@ -130,6 +130,16 @@ impl Keys {
     pub fn budget_charge(&self, name: &str, window_start: i64, run_id: &str) -> String {
         format!("{}budgets/{name}/{window_start}/runs/{run_id}", self.prefix)
     }
+    /// `{prefix}holds/`: resources held back (see [`Keys::hold`]).
+    pub fn holds(&self) -> String {
+        format!("{}holds/", self.prefix)
+    }
+    /// `{prefix}holds/{resource}`: a [`crate::model::run::HoldBack`], the
+    /// resource's latest hold-back (written with the attempt whose agent
+    /// asked for it; deleted by `resources release`).
+    pub fn hold(&self, resource: &str) -> String {
+        format!("{}holds/{resource}", self.prefix)
+    }
     /// Splits a ledger key: `(name, window_start, None)` for a total,
     /// `(name, window_start, Some(run_id))` for a run's entry.
     pub fn parse_budget_key<'a>(&self, key: &'a str) -> Option<(&'a str, i64, Option<&'a str>)> {

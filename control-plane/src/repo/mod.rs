@@ -234,6 +234,19 @@ pub enum StoreOp {
         /// What it used (`runs` 1).
         amount: crate::model::budget::Amount,
     },
+    /// A resource held back (with the attempt whose agent asked for it):
+    /// `holds/{resource}`, read by the next leader.
+    PutHoldBack {
+        /// The resource.
+        resource: String,
+        /// Until when, and why.
+        hold: crate::model::run::HoldBack,
+    },
+    /// A resource's hold-back ended by hand (`resources release`).
+    DeleteHoldBack {
+        /// The resource.
+        resource: String,
+    },
 }
 
 /// A change to a task definition, as a watch sees it.
@@ -603,6 +616,29 @@ impl Repo {
         Ok(out)
     }
 
+    /// The resources held back (`holds/`), for a new leader: `(resource,
+    /// hold)`, ended ones included (the caller skips them). An unreadable
+    /// record is logged and left out.
+    ///
+    /// Errors: store errors.
+    pub async fn load_holds(&self) -> Result<Vec<(String, crate::model::run::HoldBack)>> {
+        let prefix = self.keys.holds();
+        let (kvs, _) = self.store.range(&prefix).await?;
+        Ok(kvs
+            .into_iter()
+            .filter_map(|kv| {
+                let name = self.keys.id_after(&prefix, &kv.key)?.to_string();
+                match codec::decode::<crate::model::run::HoldBack>("hold", &kv.value) {
+                    Ok(h) => Some((name, h)),
+                    Err(e) => {
+                        tracing::error!(key = %kv.key, error = %e, "unreadable hold-back left out");
+                        None
+                    }
+                }
+            })
+            .collect())
+    }
+
     // ----------------------------------------------------------- writes
 
     fn txn_ops(&self, op: &StoreOp) -> Result<(Vec<Compare>, Vec<TxnOp>, Vec<TxnOp>)> {
@@ -633,6 +669,10 @@ impl Repo {
                 vec![TxnOp::put(self.keys.budget_charge(budget, window_start.timestamp(), run_id), codec::encode(amount)?)],
                 Vec::new(),
             ),
+            StoreOp::PutHoldBack { resource, hold } => {
+                (Vec::new(), vec![TxnOp::put(self.keys.hold(resource), codec::encode(hold)?)], Vec::new())
+            }
+            StoreOp::DeleteHoldBack { resource } => (Vec::new(), vec![TxnOp::delete(self.keys.hold(resource))], Vec::new()),
         })
     }
 

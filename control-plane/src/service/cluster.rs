@@ -55,23 +55,15 @@ impl ClusterService for ClusterSvc {
 
     async fn list_resources(&self, _req: Request<pb::ListResourcesRequest>) -> Result<Response<pb::ListResourcesResponse>, Status> {
         let resources = self.0.list_resources().await.map_err(status)?;
-        Ok(Response::new(pb::ListResourcesResponse {
-            resources: resources
-                .into_iter()
-                .map(|r| pb::Resource {
-                    name: r.name,
-                    concurrency: r.limits.concurrency,
-                    requests_per_minute: r.limits.requests_per_minute,
-                    tokens_per_minute: r.limits.tokens_per_minute,
-                    in_use: r.in_use,
-                    waiting: r.waiting,
-                    requests_available: r.requests_available,
-                    tokens_available: r.tokens_available,
-                    held_until: r.held_until.map(punchclock_proto::time::to_timestamp),
-                    held_why: r.held_why,
-                })
-                .collect(),
-        }))
+        Ok(Response::new(pb::ListResourcesResponse { resources: resources.into_iter().map(resource_to_pb).collect() }))
+    }
+
+    async fn release_resource(&self, req: Request<pb::ReleaseResourceRequest>) -> Result<Response<pb::Resource>, Status> {
+        let name = req.into_inner().name;
+        if name.is_empty() {
+            return Err(status(crate::error::Error::invalid("name", "is required")));
+        }
+        Ok(Response::new(resource_to_pb(self.0.release_resource(&name).await.map_err(status)?)))
     }
 
     async fn list_budgets(&self, _req: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {
@@ -102,8 +94,24 @@ impl ClusterService for ClusterSvc {
                     soft_percent: b.soft_percent,
                     on_exceeded: b.on_exceeded.into(),
                     state: b.state.into(),
+                    timezone: b.timezone,
                 })
                 .collect(),
         }))
+    }
+}
+
+fn resource_to_pb(r: crate::engine::core::policy::resources::ResourceSnapshot) -> pb::Resource {
+    pb::Resource {
+        name: r.name,
+        concurrency: r.limits.concurrency,
+        requests_per_minute: r.limits.requests_per_minute,
+        tokens_per_minute: r.limits.tokens_per_minute,
+        in_use: r.in_use,
+        waiting: r.waiting,
+        requests_available: r.requests_available,
+        tokens_available: r.tokens_available,
+        held_until: r.held_until.map(punchclock_proto::time::to_timestamp),
+        held_why: r.held_why,
     }
 }

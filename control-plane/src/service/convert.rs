@@ -140,6 +140,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
                     output_tokens: u.output_tokens,
                     cache_read_input_tokens: u.cache_read_input_tokens,
                     cost: u.cost,
+                    cost_priced: u.cost_priced,
                 }),
                 model: a.model.clone().unwrap_or_default(),
                 peak_memory_bytes: a.machine.and_then(|m| m.peak_memory_bytes),

@@ -35,8 +35,8 @@ impl EngineCore {
                 Write::Op(op) => self.writes.with_run(run_id, [op]),
                 Write::PauseTask { task_id, why } => self.fx.pauses.push((task_id, why)),
                 Write::Follow { task_id, upstream, unmet } => self.follow(now, &task_id, upstream, unmet),
-                // Taken onto the run at its creation (`admit`).
-                Write::Charges(_) => {}
+                // Taken onto the run at its creation (`admit`) or dispatch (`assign`).
+                Write::Charges(_) | Write::Holds(_) => {}
             }
         }
     }

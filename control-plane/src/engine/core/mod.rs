@@ -99,6 +99,9 @@ pub enum Reply {
     Cancel(Result<Box<RunRecord>>),
     /// To [`Input::ResetBreaker`]: the breaker as stored.
     ResetBreaker(Result<crate::model::breaker::Breaker>),
+    /// To [`Input::ReleaseResource`]: the resource now, once its hold-back's
+    /// deletion is committed.
+    ReleaseResource(Result<policy::resources::ResourceSnapshot>),
     /// To [`Input::Events`]: one answer per event, in order.
     Events(Vec<Result<EventAdmitted>>),
 }
@@ -202,6 +205,13 @@ pub enum Input {
         reply: ReplyId,
         /// Task.
         task_id: String,
+    },
+    /// `ReleaseResource`: end a resource's hold-back by hand.
+    ReleaseResource {
+        /// Reply to.
+        reply: ReplyId,
+        /// The resource.
+        resource: String,
     },
     /// A batch of events (webhook requests, queue messages, published events).
     Events {
@@ -439,6 +449,7 @@ impl EngineCore {
             Input::Trigger { reply, req, explicit_key } => self.trigger(now, reply, req, explicit_key),
             Input::Cancel { reply, run_id, reason } => self.cancel_command(now, reply, &run_id, &reason),
             Input::ResetBreaker { reply, task_id } => self.reset_breaker(now, reply, &task_id),
+            Input::ReleaseResource { reply, resource } => self.release_resource(now, reply, &resource),
             Input::Events { reply, events } => self.events(now, reply, events),
             Input::EventsLoaded { reply, exists } => self.events_loaded(now, reply, exists),
             Input::RunLoaded { run_id, run, purpose } => self.on_run_loaded(now, &run_id, run.map(|r| *r), purpose),
@@ -585,6 +596,24 @@ impl EngineCore {
     /// A task's runs waiting for dispatch (PENDING, RETRYING).
     pub fn waiting(&self, task_id: &str) -> u64 {
         self.waiting_runs(task_id)
+    }
+
+    /// Takes the resources' hold-backs from the store (after the config).
+    pub fn load_holds(&mut self, now: DateTime<Utc>, holds: Vec<(String, crate::model::run::HoldBack)>) {
+        self.policies.resources.load_holds(holds, now);
+    }
+
+    /// `ReleaseResource`: ends the resource's hold-back now; its stored
+    /// record is deleted in a write of its own, and the answer follows
+    /// the commit.
+    fn release_resource(&mut self, now: Now, reply: ReplyId, resource: &str) {
+        let r = self.policies.resources.release_hold(resource, now.wall).map(|_| {
+            self.writes.alone(vec![StoreOp::DeleteHoldBack { resource: resource.to_string() }]);
+            self.dispatch_needed = true;
+            self.policies.resources.snapshot(now.wall).into_iter().find(|s| s.name == resource)
+        });
+        let r = r.and_then(|s| s.ok_or_else(|| crate::error::Error::NotFound { kind: "resource", id: resource.to_string() }));
+        self.fx.replies.push((reply, Reply::ReleaseResource(r)));
     }
 
     /// Takes the budgets' ledger from the store (before [`EngineCore::load`]).

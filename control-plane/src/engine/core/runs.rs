@@ -227,6 +227,37 @@ impl EngineCore {
         self.notify(now, &run_id, NotifyEvent::OnSkipped, None);
     }
 
+    /// A created run that never had an attempt ends SKIPPED for `reason`
+    /// (a policy said so when it could be dispatched: a `skip` task's
+    /// resource was busy then, a budget found it did not fit once it could
+    /// estimate it). Its record says why, as a skip at admission does.
+    pub(super) fn skip_pending(&mut self, now: Now, run_id: &str, reason: SkipReason, why: String) {
+        let Some(run) = self.runs.get_mut(run_id) else { return };
+        if run.status.is_terminal() || !run.attempts.is_empty() {
+            return;
+        }
+        let slot = run.scheduled_at;
+        run.status = RunStatus::Skipped;
+        run.skip_reason = Some(reason);
+        run.missed_count = Some(1);
+        run.missed_from = Some(slot);
+        run.missed_until = Some(slot);
+        run.finished_at = Some(now.wall);
+        run.error = Some(why);
+        run.pending_reason = None;
+        run.next_attempt_at = None;
+        run.start_by = None;
+        self.ready.remove(run_id);
+        self.timers.start_by.remove(&run_id.to_string());
+        self.dispatch_needed = true;
+        self.touch(now, run_id, Urgency::Now);
+        tracing::info!(run_id, reason = reason.as_str(), "run skipped when it could go");
+        if let Some(r) = self.event_run(run_id) {
+            self.fx.events.push(Lifecycle::SlotSkipped { run: r, reason, count: 1, from: slot, until: slot });
+        }
+        self.notify(now, run_id, NotifyEvent::OnSkipped, None);
+    }
+
     /// Manual `TriggerTask`.
     pub(super) fn trigger(&mut self, now: Now, reply: ReplyId, req: TriggerRequest, explicit_key: bool) {
         let r = self.trigger_checked(now, reply, req, explicit_key);
@@ -385,6 +416,10 @@ impl EngineCore {
         };
         let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents };
         let reason = match self.policies.dispatch(&q) {
+            Dispatch::Skip { reason, why } => {
+                self.skip_pending(now, &run_id, reason, why);
+                return true;
+            }
             Dispatch::Wait { reason, until } => {
                 if let Some(at) = until {
                     self.timers.wake_at(now.mono_at(at));
@@ -506,9 +541,23 @@ impl EngineCore {
         };
         if let (Some(run), Some(task)) = (self.runs.get(run_id), self.tasks.get(&task_id)) {
             let q = DispatchQuery { now: now.wall, run, task: &task.record.spec, live_agents: 0 };
-            let holds = self.policies.dispatched(&q, &execution_id);
-            if let Some(a) = self.runs.get_mut(run_id).and_then(|r| r.current_attempt_mut()) {
-                a.holds = holds;
+            let taken = self.policies.dispatched(&q, &execution_id);
+            if let Some(run) = self.runs.get_mut(run_id) {
+                for w in taken {
+                    match w {
+                        Write::Holds(holds) => {
+                            if let Some(a) = run.current_attempt_mut() {
+                                a.holds.extend(holds);
+                            }
+                        }
+                        // Estimated at dispatch: replaces what admission reserved.
+                        Write::Charges(charges) => {
+                            run.charges.retain(|c| !charges.iter().any(|n| n.budget == c.budget && n.window_start == c.window_start));
+                            run.charges.extend(charges);
+                        }
+                        _ => {}
+                    }
+                }
             }
         }
         self.ready.remove(run_id);
@@ -564,6 +613,14 @@ impl EngineCore {
             a.awaiting_runner = end.awaiting_runner;
             a.usage = end.result.as_ref().and_then(crate::model::run::Usage::from_result);
             a.model = end.result.as_ref().and_then(crate::model::run::model_of);
+            // The cost a budget charges, on the attempt too (issue 34: it
+            // read 0.0 while the budget charged the price table's 0.011).
+            if let Some(u) = a.usage.as_mut()
+                && let Some(cost) = self.policies.budgets.price(a.model.as_deref(), u)
+            {
+                u.cost = cost;
+                u.cost_priced = true;
+            }
             a.class = agent.class.clone().or(end.class);
             a.machine = end.machine;
             a.resource = agent.resource.clone();
@@ -598,8 +655,9 @@ impl EngineCore {
         }
         let task = self.tasks.get(&run.task_id).map(|e| &e.record.spec);
         let q = AttemptQuery { now: now.wall, run, task, outcome, agent: &agent, error: end.error.as_deref() };
-        let next = self.policies.attempt_ended(&q);
+        let (next, writes) = self.policies.attempt_ended(&q);
         self.attempt_event(run_id, execution_id, outcome);
+        self.apply_writes(now, run_id, writes);
         match next {
             AfterAttempt::Finish { status, why } => self.finish_at(now, run_id, status, why, ended_at),
             AfterAttempt::Requeue => {

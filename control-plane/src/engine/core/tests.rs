@@ -1518,3 +1518,23 @@ fn finished_at_is_the_runners_exit_not_the_leaders_receipt() {
     h.msg("r1", s, FromRunner::Finished(Box::new(r)));
     assert_eq!(h.stored(&a2.run_id).expect("written").finished_at, Some(h.now));
 }
+
+/// Issue 34, finding 4, through the core: a `skip` task's slot due with a
+/// `wait` task's on a resource of 1 — the `wait` run dispatched first, so
+/// the `skip` run's record is SKIPPED `resource_busy` (written), not a run
+/// left PENDING behind it.
+#[test]
+fn a_skip_tasks_slot_busy_at_dispatch_is_recorded_skipped() {
+    let mut h = H::new();
+    h.core.configure(Arc::new(crate::config::Config::from_text("resources:\n  search-api: {concurrency: 1}\n").expect("config")));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    h.task(every_10s("a-wait", serde_json::json!({"resources": ["search-api"], "priority": 10})));
+    h.task(every_10s("b-skip", serde_json::json!({"resources": ["search-api"], "on_resource_busy": "skip"})));
+    let fx = h.tick(10, &[("r1", s)]);
+    assert_eq!(assigns(&fx).len(), 1, "one agent on the resource");
+    let skipped = h.stored("b-skip.20261201T100010Z").expect("the skip task's slot is recorded");
+    assert_eq!(skipped.status, RunStatus::Skipped);
+    assert_eq!(skipped.skip_reason, Some(SkipReason::ResourceBusy));
+    assert_eq!(skipped.error.as_deref(), Some("resource search-api (1/1 in use)"));
+    assert!(h.core.active_run("b-skip.20261201T100010Z").is_none(), "nothing of it stays in memory");
+}

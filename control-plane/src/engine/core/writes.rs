@@ -66,6 +66,8 @@ pub(super) struct WriteSet {
     with_run: HashMap<String, Vec<StoreOp>>,
     /// Write the lazy changes with this drain even without other writes.
     flush: bool,
+    /// Groups of ops tied to no run (a hold-back released by hand).
+    alone: Vec<Vec<StoreOp>>,
 }
 
 impl WriteSet {
@@ -118,6 +120,11 @@ impl WriteSet {
         self.with_run.entry(run_id.to_string()).or_default().extend(ops);
     }
 
+    /// A group of ops of its own, tied to no run's write.
+    pub(super) fn alone(&mut self, ops: Vec<StoreOp>) {
+        self.alone.push(ops);
+    }
+
     /// Write the lazy changes with the next drain.
     pub(super) fn request_flush(&mut self) {
         self.flush = true;
@@ -161,6 +168,7 @@ impl WriteSet {
             by_task.entry(task_id).or_default().push(op);
         }
         let mut groups: Vec<Vec<StoreOp>> = by_task.into_values().collect();
+        groups.append(&mut self.alone);
         for run_id in own_created {
             let mut group = Vec::new();
             d.put(&mut group, &run_id, true);

@@ -12,6 +12,14 @@
 //!   within one run's estimate of the limit. The charge is on the run
 //!   record ([`RunRecord::charges`]), and a new leader re-reserves it for
 //!   the runs it loads;
+//! - **no estimate yet**: a run admitted when nothing can estimate it (no
+//!   settled run of its task, none in the window) under a budget that
+//!   limits cost or tokens reserves only its run ([`BudgetCharge::unknown`]).
+//!   The first such run of a window goes and is the window's probe; the
+//!   others wait at dispatch (`waiting for run X to settle`) and, once it
+//!   has, are estimated from it — the ones that do not fit end SKIPPED
+//!   `budget_exceeded` without having run. A new leader knows the probe
+//!   from the runs it loads (an unknown charge on a dispatched run);
 //! - **settlement**: when the run ends, its real usage (cost as reported,
 //!   else tokens times the model's price) replaces the reservation, and a
 //!   ledger entry is written in the same fenced transaction as its final
@@ -25,14 +33,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 
-use super::{Admit, AdmitQuery, FinishQuery, Policy, Write};
+use super::{Admit, AdmitQuery, Dispatch, DispatchQuery, FinishQuery, Policy, Write};
 use crate::config::{BudgetDef, BudgetScope, BudgetWindow, Config, OnExceeded, Price};
-use crate::model::RunRecord;
 use crate::model::budget::{Amount, BudgetCharge};
 use crate::model::notification::{NotifyEvent, for_sinks};
-use crate::model::run::SkipReason;
-#[cfg(test)]
-use crate::model::run::Usage;
+use crate::model::run::{SkipReason, Usage};
+use crate::model::{RunRecord, RunStatus};
 use crate::repo::StoreOp;
 use crate::repo::budgets::LedgerWindow;
 
@@ -62,8 +68,12 @@ pub struct BudgetSnapshot {
     pub soft_percent: u32,
     /// `skip` or `pause`.
     pub on_exceeded: &'static str,
-    /// `ok`, `soft` (past the soft limit) or `exceeded` (a hard limit reached).
+    /// `ok`, `soft` (past the soft limit) or `exceeded` (a hard limit
+    /// reached, or the window's last admission refused: its runs are
+    /// SKIPPED `budget_exceeded`).
     pub state: &'static str,
+    /// The budget's zone (IANA): its windows are calendar windows there.
+    pub timezone: String,
 }
 
 /// See the module docs.
@@ -81,6 +91,13 @@ pub struct Budgets {
     pending: Option<(String, Vec<BudgetCharge>)>,
     /// The last [`ESTIMATE_RUNS`] settled runs of each task.
     recent: HashMap<String, VecDeque<Amount>>,
+    /// Per (budget, window start): the run admitted without an estimate
+    /// that was dispatched and has not settled (the others wait for it).
+    probes: HashMap<(String, DateTime<Utc>), String>,
+    /// Windows whose last admission was refused (their `state` is
+    /// `exceeded` though what is used may be under the limit: the next
+    /// run's estimate does not fit).
+    refused: HashMap<(String, DateTime<Utc>), DateTime<Utc>>,
 }
 
 /// Why a run would pass a limit: the measure, its use and limit as text,
@@ -163,6 +180,13 @@ pub fn run_amount(run: &RunRecord, prices: &BTreeMap<String, Price>) -> Amount {
 }
 
 impl Budgets {
+    /// What `usage` of `model` costs by the config's price table, when the
+    /// agent reported no cost and the model has a price.
+    pub fn price(&self, model: Option<&str>, usage: &Usage) -> Option<f64> {
+        (usage.cost == 0.0).then_some(())?;
+        self.prices.get(model?).map(|p| p.cost(usage))
+    }
+
     /// Takes the ledger a new leader read from the store.
     pub fn load(&mut self, windows: Vec<LedgerWindow>) {
         for w in windows {
@@ -171,41 +195,50 @@ impl Budgets {
         }
     }
 
-    /// The budgets covering a task.
-    fn covering<'a>(
-        &'a self,
-        task_id: &'a str,
-        agent_id: &'a str,
-        labels: &'a BTreeMap<String, String>,
-    ) -> impl Iterator<Item = &'a BudgetDef> {
-        self.defs.iter().filter(move |d| d.scope.covers(task_id, agent_id, labels))
-    }
-
     /// The estimate of one run of `task_id` against `key`'s window: the
     /// p95 of each measure over the task's recent runs, else the window's
-    /// mean per settled run, else nothing but the run itself.
-    fn estimate(&self, task_id: &str, key: &(String, DateTime<Utc>)) -> Amount {
+    /// mean per settled run; `None` when neither exists.
+    fn estimate(&self, task_id: &str, key: &(String, DateTime<Utc>)) -> Option<Amount> {
         if let Some(r) = self.recent.get(task_id).filter(|r| !r.is_empty()) {
             let col = |f: fn(&Amount) -> f64| p95(r.iter().map(f).collect());
-            return Amount {
+            return Some(Amount {
                 cost: col(|a| a.cost),
                 input_tokens: col(|a| a.input_tokens as f64).ceil() as u64,
                 output_tokens: col(|a| a.output_tokens as f64).ceil() as u64,
                 runs: 1,
-            };
+            });
         }
         match self.used.get(key) {
             Some(u) if u.runs > 0 => {
                 let n = u.runs;
-                Amount {
+                Some(Amount {
                     cost: u.cost / n as f64,
                     input_tokens: u.input_tokens.div_ceil(n),
                     output_tokens: u.output_tokens.div_ceil(n),
                     runs: 1,
-                }
+                })
             }
-            _ => Amount { runs: 1, ..Amount::default() },
+            _ => None,
         }
+    }
+
+    /// Why a run with estimate `est` does not fit budget `d` now (`key`:
+    /// its window; `own`: what the run itself has reserved there already),
+    /// in the words of its SKIPPED record; `None`: it fits.
+    fn refusal(&self, d: &BudgetDef, key: &(String, DateTime<Utc>), end: DateTime<Utc>, est: Amount, own: Amount) -> Option<String> {
+        let reserved = self.reserved.get(key).copied().unwrap_or_default().minus(own);
+        let used = self.used.get(key).copied().unwrap_or_default().plus(reserved);
+        let o = over(&d.limits, used, est)?;
+        // When it resets, in the budget's own zone.
+        let fits = o.estimate.map(|e| format!(", this run's estimate {e} does not fit")).unwrap_or_default();
+        Some(format!(
+            "budget {} exceeded: {} {}/{} used or reserved{fits}; resets at {}",
+            d.name,
+            o.what,
+            o.used,
+            o.limit,
+            end.with_timezone(&d.tz).to_rfc3339()
+        ))
     }
 
     fn reserve(&mut self, run_id: &str, charges: Vec<BudgetCharge>) {
@@ -236,7 +269,7 @@ impl Budgets {
                 let used = self.used.get(&key).copied().unwrap_or_default();
                 let reserved = self.reserved.get(&key).copied().unwrap_or_default();
                 let nothing = Amount::default();
-                let state = if over(&d.limits, used, nothing).is_some() {
+                let state = if over(&d.limits, used, nothing).is_some() || self.refused.contains_key(&key) {
                     "exceeded"
                 } else if past(&d.limits, used, d.soft_percent) {
                     "soft"
@@ -258,6 +291,7 @@ impl Budgets {
                         OnExceeded::Pause => "pause",
                     },
                     state,
+                    timezone: d.tz.name().to_string(),
                 }
             })
             .collect()
@@ -301,46 +335,109 @@ impl Policy for Budgets {
     }
 
     fn run_changed(&mut self, run: &RunRecord) {
+        if run.status.is_terminal() {
+            // Skipped without running (at dispatch): nothing to settle.
+            if run.status == RunStatus::Skipped {
+                self.release(&run.run_id);
+                self.probes.retain(|_, r| *r != run.run_id);
+            }
+            return;
+        }
         // A run loaded by a new leader re-reserves what it was charged.
-        if !run.status.is_terminal() && !run.charges.is_empty() && !self.charges.contains_key(&run.run_id) {
+        if !run.charges.is_empty() && !self.charges.contains_key(&run.run_id) {
             self.reserve(&run.run_id, run.charges.clone());
+        }
+        // ... and a dispatched run without an estimate is its window's probe.
+        if !run.attempts.is_empty() {
+            for c in run.charges.iter().filter(|c| c.unknown) {
+                self.probes.entry((c.budget.clone(), c.window_start)).or_insert_with(|| run.run_id.clone());
+            }
         }
     }
 
     fn run_forgotten(&mut self, run: &RunRecord) {
         self.release(&run.run_id);
+        self.probes.retain(|_, r| *r != run.run_id);
     }
 
     fn admit(&mut self, q: &AdmitQuery<'_>) -> Admit {
         self.pending = None;
         let mut charges = Vec::new();
-        for d in self.covering(&q.run.task_id, &q.run.agent_id, &q.task.labels) {
+        let covering: Vec<usize> =
+            (0..self.defs.len()).filter(|&i| self.defs[i].scope.covers(&q.run.task_id, &q.run.agent_id, &q.task.labels)).collect();
+        for i in covering {
+            let d = &self.defs[i];
             let (start, end) = d.window_of(q.now);
             let key = (d.name.clone(), start);
-            let used = self.used.get(&key).copied().unwrap_or_default().plus(self.reserved.get(&key).copied().unwrap_or_default());
-            let est = self.estimate(&q.run.task_id, &key);
-            if let Some(o) = over(&d.limits, used, est) {
-                // When it resets, in the budget's own zone.
-                let fits = o.estimate.map(|e| format!(", this run's estimate {e} does not fit")).unwrap_or_default();
-                let why = format!(
-                    "budget {} exceeded: {} {}/{} used or reserved{fits}; resets at {}",
-                    d.name,
-                    o.what,
-                    o.used,
-                    o.limit,
-                    end.with_timezone(&d.tz).to_rfc3339()
-                );
-                return match d.on_exceeded {
+            let limits_spend = d.limits.cost.is_some() || d.limits.input_tokens.is_some() || d.limits.output_tokens.is_some();
+            let (est, unknown) = match self.estimate(&q.run.task_id, &key) {
+                Some(e) => (e, false),
+                None => (Amount { runs: 1, ..Amount::default() }, limits_spend),
+            };
+            if let Some(why) = self.refusal(d, &key, end, est, Amount::default()) {
+                let on_exceeded = d.on_exceeded;
+                self.refused.insert(key, q.now);
+                return match on_exceeded {
                     OnExceeded::Skip => Admit::Skip { reason: SkipReason::BudgetExceeded, why },
                     OnExceeded::Pause => Admit::SkipAndPause { reason: SkipReason::BudgetExceeded, why },
                 };
             }
-            charges.push(BudgetCharge { budget: d.name.clone(), window_start: start, reserved: est });
+            charges.push(BudgetCharge { budget: d.name.clone(), window_start: start, reserved: est, unknown });
         }
         if !charges.is_empty() {
             self.pending = Some((q.run.run_id.clone(), charges));
         }
         Admit::Pass
+    }
+
+    fn dispatch(&mut self, q: &DispatchQuery<'_>) -> Dispatch {
+        for c in q.run.charges.iter().filter(|c| c.unknown) {
+            let key = (c.budget.clone(), c.window_start);
+            let Some(d) = self.defs.iter().find(|d| d.name == c.budget) else { continue };
+            match self.estimate(&q.run.task_id, &key) {
+                // The probe settled (or the window has runs): estimated now.
+                Some(est) => {
+                    let (_, end) = d.window_of(c.window_start);
+                    if let Some(why) = self.refusal(d, &key, end, est, c.reserved) {
+                        self.refused.insert(key, q.now);
+                        return Dispatch::Skip { reason: SkipReason::BudgetExceeded, why };
+                    }
+                }
+                None => match self.probes.get(&key) {
+                    Some(probe) if *probe != q.run.run_id => {
+                        return Dispatch::Wait {
+                            reason: format!("budget {}: waiting for run {probe} to settle, to estimate what a run costs", c.budget),
+                            until: None,
+                        };
+                    }
+                    // It goes as the window's probe.
+                    _ => {}
+                },
+            }
+        }
+        Dispatch::Pass
+    }
+
+    fn dispatched(&mut self, q: &DispatchQuery<'_>, _execution_id: &str) -> Vec<Write> {
+        let mut estimated = Vec::new();
+        for c in q.run.charges.iter().filter(|c| c.unknown) {
+            let key = (c.budget.clone(), c.window_start);
+            match self.estimate(&q.run.task_id, &key) {
+                Some(est) => estimated.push(BudgetCharge { reserved: est, unknown: false, ..c.clone() }),
+                None => {
+                    self.probes.insert(key, q.run.run_id.clone());
+                }
+            }
+        }
+        if estimated.is_empty() {
+            return Vec::new();
+        }
+        // The run's reservation becomes its estimate.
+        let mut charges = self.release(&q.run.run_id);
+        charges.retain(|c| !estimated.iter().any(|n| n.budget == c.budget && n.window_start == c.window_start));
+        charges.extend(estimated.iter().cloned());
+        self.reserve(&q.run.run_id, charges);
+        vec![Write::Charges(estimated)]
     }
 
     fn created(&mut self, q: &AdmitQuery<'_>) -> Vec<Write> {
@@ -355,6 +452,7 @@ impl Policy for Budgets {
 
     fn finished(&mut self, q: &FinishQuery<'_>) -> Vec<Write> {
         let charges = self.release(&q.run.run_id);
+        self.probes.retain(|_, r| *r != q.run.run_id);
         if charges.is_empty() {
             return Vec::new();
         }
@@ -369,7 +467,9 @@ impl Policy for Budgets {
             let key = (c.budget.clone(), c.window_start);
             let before = self.used.get(&key).copied().unwrap_or_default();
             let after = before.plus(amount);
-            self.used.insert(key, after);
+            self.used.insert(key.clone(), after);
+            // What was refused may fit now; the next refusal says so again.
+            self.refused.remove(&key);
             writes.push(Write::Op(StoreOp::PutCharge {
                 budget: c.budget.clone(),
                 window_start: c.window_start,
@@ -393,7 +493,7 @@ mod tests {
     use super::*;
 
     fn usage(input: u64, output: u64, cost: f64) -> Usage {
-        Usage { input_tokens: input, output_tokens: output, cache_read_input_tokens: 0, cost }
+        Usage { input_tokens: input, output_tokens: output, cache_read_input_tokens: 0, cost, cost_priced: false }
     }
     use crate::config::budgets::{BudgetSpec, LimitsSpec, ScopeSpec, validate};
     use crate::model::RunStatus;
@@ -596,5 +696,90 @@ mod tests {
         }
         // 50% of 4 is crossed by the second run.
         assert_eq!(notes, vec![0, 1, 0, 0]);
+    }
+
+    /// Issue 34, finding 3: `cost: 1.0`, runs costing 0.25, 20 runs of a
+    /// task with no history admitted at once were all dispatched (5.00
+    /// spent: nothing could be estimated, so nothing was reserved). Now the
+    /// first goes as the window's probe, the others wait for it to settle,
+    /// then are estimated from it: three more fit, the rest are SKIPPED
+    /// without having run — 1.00 spent, at most the limit plus one run.
+    #[test]
+    fn a_new_tasks_first_burst_waits_for_a_probe_and_stays_within_the_limit() {
+        let now = t("2026-12-02T10:20:00Z");
+        let mut b = policy(LimitsSpec { cost: Some(1.0), ..Default::default() }, OnExceeded::Skip);
+        let task = task();
+        let mut runs: Vec<RunRecord> = (0..20)
+            .map(|i| {
+                let id = format!("r{i}");
+                let mut run = RunRecord::pending(id.clone(), "t", "ag", TriggerKind::Manual, now, now);
+                run.charges = admit(&mut b, &id, now).expect("admitted: nothing known refuses it");
+                assert!(run.charges[0].unknown);
+                run
+            })
+            .collect();
+        // One dispatch pass: the first goes, the others wait for it.
+        let mut went = Vec::new();
+        for run in &mut runs {
+            let q = DispatchQuery { now, run, task: &task, live_agents: 0 };
+            match b.dispatch(&q) {
+                Dispatch::Pass => {
+                    let w = b.dispatched(&q, "e");
+                    assert!(w.is_empty(), "still unknown: nothing to estimate yet");
+                    run.attempts.push(crate::model::Attempt::default());
+                    went.push(run.run_id.clone());
+                }
+                Dispatch::Wait { reason, .. } => assert_eq!(reason, "budget b: waiting for run r0 to settle, to estimate what a run costs"),
+                d => panic!("{d:?}"),
+            }
+        }
+        assert_eq!(went, vec!["r0"]);
+        finish(&mut b, "r0", now, usage(0, 0, 0.25));
+        // The next pass: estimated at 0.25 each, three fit the 0.75 left.
+        let (mut dispatched, mut skipped) = (0, 0);
+        for run in runs.iter_mut().skip(1) {
+            let q = DispatchQuery { now, run, task: &task, live_agents: 0 };
+            match b.dispatch(&q) {
+                Dispatch::Pass => {
+                    let w = b.dispatched(&q, "e");
+                    match &w[..] {
+                        [Write::Charges(c)] => assert!(!c[0].unknown && c[0].reserved.cost == 0.25, "{c:?}"),
+                        w => panic!("{w:?}"),
+                    }
+                    dispatched += 1;
+                }
+                Dispatch::Skip { reason, why } => {
+                    assert_eq!(reason, SkipReason::BudgetExceeded);
+                    assert!(why.contains("budget b exceeded: cost 1.0000/1 used or reserved"), "{why}");
+                    run.status = RunStatus::Skipped;
+                    b.run_changed(run);
+                    skipped += 1;
+                }
+                d => panic!("{d:?}"),
+            }
+        }
+        assert_eq!((dispatched, skipped), (3, 16));
+        for i in 1..=3 {
+            finish(&mut b, &format!("r{i}"), now, usage(0, 0, 0.25));
+        }
+        let snap = &b.snapshot(now)[0];
+        assert_eq!((snap.used.cost, snap.used.runs, snap.reserved.runs), (1.0, 4, 0));
+        assert_eq!(snap.state, "exceeded");
+    }
+
+    /// Issue 34, finding 12: every slot was SKIPPED `budget_exceeded` while
+    /// `budgets list` said `soft` (what was used was under the limit, the
+    /// next run's estimate did not fit); the budget's zone is shown.
+    #[test]
+    fn a_window_that_refuses_runs_reads_exceeded() {
+        let now = t("2026-12-02T10:20:00Z");
+        let mut b = policy(LimitsSpec { cost: Some(1.0), ..Default::default() }, OnExceeded::Skip);
+        admit(&mut b, "r0", now).expect("admitted");
+        finish(&mut b, "r0", now, usage(0, 0, 0.6));
+        assert_eq!(b.snapshot(now)[0].state, "soft");
+        assert!(admit(&mut b, "r1", now).is_err(), "0.6 more does not fit");
+        let snap = &b.snapshot(now)[0];
+        assert_eq!(snap.state, "exceeded");
+        assert_eq!(snap.timezone, "UTC");
     }
 }

@@ -8,9 +8,9 @@
 //! |---|---|---|
 //! | a run asks to be created (slot, trigger, event) | [`Policy::admit`] | pass, admit waiting (a reason), skip (a reason) |
 //! | it was created | [`Policy::created`] | — (the policy commits what it reserved) |
-//! | a ready run asks to be dispatched | [`Policy::dispatch`] | pass, wait (a reason, until when) |
-//! | it was dispatched | [`Policy::dispatched`] | — (the policy takes what it needs) |
-//! | an attempt ended | [`Policy::attempt_ended`] | pass, retry at (counted against `max_retries` or not), fail |
+//! | a ready run asks to be dispatched | [`Policy::dispatch`] | pass, wait (a reason, until when), skip (a reason; only a run that never had an attempt) |
+//! | it was dispatched | [`Policy::dispatched`] | — (the policy takes what it needs: resource holds, budget charges) |
+//! | an attempt ended | [`Policy::attempt_ended`] | pass, retry at (counted against `max_retries` or not), fail; and state to write with the attempt (a resource's hold-back) |
 //! | a run ended | [`Policy::finished`] | — (the state to write with the run) |
 //!
 //! Each policy is a file of its own with its state and its unit tests,
@@ -127,6 +127,17 @@ pub enum Dispatch {
         /// When it may go at the earliest, if known.
         until: Option<DateTime<Utc>>,
     },
+    /// Never: the run ends SKIPPED for this reason. Only for a run that
+    /// had no attempt yet (a `skip` task whose resource turned out busy
+    /// when it could go; a run admitted before its budget could estimate
+    /// it, which turned out not to fit). The core turns any other run's
+    /// skip into a wait.
+    Skip {
+        /// Why, as a reason code.
+        reason: SkipReason,
+        /// Why, in words (the record's error).
+        why: String,
+    },
 }
 
 /// What the agent said about an attempt in its result (the outcome
@@ -229,8 +240,13 @@ pub enum Write {
     /// entry it settles).
     Op(StoreOp),
     /// What the new run is charged against budgets (from
-    /// [`Policy::created`]: it goes on the run record, created with it).
+    /// [`Policy::created`]: it goes on the run record, created with it; from
+    /// [`Policy::dispatched`]: they replace the run's charges of the same
+    /// budgets, estimated now).
     Charges(Vec<crate::model::budget::BudgetCharge>),
+    /// What the dispatched attempt holds of the cluster's resources while
+    /// its agent lives (from [`Policy::dispatched`]: on the attempt).
+    Holds(Vec<ResourceHold>),
     /// A task follows the run that ended (`after`): its run — or, with
     /// `unmet`, its SKIPPED `upstream_unmet` record — is created in the
     /// ended run's group.
@@ -279,13 +295,15 @@ pub trait Policy {
     fn dispatch(&mut self, _q: &DispatchQuery<'_>) -> Dispatch {
         Dispatch::Pass
     }
-    /// It was dispatched as `execution_id` (every policy let it go): the
-    /// resources the attempt holds while its agent lives.
-    fn dispatched(&mut self, _q: &DispatchQuery<'_>, _execution_id: &str) -> Vec<ResourceHold> {
+    /// It was dispatched as `execution_id` (every policy let it go): what
+    /// the policy takes, as [`Write::Holds`] (the attempt's resources) and
+    /// [`Write::Charges`] (budgets estimated at dispatch).
+    fn dispatched(&mut self, _q: &DispatchQuery<'_>, _execution_id: &str) -> Vec<Write> {
         Vec::new()
     }
-    /// An attempt ended.
-    fn attempt_ended(&mut self, _q: &AttemptQuery<'_>) -> AfterAttempt {
+    /// An attempt ended: what follows; state to write with the attempt
+    /// goes in `writes` (committed in the run's group).
+    fn attempt_ended(&mut self, _q: &AttemptQuery<'_>, _writes: &mut Vec<Write>) -> AfterAttempt {
         AfterAttempt::Pass
     }
     /// A run ended (terminal).
@@ -367,32 +385,37 @@ impl Policies {
     }
 
     /// Asks each policy whether a ready run may go now; the first that
-    /// says wait decides.
+    /// does not pass decides. A skip of a run that had an attempt already
+    /// is a wait (SKIPPED means it never ran).
     pub fn dispatch(&mut self, q: &DispatchQuery<'_>) -> Dispatch {
         for p in self.chain() {
-            if let d @ Dispatch::Wait { .. } = p.dispatch(q) {
-                return d;
+            match p.dispatch(q) {
+                Dispatch::Pass => {}
+                Dispatch::Skip { why, .. } if !q.run.attempts.is_empty() => return Dispatch::Wait { reason: why, until: None },
+                d => return d,
             }
         }
         Dispatch::Pass
     }
 
-    /// Tells every policy the run was dispatched; what the attempt holds.
-    pub fn dispatched(&mut self, q: &DispatchQuery<'_>, execution_id: &str) -> Vec<ResourceHold> {
+    /// Tells every policy the run was dispatched; what they take.
+    pub fn dispatched(&mut self, q: &DispatchQuery<'_>, execution_id: &str) -> Vec<Write> {
         self.chain().into_iter().flat_map(|p| p.dispatched(q, execution_id)).collect()
     }
 
     /// Asks each policy what follows an ended attempt; the first that does
-    /// not pass decides (every policy is told: resources settle either way).
-    pub fn attempt_ended(&mut self, q: &AttemptQuery<'_>) -> AfterAttempt {
+    /// not pass decides (every policy is told: resources settle either
+    /// way). Also the writes they want with the attempt's end.
+    pub fn attempt_ended(&mut self, q: &AttemptQuery<'_>) -> (AfterAttempt, Vec<Write>) {
         let mut decided = AfterAttempt::Pass;
+        let mut writes = Vec::new();
         for p in self.chain() {
-            let d = p.attempt_ended(q);
+            let d = p.attempt_ended(q, &mut writes);
             if decided == AfterAttempt::Pass {
                 decided = d;
             }
         }
-        decided
+        (decided, writes)
     }
 
     /// Tells every policy the run ended; the writes they want.

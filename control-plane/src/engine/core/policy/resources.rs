@@ -14,25 +14,32 @@
 //!   settles it when it ends (a refund, or a debt the bucket pays off).
 //!   A new leader starts every bucket empty: it counts the last window as
 //!   full, so a failover never over-admits.
-//! - **hold-backs**: an agent that answered `rate_limited` naming the
-//!   resource holds it back for every task until its `retry_at`;
-//!   `quota_exhausted` for `quota_backoff`. A new leader re-derives a
-//!   rate-limited hold from the retrying runs it loads.
+//! - **hold-backs**: an agent that answered `rate_limited` naming a
+//!   resource its task uses holds it back for every task until its
+//!   `retry_at`; `quota_exhausted` for `quota_backoff`. A resource the
+//!   task does not use is not held (an agent cannot freeze what it has no
+//!   part in; the attempt still records what it named). Each hold is
+//!   written (`holds/{resource}`) with the attempt's end, so a new leader
+//!   loads it ([`Resources::load_holds`]) whatever became of the run;
+//!   `punchclock resources release NAME` ends one ([`Resources::release_hold`]).
 //! - **busy**: a run that cannot go waits (`on_resource_busy: wait`,
 //!   showing `resource NAME (3/3 in use)`), served with every other ready
 //!   run by priority then slot (the core's dispatch pass is in that order
 //!   across agents); with `skip`, a run whose resource is busy when its
-//!   slot is due is a SKIPPED `resource_busy` record.
+//!   slot is due is a SKIPPED `resource_busy` record — at admission when
+//!   it is busy then, else when the run could be dispatched and found it
+//!   busy (runs of `wait` tasks due in the same instant went first).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::{Admit, AdmitQuery, AfterAttempt, AttemptQuery, Dispatch, DispatchQuery, Policy};
+use super::{Admit, AdmitQuery, AfterAttempt, AttemptQuery, Dispatch, DispatchQuery, Policy, Write};
 use crate::config::{Config, ResourceLimits};
 use crate::model::RunRecord;
-use crate::model::run::{Outcome, ResourceHold, SkipReason};
+use crate::model::run::{HoldBack, Outcome, ResourceHold, SkipReason};
 use crate::model::task::{OnResourceBusy, ResourceUse, TaskSpec};
+use crate::repo::StoreOp;
 
 /// The largest debt a bucket carries, in minutes of its rate: usage
 /// reported beyond an estimate is charged up to this much.
@@ -229,12 +236,39 @@ impl Resources {
         None
     }
 
-    fn hold(&mut self, name: &str, until: DateTime<Utc>, why: String) {
-        let Some(s) = self.state.get_mut(name) else { return };
+    /// Holds `name` back until `until` unless it is held longer already;
+    /// true when the hold moved.
+    fn hold(&mut self, name: &str, until: DateTime<Utc>, why: String) -> bool {
+        let Some(s) = self.state.get_mut(name) else { return false };
         if s.held.as_ref().is_none_or(|(t, _)| *t < until) {
             tracing::info!(resource = name, until = %until, why = %why, "resource held back");
             s.held = Some((until, why));
+            return true;
         }
+        false
+    }
+
+    /// The hold-backs a new leader read from the store (`holds/`): each
+    /// that has not ended and names a resource of the config is held again.
+    pub fn load_holds(&mut self, holds: Vec<(String, HoldBack)>, now: DateTime<Utc>) {
+        for (name, h) in holds {
+            if h.until > now {
+                self.hold(&name, h.until, h.why);
+            }
+        }
+    }
+
+    /// `punchclock resources release NAME`: ends the resource's hold-back
+    /// now. Returns whether it was held.
+    ///
+    /// Errors: `NotFound` for a resource the config does not define.
+    pub fn release_hold(&mut self, name: &str, now: DateTime<Utc>) -> crate::error::Result<bool> {
+        let s = self.state.get_mut(name).ok_or_else(|| crate::error::Error::NotFound { kind: "resource", id: name.to_string() })?;
+        let held = s.held.take().is_some_and(|(t, _)| t > now);
+        if held {
+            tracing::info!(resource = name, "resource hold-back released by hand");
+        }
+        Ok(held)
     }
 
     fn release(&mut self, execution_id: &str) {
@@ -317,6 +351,11 @@ impl Policy for Resources {
         }
         match self.busy(uses, q.now, false) {
             None => Dispatch::Pass,
+            // Busy when it could go: a `skip` task's run does not wait
+            // (runs of `wait` tasks due in the same instant went first).
+            Some((_, why, _)) if q.task.execution.on_resource_busy == OnResourceBusy::Skip => {
+                Dispatch::Skip { reason: SkipReason::ResourceBusy, why }
+            }
             Some((name, reason, until)) => {
                 let since = match self.waiting.get(&q.run.run_id) {
                     Some((_, since)) => *since,
@@ -328,7 +367,7 @@ impl Policy for Resources {
         }
     }
 
-    fn dispatched(&mut self, q: &DispatchQuery<'_>, execution_id: &str) -> Vec<ResourceHold> {
+    fn dispatched(&mut self, q: &DispatchQuery<'_>, execution_id: &str) -> Vec<Write> {
         let uses = Self::uses(q.task);
         self.promised.remove(&q.run.run_id);
         if let Some((name, since)) = self.waiting.remove(&q.run.run_id) {
@@ -354,10 +393,10 @@ impl Policy for Resources {
             }
         }
         self.reserved_here.insert(execution_id.to_string());
-        holds
+        vec![Write::Holds(holds)]
     }
 
-    fn attempt_ended(&mut self, q: &AttemptQuery<'_>) -> AfterAttempt {
+    fn attempt_ended(&mut self, q: &AttemptQuery<'_>, writes: &mut Vec<Write>) -> AfterAttempt {
         let Some(a) = q.run.attempts.last() else { return AfterAttempt::Pass };
         // Settle the token reservation with the usage it reported.
         let here = self.reserved_here.remove(&a.execution_id);
@@ -373,18 +412,28 @@ impl Policy for Resources {
             let change = if here { estimate - actual } else { -(actual - estimate).max(0.0) };
             b.settle(change, q.now);
         }
-        // Shared back-pressure.
-        if let Some(name) = q.agent.resource.as_deref() {
-            match q.outcome {
-                Outcome::RateLimited => {
-                    let until = q.agent.retry_at.unwrap_or(q.now);
-                    self.hold(name, until, format!("rate limited (run {})", q.run.run_id));
-                }
-                Outcome::QuotaExhausted => {
-                    let class = q.agent.class.as_deref().map(|c| format!(", {c}")).unwrap_or_default();
-                    self.hold(name, q.now + self.quota_backoff, format!("quota exhausted (run {}{class})", q.run.run_id));
-                }
-                _ => {}
+        // Shared back-pressure, on a resource the run's task uses (what the
+        // attempt held, or the task's definition now).
+        if let Some(name) = q.agent.resource.as_deref()
+            && matches!(q.outcome, Outcome::RateLimited | Outcome::QuotaExhausted)
+        {
+            let used = a.holds.iter().any(|h| h.name == name) || q.task.is_some_and(|t| Self::uses(t).iter().any(|u| u.name == name));
+            if !used {
+                tracing::warn!(
+                    run_id = %q.run.run_id,
+                    resource = name,
+                    "the agent named a resource its task does not use: not held back"
+                );
+                return AfterAttempt::Pass;
+            }
+            let (until, why) = if q.outcome == Outcome::RateLimited {
+                (q.agent.retry_at.unwrap_or(q.now), format!("rate limited (run {})", q.run.run_id))
+            } else {
+                let class = q.agent.class.as_deref().map(|c| format!(", {c}")).unwrap_or_default();
+                (q.now + self.quota_backoff, format!("quota exhausted (run {}{class})", q.run.run_id))
+            };
+            if until > q.now && self.hold(name, until, why.clone()) {
+                writes.push(Write::Op(StoreOp::PutHoldBack { resource: name.to_string(), hold: HoldBack { until, why } }));
             }
         }
         AfterAttempt::Pass
@@ -417,9 +466,10 @@ impl Policy for Resources {
         if run.status == crate::model::RunStatus::Retrying
             && let Some(a) = run.attempts.last().filter(|a| a.outcome == Some(Outcome::RateLimited))
             && let (Some(name), Some(until)) = (a.resource.as_deref(), a.retry_at)
+            && a.holds.iter().any(|h| h.name == name)
             && self.state.get(name).is_some_and(|s| s.held.is_none())
         {
-            self.hold(name, until, format!("rate limited (run {})", run.run_id));
+            let _ = self.hold(name, until, format!("rate limited (run {})", run.run_id));
         }
     }
 
@@ -464,7 +514,14 @@ mod tests {
         let d = p.dispatch(&q);
         if d == Dispatch::Pass {
             let exec = format!("{}-e{}", run.run_id, run.attempts.len());
-            let holds = p.dispatched(&DispatchQuery { now, run, task: spec, live_agents: 0 }, &exec);
+            let holds = p
+                .dispatched(&DispatchQuery { now, run, task: spec, live_agents: 0 }, &exec)
+                .into_iter()
+                .flat_map(|w| match w {
+                    Write::Holds(h) => h,
+                    _ => Vec::new(),
+                })
+                .collect();
             run.attempts.push(Attempt { execution_id: exec, dispatched_at: now, holds, ..Default::default() });
             run.status = RunStatus::Running;
             p.run_changed(run);
@@ -477,7 +534,7 @@ mod tests {
         a.outcome = Some(outcome);
         a.finished_at = Some(now);
         a.usage = usage;
-        p.attempt_ended(&AttemptQuery { now, run, task: None, outcome, agent, error: None });
+        p.attempt_ended(&AttemptQuery { now, run, task: None, outcome, agent, error: None }, &mut Vec::new());
         p.run_changed(run);
     }
 
@@ -667,5 +724,74 @@ mod tests {
         assert!(
             matches!(p.admit(&q), Admit::Skip { reason: SkipReason::ResourceBusy, ref why } if why == "resource search-api (1/1 in use)")
         );
+    }
+
+    /// Issue 34, finding 4: a `skip` task due in the same instant as runs
+    /// of `wait` tasks was admitted (their runs did not count yet), then
+    /// waited behind them, PENDING and late every minute, with no
+    /// `resource_busy` record. Busy when it can go, it is SKIPPED then.
+    #[test]
+    fn a_skip_run_that_finds_its_resource_busy_at_dispatch_is_skipped() {
+        let now = t("2026-12-01T10:00:00Z");
+        let mut p = Resources::default();
+        p.configure(&config("resources:\n  search-api: {concurrency: 1}\n"));
+        let waiter = task("w", serde_json::json!(["search-api"]), "wait");
+        let skipper = task("s", serde_json::json!(["search-api"]), "skip");
+        let mut s = run("s.1", "s", now);
+        let q = AdmitQuery { now, run: &s, task: &skipper, active: 0, active_runs: &[], breaker: None };
+        assert_eq!(p.admit(&q), Admit::Pass, "nothing holds it when its slot is due");
+        p.created(&q);
+        let mut w = run("w.1", "w", now);
+        assert_eq!(try_dispatch(&mut p, &waiter, &mut w, now), Dispatch::Pass, "the wait task's run went first");
+        match try_dispatch(&mut p, &skipper, &mut s, now) {
+            Dispatch::Skip { reason: SkipReason::ResourceBusy, why } => assert_eq!(why, "resource search-api (1/1 in use)"),
+            d => panic!("{d:?}"),
+        }
+    }
+
+    /// Issue 34, findings 2 and 5: a hold-back is written with the attempt
+    /// that asked for it and a new leader holds it again; an agent cannot
+    /// freeze a resource its task does not use; a hold can be released.
+    #[test]
+    fn hold_backs_are_stored_loaded_released_and_only_on_the_tasks_resources() {
+        let now = t("2026-12-01T10:00:00Z");
+        let cfg = config("quota_backoff: 10m\nresources:\n  search: {concurrency: 5}\n  payments: {concurrency: 5}\n");
+        let mut p = Resources::default();
+        p.configure(&cfg);
+        let spec = task("t", serde_json::json!(["search"]), "wait");
+        let mut r = run("t.1", "t", now);
+        assert_eq!(try_dispatch(&mut p, &spec, &mut r, now), Dispatch::Pass);
+        // It names `payments`, which its task does not use: nothing is held.
+        let said = AgentOutcome { resource: Some("payments".into()), ..Default::default() };
+        let a = r.attempts.last_mut().expect("attempt");
+        a.outcome = Some(Outcome::QuotaExhausted);
+        let mut writes = Vec::new();
+        p.attempt_ended(
+            &AttemptQuery { now, run: &r, task: Some(&spec), outcome: Outcome::QuotaExhausted, agent: &said, error: None },
+            &mut writes,
+        );
+        assert!(writes.is_empty());
+        assert!(p.snapshot(now).iter().all(|s| s.held_until.is_none()));
+        // It names `search`: held for quota_backoff, and the hold is written.
+        let said = AgentOutcome { resource: Some("search".into()), ..Default::default() };
+        p.attempt_ended(
+            &AttemptQuery { now, run: &r, task: Some(&spec), outcome: Outcome::QuotaExhausted, agent: &said, error: None },
+            &mut writes,
+        );
+        let until = now + Duration::minutes(10);
+        let stored = match &writes[..] {
+            [Write::Op(StoreOp::PutHoldBack { resource, hold })] if resource == "search" && hold.until == until => hold.clone(),
+            w => panic!("{w:?}"),
+        };
+        // A new leader (no run to derive it from) loads it.
+        let mut next = Resources::default();
+        next.configure(&cfg);
+        next.load_holds(vec![("search".into(), stored.clone()), ("gone".into(), stored)], now + Duration::minutes(1));
+        let snap = next.snapshot(now + Duration::minutes(1));
+        assert_eq!(snap.iter().find(|s| s.name == "search").and_then(|s| s.held_until), Some(until));
+        // Released by hand: free at once.
+        assert_eq!(next.release_hold("search", now + Duration::minutes(1)).expect("defined"), true);
+        assert!(next.snapshot(now).iter().all(|s| s.held_until.is_none()));
+        assert!(next.release_hold("nope", now).is_err());
     }
 }

@@ -107,7 +107,7 @@ impl Policy for Retry {
         self.max_hold = Duration::from_std(config.rate_limit_max_hold).unwrap_or(Duration::hours(1));
     }
 
-    fn attempt_ended(&mut self, q: &AttemptQuery<'_>) -> AfterAttempt {
+    fn attempt_ended(&mut self, q: &AttemptQuery<'_>, _writes: &mut Vec<super::Write>) -> AfterAttempt {
         let run = q.run;
         let (max_retries, backoff, max_wait) = q.task.map_or((0, RetryBackoff::default(), DEFAULT_RATE_LIMIT_MAX_WAIT_SECONDS), |t| {
             (t.execution.max_retries, t.execution.retry_backoff, t.execution.rate_limit_max_wait_seconds)
@@ -206,7 +206,7 @@ mod tests {
 
     fn decide(run: &RunRecord, spec: &TaskSpec, now: DateTime<Utc>, agent: &AgentOutcome) -> AfterAttempt {
         let outcome = run.attempts.last().and_then(|a| a.outcome).expect("ended");
-        Retry::default().attempt_ended(&AttemptQuery { now, run, task: Some(spec), outcome, agent, error: None })
+        Retry::default().attempt_ended(&AttemptQuery { now, run, task: Some(spec), outcome, agent, error: None }, &mut Vec::new())
     }
 
     #[test]
