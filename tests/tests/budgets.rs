@@ -11,7 +11,12 @@
 //!   within 1,000 of the limit (reservations, not 50 runs' overshoot);
 //! - **the ledger survives kill -9**: 3 tasks every second on etcd with 3
 //!   control planes, the leader killed 3 times; the ledger then equals the
-//!   sum of the usage of the runs it counted, none twice.
+//!   sum of the usage of the runs it counted, none twice;
+//! - **a new task's first burst** (issue 34, findings 3 and 12): `cost: 1.0`,
+//!   runs costing 0.25, 20 triggers at once on a task with no history spend
+//!   at most 1.25 (all 20 ran, 5.00, before); `budgets list` then says
+//!   `exceeded` and its reset in the budget's zone; an attempt priced from
+//!   the config's table shows that cost.
 
 use std::time::Duration;
 
@@ -221,4 +226,66 @@ async fn the_ledger_counts_each_run_once_through_leader_kills() {
     for m in ["runs", "output_tokens", "input_tokens"] {
         assert_eq!(again[0]["used"][m], b[0]["used"][m], "the next leader's ledger: {m}");
     }
+}
+
+/// Issue 34, findings 3 and 12: nothing could estimate a new task's runs,
+/// so nothing was reserved and a burst of 20 at once spent 5.00 of a 1.00
+/// budget. Now the first runs as a probe, the others wait for it and are
+/// estimated from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_tasks_burst_spends_at_most_the_limit_plus_one_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "budgets_new_task");
+    let cfg = write_config(
+        dir.path(),
+        "budgets:\n  - name: fresh\n    scope: {task: fresh}\n    window: month\n    timezone: Asia/Shanghai\n    limits: {cost: 1.0}\n\
+         prices:\n  m1: {input_per_1k: 1.0, output_per_1k: 2.0}\n",
+    );
+    let dev = Proc::dev_with(&dir.path().join("data"), 30, &dir.path().join("dev.log"), &["--config", &cfg]);
+    let spend = json!({"sleep": 0.3, "result": {"ok": true, "usage": {"cost": 0.25}}});
+    apply(
+        &dev.addr,
+        json!({"task_id": "fresh", "agent_id": "outcome_agent", "context": {"params": spend},
+               "execution": {"concurrency_limit": 30, "overlap_policy": "queue", "max_retries": 0}}),
+    )
+    .await;
+    let t = tasks(&dev.addr).await;
+    let triggers = (0..20).map(|i| {
+        let mut t = t.clone();
+        async move {
+            t.trigger_task(pb::TriggerTaskRequest { task_id: "fresh".into(), idempotency_key: format!("b{i}"), ..Default::default() })
+                .await
+                .expect("trigger")
+        }
+    });
+    futures::future::join_all(triggers).await;
+    let all = drained(&dev.addr, &["fresh"], Duration::from_secs(120)).await;
+    assert_eq!(all.len(), 20);
+    let ran: Vec<&pb::Run> = all.iter().filter(|r| status(r) == pb::RunStatus::Succeeded).collect();
+    let spent: f64 = ran.iter().flat_map(|r| &r.attempts).filter_map(|a| a.usage.as_ref()).map(|u| u.cost).sum();
+    assert!(spent <= 1.0 + 0.25 + 1e-9, "{} runs spent {spent:.2} of a 1.00 budget", ran.len());
+    for r in all.iter().filter(|r| status(r) != pb::RunStatus::Succeeded) {
+        assert_eq!((status(r), r.skip_reason.as_str()), (pb::RunStatus::Skipped, "budget_exceeded"), "{r:#?}");
+        assert!(r.attempts.is_empty(), "a skipped run never ran: {r:#?}");
+        assert!(r.error.contains("budget fresh exceeded: cost"), "{}", r.error);
+    }
+    let b = budgets_json(&dev.addr);
+    assert_eq!(b[0]["state"], "exceeded", "{:#}", b[0]);
+    assert_eq!(b[0]["timezone"], "Asia/Shanghai");
+    assert!(b[0]["resets_at"].as_str().is_some_and(|s| s.ends_with("+08:00")), "{:#}", b[0]);
+    assert!(cli(&dev.addr, &["budgets", "list"]).contains("+08:00"), "the table shows the reset in the budget's zone");
+    assert_eq!(b[0]["reserved"]["runs"].as_u64(), Some(0), "nothing stays reserved");
+
+    // An attempt priced from the config's table shows the cost charged.
+    let priced = json!({"result": {"ok": true, "model": "m1", "usage": {"input_tokens": 1000, "output_tokens": 500}}});
+    apply(&dev.addr, json!({"task_id": "priced", "agent_id": "outcome_agent", "context": {"params": priced}})).await;
+    let r = t
+        .clone()
+        .trigger_task(pb::TriggerTaskRequest { task_id: "priced".into(), idempotency_key: "p".into(), ..Default::default() })
+        .await
+        .expect("trigger")
+        .into_inner();
+    let run = punchclock_tests::wait_run(&dev.addr, "priced", Duration::from_secs(30), |x| x.run_id == r.run_id && terminal(x)).await;
+    let u = run.attempts[0].usage.clone().expect("usage");
+    assert!((u.cost - 2.0).abs() < 1e-9 && u.cost_priced, "1,000 in at 1.0/1k + 500 out at 2.0/1k: {u:?}");
 }
