@@ -1,7 +1,9 @@
 //! Acceptance 1 (issue 2): every case of `tests/cases/cron.json` (a copy of
-//! `shared/cases/cron.json`) passes through `PreviewSchedule` and through
-//! actual firing of a registered task with a controllable clock, over a real
-//! gRPC server; every `invalid` case is rejected naming the problem.
+//! `shared/cases/cron.json`) and of `tests/cases/cron_extra.json` (this
+//! project's own: the cronie parsing rules of issue 34) passes through
+//! `PreviewSchedule` and through actual firing of a registered task with a
+//! controllable clock, over a real gRPC server; every `invalid` case is
+//! rejected naming the problem.
 
 use std::time::Duration;
 
@@ -10,14 +12,22 @@ use punchclock_control_plane::clock::ManualClock;
 use punchclock_proto::v1 as pb;
 use punchclock_tests::{at, in_process_server, list_runs, tasks, wait_run};
 
-const CASES: &str = include_str!("../cases/cron.json");
+/// The case files, same shape: `cases` (expected fire times) and `invalid`.
+const FILES: [&str; 2] = [include_str!("../cases/cron.json"), include_str!("../cases/cron_extra.json")];
 
 fn ts(t: DateTime<Utc>) -> prost_types::Timestamp {
     punchclock_proto::time::to_timestamp(t)
 }
 
-fn cases() -> serde_json::Value {
-    serde_json::from_str(CASES).expect("cases parse")
+/// The `key` list (`cases` or `invalid`) of every case file, in order.
+fn cases(key: &str) -> Vec<serde_json::Value> {
+    FILES
+        .iter()
+        .flat_map(|f| {
+            let v: serde_json::Value = serde_json::from_str(f).expect("cases parse");
+            v[key].as_array().expect("list").clone()
+        })
+        .collect()
 }
 
 fn time(v: &serde_json::Value) -> DateTime<Utc> {
@@ -26,7 +36,7 @@ fn time(v: &serde_json::Value) -> DateTime<Utc> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_cron_case_previews_and_fires_at_its_expected_times() {
-    for c in cases()["cases"].as_array().expect("cases") {
+    for c in &cases("cases") {
         let id = c["id"].as_str().expect("id");
         let after = time(&c["after"]);
         let expected: Vec<DateTime<Utc>> = c["expected"].as_array().expect("expected").iter().map(time).collect();
@@ -80,7 +90,7 @@ async fn every_invalid_cron_case_is_rejected_naming_the_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (srv, stop) = in_process_server(ManualClock::new("2026-11-30T00:00:00Z".parse().expect("t")), dir.path()).await;
     let addr = format!("http://{}", srv.addr);
-    for c in cases()["invalid"].as_array().expect("invalid") {
+    for c in &cases("invalid") {
         let id = c["id"].as_str().expect("id");
         let expr = c["expr"].as_str().expect("expr");
         let tz = c["timezone"].as_str().expect("tz");

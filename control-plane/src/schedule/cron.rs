@@ -5,6 +5,13 @@
 //! day-of-week both restricted match if EITHER matches; 0 and 7 are Sunday;
 //! `next_after(t)` is strictly after `t`.
 //!
+//! The text is read here, by cronie's grammar (`entry.c` `get_list`,
+//! `get_range`, `get_number`) plus the extensions the README lists, and
+//! handed to croner as plain numbers: croner's own reading differs from
+//! cronie's (it turned `-SUN` into `-7`, replaced month and day names in
+//! every field, split fields at any Unicode space, skipped empty list items,
+//! refused `*,5` and `MON-0`, took `/10`); `read` below is that reader.
+//!
 //! Daylight saving time, as cronie's `cron.c` runs it (its "time jumped
 //! forward / backward" cases). An expression is **fixed-time** when neither
 //! its minute nor its hour field starts with `*` (cronie's `MIN_STAR` and
@@ -27,7 +34,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
-use croner::parser::{CronParser, Seconds, Year};
+use croner::parser::{self, CronParser, Seconds};
 
 use crate::error::Error;
 
@@ -49,22 +56,6 @@ pub struct CronSchedule {
 /// largest DST shift in use (2 h, Antarctica/Troll) plus its own width.
 /// Two changes of one zone are never this close.
 const NEAR_SECONDS: i64 = 3 * 3600;
-
-/// cronie's fixed-time test: neither the minute nor the hour field starts
-/// with `*` (`entry.c` sets `MIN_STAR`/`HR_STAR` from the first character).
-/// `@hourly` is `0 * * * *`; the other aliases are fixed.
-fn is_fixed_time(expr: &str) -> bool {
-    let parts: Vec<&str> = expr.split_whitespace().collect();
-    let (minute, hour) = match parts.len() {
-        1 => return !parts[0].eq_ignore_ascii_case("@hourly"),
-        5 => (parts[0], parts[1]),
-        _ => match (parts.get(1), parts.get(2)) {
-            (Some(m), Some(h)) => (*m, *h),
-            _ => return false,
-        },
-    };
-    !minute.starts_with('*') && !hour.starts_with('*')
-}
 
 /// A cron parse error before it knows its field path.
 #[derive(Debug)]
@@ -94,127 +85,303 @@ impl std::fmt::Display for CronError {
     }
 }
 
-/// cronie's day rule: when either day field starts with `*` (including
-/// `*/2`), a day must match both; when both are restricted, either.
-fn parser_for(expr: &str) -> CronParser {
-    let parts: Vec<&str> = expr.split_whitespace().collect();
-    let (dom, dow) = match parts.len() {
-        5 => (2, 4),
-        6 | 7 => (3, 5),
-        _ => return parser(),
-    };
-    let star = |i: usize| parts.get(i).is_some_and(|p| p.starts_with('*') || p.starts_with('?'));
-    if star(dom) || star(dow) { parser_with(true) } else { parser() }
+/// One field of an expression: its name in errors, its values and the
+/// names it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Second,
+    Minute,
+    Hour,
+    DayOfMonth,
+    Month,
+    DayOfWeek,
+    Year,
 }
 
-fn parser() -> CronParser {
-    parser_with(false)
+use Field::{DayOfMonth, DayOfWeek, Hour, Minute, Month, Second, Year};
+
+const FIELDS_5: [Field; 5] = [Minute, Hour, DayOfMonth, Month, DayOfWeek];
+const FIELDS_6: [Field; 6] = [Second, Minute, Hour, DayOfMonth, Month, DayOfWeek];
+const FIELDS_7: [Field; 7] = [Second, Minute, Hour, DayOfMonth, Month, DayOfWeek, Year];
+
+/// cronie's `MonthNames` and `DowNames` (`entry.c`): three letters, any
+/// case, the n-th name meaning the field's lowest value + n.
+const MONTH_NAMES: [&str; 12] = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"];
+const DAY_NAMES: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+
+impl Field {
+    fn name(self) -> &'static str {
+        match self {
+            Second => "second",
+            Minute => "minute",
+            Hour => "hour",
+            DayOfMonth => "day-of-month",
+            Month => "month",
+            DayOfWeek => "day-of-week",
+            Year => "year",
+        }
+    }
+
+    /// Lowest and highest value (cronie's `FIRST_*`/`LAST_*`: day-of-week
+    /// 0-7, both Sunday; seconds as minutes; years as croner bounds them).
+    fn bounds(self) -> (u32, u32) {
+        match self {
+            Second | Minute => (0, 59),
+            Hour => (0, 23),
+            DayOfMonth => (1, 31),
+            Month => (1, 12),
+            DayOfWeek => (0, 7),
+            Year => (1, 5000),
+        }
+    }
+
+    /// The names this field knows, and no other field's.
+    fn names(self) -> &'static [&'static str] {
+        match self {
+            Month => &MONTH_NAMES,
+            DayOfWeek => &DAY_NAMES,
+            _ => &[],
+        }
+    }
 }
 
-fn parser_with(dom_and_dow: bool) -> CronParser {
-    CronParser::builder()
-        .seconds(Seconds::Optional)
-        .year(Year::Optional)
-        // cronie: both day fields restricted → OR; see `parser_for`.
-        .dom_and_dow(dom_and_dow)
-        // Accept `0/10` (= 0-59/10), as cronie and Quartz do.
-        .sloppy_ranges(true)
-        .build()
+/// An expression read by cronie's grammar (`entry.c` `get_list`,
+/// `get_range`, `get_number`) plus the extensions the README lists: the text
+/// croner is given, and the flags cronie takes from the text as written.
+#[derive(Debug)]
+struct Read {
+    /// The fields for croner, space-separated: numbers only (names and
+    /// `SUN` read per field here, not by croner's text replacement, which
+    /// turned `-SUN` into `-7`), `*` inside a list spelled out as a range,
+    /// a day-of-week `x-0` as `x-7`, `a/s` as `a-max/s`.
+    croner: String,
+    /// Neither the minute nor the hour field starts with `*` (cronie's
+    /// `MIN_STAR`/`HR_STAR` come from the first character): see the module
+    /// doc.
+    fixed_time: bool,
+    /// A day field starts with `*` or `?` (cronie's `DOM_STAR`/`DOW_STAR`,
+    /// `*/2` included): a day must match both day fields; otherwise either.
+    dom_and_dow: bool,
 }
 
-const FIELDS_5: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
-const FIELDS_6: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week"];
-const FIELDS_7: [&str; 7] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week", "year"];
+/// The 5-field text of an alias (cronie's `@` entries, any case).
+fn alias(text: &str) -> Result<&'static str, CronError> {
+    match text.to_ascii_lowercase().as_str() {
+        "@yearly" | "@annually" => Ok("0 0 1 1 *"),
+        "@monthly" => Ok("0 0 1 * *"),
+        "@weekly" => Ok("0 0 * * 0"),
+        "@daily" | "@midnight" => Ok("0 0 * * *"),
+        "@hourly" => Ok("0 * * * *"),
+        "@reboot" => Err(CronError::Expr("@reboot is not a schedule".into())),
+        _ => Err(CronError::Expr(format!("unknown alias {text:?}"))),
+    }
+}
 
-/// Names the first field croner refuses: the first `i` for which the
-/// expression with fields `0..=i` as written and the rest `*` fails.
-fn blame_field(expr: &str, msg: &str) -> String {
-    let parts: Vec<&str> = expr.split_whitespace().collect();
-    let names: &[&str] = match parts.len() {
+/// Reads `expr` (see [`Read`]). Errors name the cron field and its text
+/// (`day-of-week field "3-1": ...`), or the character that is not ASCII
+/// or separates fields without being a space or a tab.
+fn read(expr: &str) -> Result<Read, CronError> {
+    // cronie's `Skip_Blanks` separates fields at ' ' and '\t' only; Rust's
+    // `split_whitespace` (croner's) also at U+00A0, U+3000 and the like,
+    // and croner's `to_uppercase` reads U+017F ſ as S.
+    if let Some((at, c)) = expr.chars().enumerate().find(|(_, c)| !(c.is_ascii_graphic() || *c == ' ' || *c == '\t')) {
+        return Err(CronError::Expr(format!(
+            "character U+{:04X} at character {} of {expr:?}: an expression is ASCII, and only ASCII spaces and tabs separate its fields",
+            u32::from(c),
+            at + 1
+        )));
+    }
+    let text = expr.trim_matches([' ', '\t']);
+    if text.is_empty() {
+        return Err(CronError::Expr("must not be empty".into()));
+    }
+    let text = if text.starts_with('@') { alias(text)? } else { text };
+    let parts: Vec<&str> = text.split([' ', '\t']).filter(|p| !p.is_empty()).collect();
+    let fields: &[Field] = match parts.len() {
         5 => &FIELDS_5,
         6 => &FIELDS_6,
         7 => &FIELDS_7,
-        n => return format!("{expr:?} has {n} fields; use 5 (minute first), 6 (seconds first) or 7 (with year), or an @alias"),
-    };
-    let p = parser();
-    for (i, name) in names.iter().enumerate() {
-        let probe: Vec<&str> = parts.iter().enumerate().map(|(j, f)| if j <= i { *f } else { "*" }).collect();
-        if let Err(e) = p.parse(&probe.join(" ")) {
-            return format!("{name} field {:?}: {e}", parts[i]);
+        n => {
+            return Err(CronError::Expr(format!(
+                "{text:?} has {n} fields; use 5 (minute first), 6 (seconds first) or 7 (with year), or an @alias"
+            )));
         }
+    };
+    let mut croner = Vec::with_capacity(parts.len());
+    for (part, field) in parts.iter().zip(fields) {
+        let f = read_field(*field, part).map_err(|why| CronError::Expr(format!("{} field {part:?}: {why}", field.name())))?;
+        croner.push(f);
     }
-    format!("{expr:?}: {msg}")
+    let starts_star = |f: Field| parts.iter().zip(fields).any(|(p, g)| *g == f && (p.starts_with('*') || p.starts_with('?')));
+    Ok(Read {
+        croner: croner.join(" "),
+        fixed_time: !starts_star(Minute) && !starts_star(Hour),
+        dom_and_dow: starts_star(DayOfMonth) || starts_star(DayOfWeek),
+    })
 }
 
-/// The range of each field, by name (cronie: minute 0-59, hour 0-23,
-/// day-of-month 1-31, month 1-12, day-of-week 0-7; seconds 0-59).
-fn field_range(name: &str) -> (u32, u32) {
-    match name {
-        "second" | "minute" => (0, 59),
-        "hour" => (0, 23),
-        "day-of-month" => (1, 31),
-        "month" => (1, 12),
-        "day-of-week" => (0, 7),
-        _ => (1970, 2099),
+/// One field: `?` (day fields, Quartz's "any") or a comma list of items,
+/// none empty (croner skipped empty items; cronie refuses them).
+fn read_field(f: Field, text: &str) -> Result<String, String> {
+    if text == "?" {
+        return if matches!(f, DayOfMonth | DayOfWeek) {
+            Ok("*".into())
+        } else {
+            Err("? (any) is only for day-of-month and day-of-week".into())
+        };
     }
+    if text == "*" {
+        return Ok("*".into());
+    }
+    let items: Vec<&str> = text.split(',').collect();
+    let mut out = Vec::with_capacity(items.len());
+    for item in &items {
+        if item.is_empty() {
+            return Err("empty list item (a comma with no value on one side)".into());
+        }
+        out.push(read_item(f, item)?);
+    }
+    let has = |s: &str| items.iter().any(|i| i.eq_ignore_ascii_case(s));
+    if f == DayOfMonth && has("L") && has("LW") {
+        // croner tests LW first and never reaches L: one would be dropped.
+        return Err("L (last day) and LW (last weekday) together are not supported; use one of them".into());
+    }
+    Ok(out.join(","))
 }
 
-/// What croner accepts but a user surely did not mean: a step larger than
-/// its field's range (`*/70` in minutes fires only at 0), and `L` alone in
-/// day-of-week (it matches no day).
-fn precheck(expr: &str) -> Result<(), CronError> {
-    let parts: Vec<&str> = expr.split_whitespace().collect();
-    let names: &[&str] = match parts.len() {
-        5 => &FIELDS_5,
-        6 => &FIELDS_6,
-        7 => &FIELDS_7,
-        _ => return Ok(()),
-    };
-    for (field, name) in parts.iter().zip(names) {
-        if *name == "day-of-week" && field.eq_ignore_ascii_case("L") {
-            return Err(CronError::Expr(
-                "day-of-week field \"L\": L alone matches no day here; write 5L for the last Friday of the month, \
-                 or put L in day-of-month for the last day of the month"
-                    .into(),
-            ));
+/// One list item: `*`, `*/s`, `a`, `a-b`, `a-b/s`, `a/s` (Quartz: from `a`
+/// to the field's end), and `L`, `LW`, `nW` in day-of-month, `nL`, `n#k` in
+/// day-of-week. `a` and `b` are numbers or this field's names.
+fn read_item(f: Field, item: &str) -> Result<String, String> {
+    let (lo, hi) = f.bounds();
+    if item.contains('~') {
+        return Err("~ (cronie's random pick) is not supported".into());
+    }
+    if let Some((range, step)) = item.split_once('/') {
+        let step = number(step).ok_or_else(|| format!("step {step:?} is not a number"))?;
+        if step == 0 {
+            return Err("step must not be 0".into());
         }
-        let (lo, hi) = field_range(name);
-        for item in field.split(',') {
-            if let Some((_, step)) = item.split_once('/')
-                && let Ok(step) = step.parse::<u32>()
-                && step > hi - lo + 1
-            {
-                return Err(CronError::Expr(format!(
-                    "{name} field {field:?}: step {step} is larger than the field's range {lo}-{hi} (it would fire only at the start)"
-                )));
+        if step > hi - lo + 1 {
+            return Err(format!("step {step} is larger than the field's range {lo}-{hi} (it would fire only at the start)"));
+        }
+        return match range {
+            "" => Err(format!("a step needs a start: write */{step} (every {step}) or a-b/{step}")),
+            "*" => Ok(format!("*/{step}")),
+            r => match r.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = read_range(f, a, b, Some(step))?;
+                    Ok(format!("{a}-{b}/{step}"))
+                }
+                None => Ok(format!("{}-{hi}/{step}", value(f, r)?)),
+            },
+        };
+    }
+    if item == "*" {
+        // cronie: `*` as one item of a list is every value.
+        return Ok(format!("{lo}-{hi}"));
+    }
+    if let Some((a, b)) = item.split_once('-') {
+        let (a, b) = read_range(f, a, b, None)?;
+        return Ok(format!("{a}-{b}"));
+    }
+    match f {
+        DayOfMonth => {
+            let up = item.to_ascii_uppercase();
+            if up == "L" || up == "LW" {
+                return Ok(up);
+            }
+            if let Some(d) = up.strip_suffix('W') {
+                return Ok(format!("{}W", value(f, d)?));
             }
         }
+        DayOfWeek => {
+            if item.eq_ignore_ascii_case("L") {
+                return Err("L alone matches no day here; write 5L for the last Friday of the month, \
+                            or put L in day-of-month for the last day of the month"
+                    .into());
+            }
+            if let Some((d, k)) = item.split_once('#') {
+                let d = value(f, d)?;
+                return match number(k) {
+                    Some(k @ 1..=5) => Ok(format!("{d}#{k}")),
+                    _ => Err(format!("#{k}: the occurrence after # is 1 to 5")),
+                };
+            }
+            if let Some(d) = item.strip_suffix(['L', 'l']) {
+                return Ok(format!("{}L", value(f, d)?));
+            }
+        }
+        _ => {}
     }
-    Ok(())
+    Ok(value(f, item)?.to_string())
+}
+
+/// `a-b`: `a` at most `b`, except cronie's one wrap: a day-of-week range
+/// ending at 0 (`SUN`) reads as ending at 7 (`get_range`, `R_RANGE_NUM2`),
+/// but not with a step, where cronie takes the step first and sets no day.
+fn read_range(f: Field, a: &str, b: &str, step: Option<u32>) -> Result<(u32, u32), String> {
+    let (x, y) = (value(f, a)?, value(f, b)?);
+    if x <= y {
+        return Ok((x, y));
+    }
+    if f == DayOfWeek && y == 0 {
+        return match step {
+            None => Ok((x, 7)),
+            Some(s) => Err(format!("cronie reads a stepped range ending at Sunday (0) as no day at all; write {x}-7/{s}")),
+        };
+    }
+    let hint = if f == DayOfWeek { " (only a range ending at 0 or SUN reads as ending at 7, Sunday)" } else { "" };
+    Err(format!("range {a}-{b} runs backwards ({x} is after {y}); ranges do not wrap{hint}"))
+}
+
+/// A number or one of the field's names, within the field's bounds.
+fn value(f: Field, s: &str) -> Result<u32, String> {
+    let (lo, hi) = f.bounds();
+    if s.is_empty() {
+        return Err("a value is missing (a range needs both ends)".into());
+    }
+    if let Some(n) = number(s) {
+        return if (lo..=hi).contains(&n) { Ok(n) } else { Err(format!("{n} is out of range {lo}-{hi}")) };
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{s} is out of range {lo}-{hi}"));
+    }
+    if let Some(i) = f.names().iter().position(|n| n.eq_ignore_ascii_case(s)) {
+        return Ok(lo + i as u32);
+    }
+    Err(match f.names() {
+        [first, .., last] => format!("{s:?} is neither a number {lo}-{hi} nor a name {first}-{last}"),
+        _ => format!("{s:?} is not a number {lo}-{hi}"),
+    })
+}
+
+/// ASCII digits only (`str::parse` also takes a leading `+`).
+fn number(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// The parser for croner's text (see [`Read`]): 5 to 7 fields, no sloppy
+/// ranges (`a/s` arrives as `a-max/s`; `/s` is refused before).
+fn croner_parser(dom_and_dow: bool) -> CronParser {
+    CronParser::builder().seconds(Seconds::Optional).year(parser::Year::Optional).dom_and_dow(dom_and_dow).build()
 }
 
 impl CronSchedule {
     /// Parses `expr` in zone `tz` (IANA name). Errors name the cron field
     /// (`minute field "61": ...`), an unknown zone, or a schedule that can
-    /// never fire (`0 0 30 2 *`).
+    /// never fire (`0 0 30 2 *`). What is accepted: the README's
+    /// "Schedules and cron semantics".
     pub fn parse(expr: &str, tz: &str, jitter_ms: u64) -> Result<Self, CronError> {
         let tz = Tz::from_str(tz)
             .map_err(|_| CronError::Zone(format!("unknown time zone {tz:?} (use an IANA name such as \"Asia/Shanghai\")")))?;
-        let trimmed = expr.trim();
-        if trimmed.is_empty() {
-            return Err(CronError::Expr("must not be empty".into()));
-        }
-        let normalized = match trimmed.to_ascii_lowercase().as_str() {
-            "@midnight" => "@daily".to_string(),
-            "@reboot" => return Err(CronError::Expr("@reboot is not a schedule".into())),
-            a if a.starts_with('@') && !["@yearly", "@annually", "@monthly", "@weekly", "@daily", "@hourly"].contains(&a) => {
-                return Err(CronError::Expr(format!("unknown alias {trimmed:?}")));
-            }
-            _ => trimmed.to_string(),
-        };
-        precheck(&normalized)?;
-        let cron = parser_for(&normalized).parse(&normalized).map_err(|e| CronError::Expr(blame_field(&normalized, &e.to_string())))?;
-        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), jitter_ms, fixed_time: is_fixed_time(&normalized) };
+        let read = read(expr)?;
+        let cron = croner_parser(read.dom_and_dow).parse(&read.croner).map_err(|e| CronError::Expr(format!("{expr:?}: {e}")))?;
+        let trimmed = expr.trim_matches([' ', '\t']);
+        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), jitter_ms, fixed_time: read.fixed_time };
         // A calendar-impossible schedule (Feb 30, Apr 31) has no slot at all.
         let probe = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single().unwrap_or_default();
         if s.next_after(probe).is_none() {
@@ -373,12 +540,19 @@ mod tests {
     use super::*;
 
     /// The shared cron cases (a copy of `shared/cases/cron.json`): the truth
-    /// for cron semantics, checked here against next-fire computation.
-    const CASES: &str = include_str!("../../../tests/cases/cron.json");
+    /// for cron semantics, checked here against next-fire computation; and
+    /// this project's own cases of cronie's parsing rules (issue 34).
+    const CASES: [&str; 2] = [include_str!("../../../tests/cases/cron.json"), include_str!("../../../tests/cases/cron_extra.json")];
 
     #[test]
     fn shared_cron_cases_pass() {
-        let v: serde_json::Value = serde_json::from_str(CASES).expect("cases parse");
+        for file in CASES {
+            check_cases(file);
+        }
+    }
+
+    fn check_cases(file: &str) {
+        let v: serde_json::Value = serde_json::from_str(file).expect("cases parse");
         for c in v["cases"].as_array().expect("cases") {
             let id = c["id"].as_str().unwrap_or("?");
             let s = CronSchedule::parse(c["expr"].as_str().unwrap_or(""), c["timezone"].as_str().unwrap_or("UTC"), 0)
@@ -452,6 +626,176 @@ mod tests {
         assert_eq!(last.next_after(t), Some("2026-11-30T12:00:00Z".parse().expect("t")));
     }
 
+    /// The first `n` fire times of `expr` (UTC) strictly after `after`, as
+    /// RFC 3339 dates at UTC.
+    fn fires(expr: &str, after: &str, n: usize) -> Vec<String> {
+        let s = CronSchedule::parse(expr, "UTC", 0).unwrap_or_else(|e| panic!("{expr:?}: {e}"));
+        let mut t: DateTime<Utc> = after.parse().expect("after");
+        let mut out = Vec::new();
+        for _ in 0..n {
+            t = s.next_after(t).unwrap_or_else(|| panic!("{expr:?}: no fire after {t}"));
+            out.push(t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        }
+        out
+    }
+
+    fn refused(expr: &str) -> String {
+        match CronSchedule::parse(expr, "UTC", 0) {
+            Ok(_) => panic!("{expr:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// croner turns the text `-SUN` into `-7`, so `SUN-SUN` and `0-SUN` were
+    /// `0-7` and fired every day; cronie reads `SUN` as 0 (Sundays only).
+    #[test]
+    fn sunday_name_ranges_fire_on_sundays_only() {
+        let sundays = ["2026-03-08T00:00:00Z", "2026-03-15T00:00:00Z", "2026-03-22T00:00:00Z"];
+        for expr in ["0 0 * * SUN-SUN", "0 0 * * 0-SUN", "0 0 * * sun-0", "0 0 * * 7-SUN", "0 0 * * SUN"] {
+            assert_eq!(fires(expr, "2026-03-01T00:00:00Z", 3), sundays, "{expr}");
+        }
+        // A range ending in SUN still reaches Sunday (cronie: x-0 is x-7).
+        assert_eq!(
+            fires("0 0 * * SAT-SUN", "2026-03-01T00:00:00Z", 3),
+            ["2026-03-07T00:00:00Z", "2026-03-08T00:00:00Z", "2026-03-14T00:00:00Z"]
+        );
+    }
+
+    /// cronie's `get_range` reads a day-of-week range that ends at 0 after
+    /// its start as ending at 7 (`MON-0` is Monday..Sunday); croner refused it.
+    #[test]
+    fn day_of_week_range_ending_at_0_runs_to_sunday() {
+        let fri_to_sun = ["2026-03-06T00:00:00Z", "2026-03-07T00:00:00Z", "2026-03-08T00:00:00Z", "2026-03-13T00:00:00Z"];
+        for expr in ["0 0 * * 5-0", "0 0 * * FRI-0", "0 0 * * 5-SUN"] {
+            assert_eq!(fires(expr, "2026-03-01T00:00:00Z", 4), fri_to_sun, "{expr}");
+        }
+        let every_day = ["2026-03-07T00:00:00Z", "2026-03-08T00:00:00Z", "2026-03-09T00:00:00Z"];
+        for expr in ["0 0 * * MON-0", "0 0 * * 1-0", "0 0 * * MON-SUN"] {
+            assert_eq!(fires(expr, "2026-03-06T00:00:00Z", 3), every_day, "{expr}");
+        }
+        // cronie takes the step branch before that fix-up, so `1-0/2` is an
+        // empty set there: refused here rather than read either way.
+        let e = refused("0 0 * * MON-0/2");
+        assert!(e.contains("day-of-week field \"MON-0/2\"") && e.contains("1-7/2"), "{e}");
+        // Any other backwards range is refused (cronie silently sets nothing,
+        // or for `5-0` in minutes the surprising 5-7).
+        for (expr, field) in [
+            ("0 0 * * 3-1", "day-of-week field \"3-1\""),
+            ("30-0 * * * *", "minute field \"30-0\""),
+            ("0 0 * NOV-FEB *", "month field \"NOV-FEB\""),
+        ] {
+            let e = refused(expr);
+            assert!(e.contains(field) && e.contains("backwards"), "{expr}: {e}");
+        }
+    }
+
+    /// cronie accepts `*` as one item of a list (`get_range`'s `R_AST`
+    /// state); croner refused `*,5`. The star flags still come from the
+    /// field's first character, as in cronie's `entry.c`.
+    #[test]
+    fn star_inside_a_list_means_every_value() {
+        assert_eq!(
+            fires("0 *,5 * * *", "2026-03-01T00:00:00Z", 3),
+            ["2026-03-01T01:00:00Z", "2026-03-01T02:00:00Z", "2026-03-01T03:00:00Z"]
+        );
+        assert!(!CronSchedule::parse("*,5 3 * * *", "UTC", 0).expect("parse").is_fixed_time(), "minute starts with *");
+        // Day-of-week starts with `*`: cronie's DOW_STAR, so both day fields
+        // must match: the 1st of each month.
+        assert_eq!(
+            fires("0 0 1 * *,5", "2026-03-01T00:00:00Z", 3),
+            ["2026-04-01T00:00:00Z", "2026-05-01T00:00:00Z", "2026-06-01T00:00:00Z"]
+        );
+        // `5,*` does not start with `*`: both fields restricted, either
+        // matches, and every day matches the day-of-week field.
+        assert_eq!(
+            fires("0 0 1 * 5,*", "2026-03-01T00:00:00Z", 3),
+            ["2026-03-02T00:00:00Z", "2026-03-03T00:00:00Z", "2026-03-04T00:00:00Z"]
+        );
+        assert_eq!(fires("0 0 *,L * *", "2026-03-01T00:00:00Z", 2), ["2026-03-02T00:00:00Z", "2026-03-03T00:00:00Z"]);
+    }
+
+    /// A field starting with `/` is refused by cronie, Quartz and croner's
+    /// own default; `sloppy_ranges` let it through here as every-10.
+    #[test]
+    fn field_starting_with_slash_is_refused_naming_the_field() {
+        let e = refused("/10 * * * *");
+        assert!(e.contains("minute field \"/10\"") && e.contains("*/10"), "{e}");
+        let e = refused("0 0 /2 * *");
+        assert!(e.contains("day-of-month field \"/2\""), "{e}");
+        let e = refused("0 0 * * 1,/2");
+        assert!(e.contains("day-of-week field \"1,/2\""), "{e}");
+        // `0/10` (Quartz: from 0 every 10) stays; the shared cases use it.
+        assert_eq!(
+            fires("0 0/20 * * * *", "2026-03-01T00:00:00Z", 3),
+            ["2026-03-01T00:20:00Z", "2026-03-01T00:40:00Z", "2026-03-01T01:00:00Z"]
+        );
+    }
+
+    /// `5L` (the last Friday) in a list with other days keeps both; `L`
+    /// alone in a day-of-week list matched no day and was dropped silently.
+    #[test]
+    fn last_weekday_in_a_day_of_week_list_is_kept_and_bare_l_refused() {
+        // March 2026: Mondays 23 and 30, last Friday 27.
+        let want = ["2026-03-23T00:00:00Z", "2026-03-27T00:00:00Z", "2026-03-30T00:00:00Z", "2026-04-06T00:00:00Z"];
+        for expr in ["0 0 * * 5L,1", "0 0 * * 1,5L", "0 0 * * MON,FRIL"] {
+            assert_eq!(fires(expr, "2026-03-20T00:00:00Z", 4), want, "{expr}");
+        }
+        for expr in ["0 0 * * L,1", "0 0 * * 1,L", "0 0 * * l"] {
+            let e = refused(expr);
+            assert!(e.contains("day-of-week field") && e.contains("L alone matches no day"), "{expr}: {e}");
+        }
+        // `L` and `LW` in one day-of-month field: croner kept only LW.
+        let e = refused("0 0 L,LW * *");
+        assert!(e.contains("day-of-month field \"L,LW\""), "{e}");
+    }
+
+    /// Rust's `split_whitespace` (in croner and here) split fields at any
+    /// Unicode space; cronie splits at ASCII space and tab only.
+    #[test]
+    fn only_ascii_space_and_tab_separate_fields() {
+        for (expr, ch) in [
+            ("0\u{a0}0 * * *", "U+00A0"),
+            ("0 0 * *\u{3000}*", "U+3000"),
+            ("0 0 * * *\u{2003}", "U+2003"),
+            ("0 0\n* * *", "U+000A"),
+            ("0 0 * * \u{17f}un", "U+017F"),
+            ("0 0 * * \u{ff15}", "U+FF15"),
+        ] {
+            let e = refused(expr);
+            assert!(e.contains(ch) && e.contains("ASCII"), "{expr:?}: {e}");
+        }
+        assert_eq!(fires("0\t0  *\t * *", "2026-03-01T00:00:00Z", 1), ["2026-03-02T00:00:00Z"]);
+    }
+
+    /// croner replaced month and day names anywhere in the expression, so
+    /// `JAN` in day-of-week was Monday and `MON` in month January; cronie
+    /// knows each field's own names only.
+    #[test]
+    fn names_belong_to_their_own_field() {
+        for (expr, field) in [
+            ("0 0 * * JAN", "day-of-week field \"JAN\""),
+            ("0 0 * MON *", "month field \"MON\""),
+            ("0 0 MON * *", "day-of-month field \"MON\""),
+            ("0 0 * * MONDAY", "day-of-week field \"MONDAY\""),
+            ("0 0 * * */MON", "day-of-week field \"*/MON\""),
+        ] {
+            let e = refused(expr);
+            assert!(e.contains(field), "{expr}: {e}");
+        }
+        assert_eq!(fires("0 0 1 jan-Feb *", "2026-01-01T00:00:00Z", 2), ["2026-02-01T00:00:00Z", "2027-01-01T00:00:00Z"]);
+    }
+
+    /// croner skipped empty list items (`1,` was `1`); cronie refuses them.
+    #[test]
+    fn empty_list_items_are_refused() {
+        for (expr, field) in
+            [("0 0 1, * *", "day-of-month field \"1,\""), ("0,,30 * * * *", "minute field \"0,,30\""), ("0 , * * *", "hour field \",\"")]
+        {
+            let e = refused(expr);
+            assert!(e.contains(field) && e.contains("empty"), "{expr}: {e}");
+        }
+    }
+
     /// cronie's main loop (`cron.c`), minute by minute in real time: the
     /// reference the DST rules are checked against. Returns the instants
     /// at which a 5-field expression's job would start in `[from, until)`
@@ -513,6 +857,8 @@ mod tests {
             "@daily",
             "@hourly",
             "45 1 * * 0",
+            "*,30 2 * * *",
+            "30,* 2 * * *",
         ];
         // (zone, changes of 2026 as UTC instants)
         let zones = [
@@ -565,6 +911,12 @@ mod tests {
             ("@daily", true),
             ("@weekly", true),
             ("@hourly", false),
+            // cronie reads the first character: `*` as a later list item
+            // does not make the field a star field.
+            ("*,30 2 * * *", false),
+            ("30,* 2 * * *", true),
+            ("0 *,5 * * *", false),
+            ("0 5,* * * *", true),
         ] {
             assert_eq!(CronSchedule::parse(expr, "UTC", 0).expect("parse").is_fixed_time(), fixed, "{expr}");
         }
