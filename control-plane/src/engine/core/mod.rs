@@ -307,6 +307,11 @@ struct TaskEntry {
     /// Runs of an unfinished `run_all` catch-up: they queue behind each
     /// other instead of being skipped for overlapping each other.
     catchup: HashSet<String>,
+    /// The task's latest record, when it is a SKIPPED time slot: the next
+    /// slot skipped for the same reason extends it (count, range, latest
+    /// why) instead of writing a record of its own. Any other record of
+    /// the task ends the chain.
+    skips: Option<Box<RunRecord>>,
 }
 
 /// The engine's state. See the module docs.

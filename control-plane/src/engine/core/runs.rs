@@ -95,6 +95,10 @@ impl EngineCore {
 
     /// Adds a new record to memory and to this turn's creations.
     pub(super) fn create(&mut self, now: Now, mut run: RunRecord) {
+        // A record of its own: the task's skipped slots no longer chain.
+        if let Some(e) = self.tasks.get_mut(&run.task_id) {
+            e.skips = None;
+        }
         run.fencing_token = self.cfg.token;
         run.updated_at = now.wall;
         if run.span_id.is_empty() {
@@ -208,9 +212,14 @@ impl EngineCore {
         true
     }
 
-    /// Records `run` (not yet created) as SKIPPED for `reason`: one slot.
+    /// Records `run` (not yet created) as SKIPPED for `reason`: one slot —
+    /// or, for a time slot skipped for the same reason as the task's
+    /// latest record, one more slot of that record ([`Self::extend_skips`]).
     pub(super) fn skip_one(&mut self, now: Now, run: &RunRecord, reason: SkipReason, why: String) {
         let slot = run.scheduled_at;
+        if run.trigger.is_slot() && self.extend_skips(now, run, reason, &why) {
+            return;
+        }
         let mut skipped =
             RunRecord::skipped(run.run_id.clone(), &run.task_id, &run.agent_id, run.trigger, reason, (1, slot, slot), why, now.wall);
         // What started it stays on the record (an event, the run it follows).
@@ -220,11 +229,51 @@ impl EngineCore {
         skipped.priority = run.priority;
         let run_id = skipped.run_id.clone();
         self.create(now, skipped);
+        if run.trigger.is_slot()
+            && let (Some(e), Some(r)) = (self.tasks.get_mut(&run.task_id), self.runs.get(&run_id))
+        {
+            e.skips = Some(Box::new(r.clone()));
+        }
         tracing::info!(run_id = %run_id, reason = reason.as_str(), "slot skipped");
         if let Some(r) = self.event_run(&run_id) {
             self.fx.events.push(Lifecycle::SlotSkipped { run: r, reason, count: 1, from: slot, until: slot });
         }
         self.notify(now, &run_id, NotifyEvent::OnSkipped, None);
+    }
+
+    /// Consecutive slots of a task skipped for one reason are one record
+    /// (issue 34: a budget-exceeded 20-second task wrote a record per slot,
+    /// ~120,000 by the month's end, pushing its real runs out of
+    /// `keep_last`): the slot extends the task's latest record when that is
+    /// a SKIPPED slot of the same reason and trigger — its count and range
+    /// grow, its error is the latest why — rewritten in the task's group
+    /// with the cursor. No notification for the extension (the record's
+    /// first slot sent one). A new leader starts a new record. Returns
+    /// false when there is no such record.
+    fn extend_skips(&mut self, now: Now, run: &RunRecord, reason: SkipReason, why: &str) -> bool {
+        let slot = run.scheduled_at;
+        let Some(prev) = self.tasks.get_mut(&run.task_id).and_then(|e| e.skips.as_mut()) else { return false };
+        if prev.skip_reason != Some(reason) || prev.trigger != run.trigger || prev.missed_until.is_some_and(|u| slot <= u) {
+            return false;
+        }
+        prev.missed_count = Some(prev.missed_count.unwrap_or(1).saturating_add(1));
+        prev.missed_until = Some(slot);
+        prev.error = Some(why.to_string());
+        prev.finished_at = Some(now.wall);
+        let rec = (**prev).clone();
+        let run_id = rec.run_id.clone();
+        match self.runs.get_mut(&run_id) {
+            // Created this turn, or not yet written: the write takes it as it is now.
+            Some(r) => *r = rec,
+            None => self.remember_run(rec),
+        }
+        self.touch(now, &run_id, Urgency::Now);
+        self.writes.join_task(&run_id);
+        tracing::debug!(run_id = %run_id, reason = reason.as_str(), %slot, "slot skipped (coalesced)");
+        if let Some(r) = self.event_run(&run_id) {
+            self.fx.events.push(Lifecycle::SlotSkipped { run: r, reason, count: 1, from: slot, until: slot });
+        }
+        true
     }
 
     /// A created run that never had an attempt ends SKIPPED for `reason`
@@ -237,6 +286,7 @@ impl EngineCore {
             return;
         }
         let slot = run.scheduled_at;
+        let task_id = run.task_id.clone();
         run.status = RunStatus::Skipped;
         run.skip_reason = Some(reason);
         run.missed_count = Some(1);
@@ -247,6 +297,9 @@ impl EngineCore {
         run.pending_reason = None;
         run.next_attempt_at = None;
         run.start_by = None;
+        if let Some(e) = self.tasks.get_mut(&task_id) {
+            e.skips = None;
+        }
         self.ready.remove(run_id);
         self.timers.start_by.remove(&run_id.to_string());
         self.dispatch_needed = true;

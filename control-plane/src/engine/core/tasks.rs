@@ -106,6 +106,7 @@ impl EngineCore {
             deleted: false,
             deferred: false,
             catchup: HashSet::new(),
+            skips: None,
         };
         self.policies.task_changed(&id, Some(&entry.record.spec));
         self.routes.task_changed(&id, Some(&entry.record.spec));

@@ -1145,10 +1145,10 @@ fn breaker_opens_skips_tries_and_closes_across_a_reload() {
     // 10:00:30 and 10:00:40 are skipped circuit_open; 10:00:50 is the trial.
     let fx = h.tick(20, &[("r1", s)]);
     assert!(assigns(&fx).is_empty());
-    for slot in ["t.20261201T100030Z", "t.20261201T100040Z"] {
-        let r = h.stored(slot).expect("skip record");
-        assert_eq!((r.status, r.skip_reason), (RunStatus::Skipped, Some(SkipReason::CircuitOpen)), "{slot}");
-    }
+    // One record for both (consecutive skips of one reason coalesce).
+    let r = h.stored("t.20261201T100030Z").expect("skip record");
+    assert_eq!((r.status, r.skip_reason, r.missed_count), (RunStatus::Skipped, Some(SkipReason::CircuitOpen), Some(2)));
+    assert_eq!(r.missed_until, Some(slot_time("t.20261201T100040Z")));
     let trial = one_assign(&h.tick(10, &[("r1", s)]));
     assert_eq!(trial.run_id, "t.20261201T100050Z");
     // Half-open: 10:01:00 is skipped while the trial runs.
@@ -1537,4 +1537,63 @@ fn a_skip_tasks_slot_busy_at_dispatch_is_recorded_skipped() {
     assert_eq!(skipped.skip_reason, Some(SkipReason::ResourceBusy));
     assert_eq!(skipped.error.as_deref(), Some("resource search-api (1/1 in use)"));
     assert!(h.core.active_run("b-skip.20261201T100010Z").is_none(), "nothing of it stays in memory");
+}
+
+/// Issue 34, finding 13: a task skipped slot after slot (a spent budget,
+/// an open breaker, its limit) wrote one SKIPPED record per slot —
+/// ~120,000 by a month's end for a 20-second task — and pushed its real
+/// runs out of `keep_last`. Consecutive slots skipped for one reason are
+/// one record with their count and range; a run in between starts anew.
+#[test]
+fn consecutive_skips_of_one_reason_are_one_record() {
+    let mut h = H::new();
+    let (s, _) = h.hello("r1", &["a"], 4);
+    h.task(every_10s("t", serde_json::json!({"concurrency_limit": 1})));
+    let fx = h.tick(10, &[("r1", s)]);
+    let first = one_assign(&fx);
+    // Five slots while the first run holds the only slot of its task.
+    let fx = h.tick(50, &[("r1", s)]);
+    let created: Vec<_> = fx
+        .writes
+        .iter()
+        .flatten()
+        .filter_map(|op| match op {
+            StoreOp::CreateRun(r) => Some(r.run_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created, vec!["t.20261201T100020Z"], "one record for the five skipped slots");
+    let rec = h.stored("t.20261201T100020Z").expect("written");
+    assert_eq!((rec.status, rec.skip_reason), (RunStatus::Skipped, Some(SkipReason::ConcurrencyLimit)));
+    assert_eq!(rec.missed_count, Some(5));
+    assert_eq!((rec.missed_from, rec.missed_until), (Some(slot_time("t.20261201T100020Z")), Some(slot_time("t.20261201T100100Z"))));
+    // Each extension commits with the cursor that moved past its slot.
+    let last = h.log.last().expect("drained");
+    let _ = last;
+    let groups_with_both = h
+        .log
+        .iter()
+        .flat_map(|f| f.writes.iter())
+        .filter(|g| {
+            g.iter().any(|op| matches!(op, StoreOp::PutRun(r) if r.run_id == "t.20261201T100020Z"))
+                && g.iter().any(|op| matches!(op, StoreOp::PutCursor { .. }))
+        })
+        .count();
+    assert_eq!(groups_with_both, 4, "every extension is in its task's group");
+    // A run in between: the next skip is a record of its own.
+    h.finished("r1", s, &first, ReportedOutcome::Succeeded);
+    let fx = h.tick(10, &[("r1", s)]);
+    let second = one_assign(&fx);
+    let fx = h.tick(10, &[("r1", s)]);
+    let _ = second;
+    let created: Vec<_> = fx
+        .writes
+        .iter()
+        .flatten()
+        .filter_map(|op| match op {
+            StoreOp::CreateRun(r) => Some((r.run_id.clone(), r.missed_count)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created, vec![("t.20261201T100120Z".to_string(), Some(1))]);
 }
