@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pb::cluster_service_client::ClusterServiceClient;
+use pb::config_service_client::ConfigServiceClient;
 use pb::notification_service_client::NotificationServiceClient;
 use pb::run_service_client::RunServiceClient;
 use pb::task_service_client::TaskServiceClient;
@@ -87,6 +88,13 @@ enum Cmd {
     /// Cluster membership and leadership.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// The cluster configuration (resources, budgets, prices, brokers,
+    /// sinks), one versioned document in the store every replica follows.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+    /// Checks task files offline, as `task apply` would (no server):
+    /// every problem of every definition, by position, id and field.
+    Validate(ValidateArgs),
     /// The notification outbox: what was sent, what waits, dead letters.
     #[command(subcommand)]
     Notifications(NotificationsCmd),
@@ -120,6 +128,44 @@ struct StatsArgs {
     /// Runs whose slot is within this long ago ("1h", "30m", "7d").
     #[arg(long, default_value = "1h")]
     since: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCmd {
+    /// Validates FILE and every stored task against it, then stores it as
+    /// the next version (admin; the leader answers).
+    Apply {
+        /// The document, YAML or JSON (`-`: stdin).
+        #[arg(short = 'f', long = "file")]
+        file: String,
+        /// Check only: nothing is stored.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// The configuration in force (or an earlier version), as applied.
+    Get {
+        /// An earlier version (the last 20 are kept).
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// How FILE differs from the configuration in force (exit code 1 when
+    /// it does), compared by meaning: layout, comments and key order aside.
+    Diff {
+        /// The document (`-`: stdin).
+        #[arg(short = 'f', long = "file")]
+        file: String,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ValidateArgs {
+    /// Task file(s): JSON or YAML, one definition or a list (`-`: stdin).
+    #[arg(short = 'f', long = "file", required = true)]
+    file: Vec<String>,
+    /// A cluster configuration to check resources and brokers against
+    /// (without it, those are not checked).
+    #[arg(long)]
+    config: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -666,6 +712,62 @@ pub async fn run(cli: Cli) -> Res {
         }
         Cmd::Task(c) => task(&cli.endpoint, c, fmt).await,
         Cmd::Runs(c) => runs(&cli.endpoint, c, fmt).await,
+        Cmd::Config(ConfigCmd::Apply { file, dry_run }) => {
+            let text = read_file_arg(&file)?;
+            let mut c = ConfigServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let r = c.apply_config(pb::ApplyConfigRequest { text, dry_run }).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(
+                    &serde_json::json!({"version": r.version, "changed": r.changed, "previous_version": r.previous_version, "dry_run": dry_run}),
+                );
+            } else if !r.changed {
+                println!("unchanged: version {} is in force", r.version);
+            } else if dry_run {
+                println!("valid: every task fits it; it would be version {} (nothing stored)", r.version);
+            } else {
+                println!("applied: version {} (was {})", r.version, r.previous_version);
+            }
+            Ok(())
+        }
+        Cmd::Config(ConfigCmd::Get { version }) => {
+            let mut c = ConfigServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let s = c.get_config(pb::GetConfigRequest { version: version.unwrap_or(0) }).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(
+                    &serde_json::json!({"version": s.version, "text": s.text, "applied_at": output::t(&s.applied_at), "applied_by": s.applied_by}),
+                );
+            } else {
+                println!("# version {}, applied {} by {}", s.version, output::t(&s.applied_at).as_str().unwrap_or("-"), s.applied_by);
+                print!("{}", s.text);
+                if !s.text.ends_with('\n') {
+                    println!();
+                }
+            }
+            Ok(())
+        }
+        Cmd::Config(ConfigCmd::Diff { file }) => {
+            let text = read_file_arg(&file)?;
+            let mut c = ConfigServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
+            let stored = match c.get_config(pb::GetConfigRequest { version: 0 }).await {
+                Ok(s) => s.into_inner(),
+                Err(s) if s.code() == tonic::Code::NotFound => pb::StoredConfig::default(),
+                Err(s) => return Err(grpc(s)),
+            };
+            let canonical = |t: &str| -> Result<String, String> {
+                let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(t).map_err(|e| format!("{e}"))?;
+                if v.is_null() { Ok(String::new()) } else { serde_yaml_ng::to_string(&v).map_err(|e| e.to_string()) }
+            };
+            let old = canonical(&stored.text).map_err(|e| format!("the stored configuration: {e}"))?;
+            let new = canonical(&text).map_err(|e| format!("{file}: {e}"))?;
+            if old == new {
+                println!("no difference from version {}", stored.version);
+                return Ok(());
+            }
+            let diff = similar::TextDiff::from_lines(&old, &new);
+            print!("{}", diff.unified_diff().header(&format!("cluster (version {})", stored.version), &file));
+            Err(String::new())
+        }
+        Cmd::Validate(args) => validate_offline(&args),
         Cmd::Cluster(ClusterCmd::Status) => {
             let mut c = ClusterServiceClient::new(client::connect(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
             let s = c.get_cluster_status(pb::GetClusterStatusRequest {}).await.map_err(grpc)?.into_inner();
@@ -676,15 +778,23 @@ pub async fn run(cli: Cli) -> Res {
                 "fencing_token": s.fencing_token,
                 "store": s.store,
                 "answered_by": s.answered_by,
+                "config_version": s.config_version,
+                "leader_unresponsive": s.leader_unresponsive,
             });
             if fmt == Format::Json {
                 print_json(&j);
             } else {
                 if s.leader_id.is_empty() {
                     println!("store: {}\nleader: none", s.store);
+                } else if s.leader_unresponsive {
+                    println!(
+                        "store: {}\nleader: {} at {} (fencing token {}) DOES NOT ANSWER: its lease has not expired yet; a new leader follows within the lease's TTL",
+                        s.store, s.leader_id, s.leader_address, s.fencing_token
+                    );
                 } else {
                     println!("store: {}\nleader: {} at {} (fencing token {})", s.store, s.leader_id, s.leader_address, s.fencing_token);
                 }
+                println!("configuration: version {}", s.config_version);
                 table(
                     &["MEMBER", "ADDRESS", "LEADER"],
                     s.members.iter().map(|m| vec![m.id.clone(), m.advertise_address.clone(), m.is_leader.to_string()]).collect(),
@@ -1024,9 +1134,9 @@ fn reload_config_on_sighup(core: Arc<punchclock_control_plane::api::Core>) {
         let mut refused: Option<String> = None;
         while hup.recv().await.is_some() {
             match core.reload_config().await {
-                Ok(()) => {
+                Ok(version) => {
                     refused = None;
-                    tracing::info!("SIGHUP: config file reloaded");
+                    tracing::info!(version, "SIGHUP: the cluster configuration is this replica's --config");
                 }
                 Err(e) => {
                     let why = e.to_string();
@@ -1404,4 +1514,34 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             Ok(())
         }
     }
+}
+
+/// The text of a `-f` argument (`-`: standard input).
+fn read_file_arg(path: &str) -> Result<String, String> {
+    if path == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| format!("<stdin>: {e}"))?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))
+}
+
+/// `punchclock validate -f FILE...`: the server's checks of `task apply`,
+/// offline: every problem of every definition; with `--config`, resources
+/// and brokers against that configuration.
+fn validate_offline(args: &ValidateArgs) -> Result<(), String> {
+    let config = match &args.config {
+        Some(p) => Some(punchclock_control_plane::config::Config::from_text(&read_file_arg(p)?).map_err(|e| format!("--config {p}: {e}"))?),
+        None => None,
+    };
+    let mut specs = Vec::new();
+    for f in &args.file {
+        specs.extend(crate::taskfile::read(std::path::Path::new(f))?);
+    }
+    let n = specs.len();
+    let now = SystemClock.now();
+    punchclock_control_plane::api::validate_file(&specs, now, config.as_ref()).map_err(|e| e.to_string())?;
+    let against = if args.config.is_some() { "" } else { " (resources and brokers not checked: give --config)" };
+    println!("{n} definition(s) valid{against}");
+    Ok(())
 }

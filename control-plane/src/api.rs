@@ -71,6 +71,47 @@ pub struct AppliedTask {
 /// Errors: `InvalidArgument` on `tasks` listing every bad definition (by
 /// position and id, the first 20) and every repeated id.
 fn validate_all(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::config::Config) -> Result<Vec<TaskSpec>> {
+    validate_listed(spec_jsons, now, config)
+}
+
+/// [`validate_all`] without a server (`punchclock validate -f`), and the
+/// problems across the file's own tasks (a webhook path twice, a cycle of
+/// `after`). With `config`, resources and brokers are checked against it;
+/// without, every one a definition names is taken as defined.
+///
+/// Errors: as [`validate_all`]; `InvalidArgument` listing the problems
+/// across tasks.
+pub fn validate_file(spec_jsons: &[String], now: DateTime<Utc>, config: Option<&crate::config::Config>) -> Result<Vec<TaskSpec>> {
+    let lax;
+    let config = match config {
+        Some(c) => c,
+        None => {
+            let mut c = crate::config::Config::defaults();
+            for spec in spec_jsons.iter().filter_map(|j| TaskSpec::from_json(j).ok()) {
+                for r in &spec.execution.resources {
+                    c.resources.entry(r.name.clone()).or_default();
+                }
+                for q in spec.queues() {
+                    let kind = if q.queue.is_some() { crate::config::BrokerKind::Amqp } else { crate::config::BrokerKind::Nats };
+                    let b = crate::config::Broker { kind, url: String::new(), ca_file: None, credentials_file: None };
+                    c.brokers.entry(q.broker.clone()).or_insert(b);
+                }
+            }
+            lax = c;
+            &lax
+        }
+    };
+    let specs = validate_listed(spec_jsons, now, config)?;
+    let refs: Vec<&TaskSpec> = specs.iter().collect();
+    let problems = crate::model::trigger::check_across(&refs, std::iter::empty(), crate::engine::core::policy::dependencies::MAX_FOLLOWERS);
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(|p| format!("task {}: {}: {}", p.task_id, p.field, p.reason)).collect();
+        return Err(Error::invalid("tasks", format!("{} problems across tasks:\n  {}", problems.len(), lines.join("\n  "))));
+    }
+    Ok(specs)
+}
+
+fn validate_listed(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::config::Config) -> Result<Vec<TaskSpec>> {
     const SHOWN_PROBLEMS: usize = 20;
     let mut specs = Vec::with_capacity(spec_jsons.len());
     let mut problems = Vec::new();
@@ -112,45 +153,10 @@ fn validate_all(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::confi
 /// Errors: `InvalidArgument` naming the field.
 fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Config) -> Result<TaskSpec> {
     let spec = TaskSpec::from_json(spec_json)?;
-    for (i, r) in spec.execution.resources.iter().enumerate() {
-        let Some(limits) = config.resources.get(&r.name) else {
-            return Err(Error::invalid(
-                format!("execution.resources[{i}]"),
-                format!("resource {:?} is not defined in the control plane's config (resources:)", r.name),
-            ));
-        };
-        // A run that can never get its units would wait forever.
-        if let Some(c) = limits.concurrency.filter(|c| r.units > *c) {
-            return Err(Error::invalid(
-                format!("execution.resources[{i}].units"),
-                format!("{} units of resource {:?}, whose concurrency is {c}: it could never run", r.units, r.name),
-            ));
-        }
-        if let Some(t) = limits.tokens_per_minute.filter(|t| r.tokens > *t) {
-            return Err(Error::invalid(
-                format!("execution.resources[{i}].tokens"),
-                format!("an estimate of {} tokens for resource {:?}, whose tokens_per_minute is {t}", r.tokens, r.name),
-            ));
-        }
-    }
-    for (i, t) in spec.all_triggers().into_iter().enumerate() {
-        if let crate::model::task::TriggerSpec::Queue(q) = t {
-            let field = format!("{}.broker", spec.trigger_path(i));
-            let Some(b) = config.brokers.get(&q.broker) else {
-                return Err(Error::invalid(
-                    field,
-                    format!("broker {:?} is not defined in the control plane's config (brokers:)", q.broker),
-                ));
-            };
-            let wants = if q.queue.is_some() { crate::config::BrokerKind::Amqp } else { crate::config::BrokerKind::Nats };
-            if b.kind != wants {
-                let (has, give) = match b.kind {
-                    crate::config::BrokerKind::Amqp => ("RabbitMQ (amqp)", "queue"),
-                    crate::config::BrokerKind::Nats => ("NATS (nats)", "subject and stream"),
-                };
-                return Err(Error::invalid(field, format!("broker {:?} is {has}: give {give}", q.broker)));
-            }
-        }
+    // Checked against the cluster configuration (and the write compares
+    // its revision: see `crate::config::cluster`).
+    if let Some((field, why)) = crate::config::cluster::task_problems(&spec, config).into_iter().next() {
+        return Err(Error::invalid(field, why));
     }
     for i in 0..spec.all_triggers().len() {
         let Some(s) = spec.compile_trigger(i) else { continue };
@@ -244,39 +250,80 @@ impl Core {
         why
     }
 
-    /// Reads the config file again (SIGHUP): the new configuration
-    /// replaces the running one whole, or — invalid, or dropping a resource
-    /// a stored task still names — is refused and the running one stays.
+    /// SIGHUP: applies this replica's `--config` file to the cluster
+    /// ([`Core::apply_config`]) when this replica leads; a follower only
+    /// says that its file differs (apply it with `config apply -f`, or
+    /// SIGHUP the leader). Returns the version in force after it.
     ///
-    /// Errors: `InvalidArgument` naming the field or the task that still
-    /// uses a dropped resource; store errors.
-    pub async fn reload_config(&self) -> Result<()> {
-        let Some(path) = self.config.path() else { return Ok(()) };
-        let new = crate::config::Config::load(path)?;
-        let current = self.config.current();
-        let dropped: Vec<&String> = current.resources.keys().filter(|k| !new.resources.contains_key(*k)).collect();
-        // A broker a task consumes from may change (a new URL), not go,
-        // nor change its protocol.
-        let gone: Vec<&String> =
-            current.brokers.iter().filter(|(k, b)| new.brokers.get(*k).is_none_or(|n| n.kind != b.kind)).map(|(k, _)| k).collect();
-        if !dropped.is_empty() || !gone.is_empty() {
-            for (rec, _) in self.repo.load_tasks().await? {
-                if let Some(r) = rec.spec.execution.resources.iter().find(|r| dropped.contains(&&r.name)) {
-                    return Err(Error::invalid(
-                        format!("resources.{}", r.name),
-                        format!("task {:?} still uses it (execution.resources): remove it from the task first", rec.spec.task_id),
-                    ));
-                }
-                if let Some(q) = rec.spec.queues().into_iter().find(|q| gone.contains(&&q.broker)) {
-                    return Err(Error::invalid(
-                        format!("brokers.{}", q.broker),
-                        format!("task {:?} still consumes from it (a queue trigger): remove the trigger first", rec.spec.task_id),
-                    ));
-                }
-            }
+    /// Errors: as [`Core::apply_config`]; `Unavailable` on a follower whose
+    /// file differs from the cluster's configuration.
+    pub async fn reload_config(&self) -> Result<u64> {
+        let Some(text) = self.config.file_text() else { return Ok(self.config.current().version) };
+        if crate::config::cluster::same_document(&self.config.current().text, &text) {
+            return Ok(self.config.current().version);
         }
-        self.config.replace(new);
-        Ok(())
+        if self.engine.read().ok().and_then(|g| g.clone()).is_none() {
+            crate::config::Config::from_text(&text)?;
+            return Err(Error::Unavailable {
+                reason:
+                    "this replica's --config differs from the cluster's configuration, and only the leader applies its file on SIGHUP: \
+                         run punchclock config apply -f FILE"
+                        .into(),
+                leader: self.election.leader().await.map(|l| l.advertise_address),
+            });
+        }
+        let path = self.config.path().map(|p| p.display().to_string()).unwrap_or_default();
+        let by = format!("replica {}: --config {path} (SIGHUP)", self.election.id());
+        Ok(self.apply_config(&text, &by, false).await?.version)
+    }
+
+    /// `ApplyConfig`: validates the cluster configuration `text` and every
+    /// stored task against it, and stores it as the next version (see
+    /// [`crate::config::cluster::apply`]); on the leader.
+    ///
+    /// Errors: `InvalidArgument` naming the field or the tasks that would
+    /// not fit; `Unavailable` naming the leader on a follower.
+    pub async fn apply_config(&self, text: &str, by: &str, dry_run: bool) -> Result<crate::config::cluster::Applied> {
+        let engine = self.engine().await?;
+        crate::config::cluster::apply(&self.repo, engine.leadership(), &self.config, text, by, dry_run, self.clock.now()).await
+    }
+
+    /// `GetConfig`: the configuration in force (`version` 0), or an
+    /// earlier version (the last 20 are kept); `None` when none was ever
+    /// stored (the defaults apply) or that version is gone.
+    ///
+    /// Errors: store errors.
+    pub async fn get_config(&self, version: u64) -> Result<Option<crate::repo::config::StoredConfig>> {
+        if version == 0 {
+            return Ok(self.repo.get_config().await?.map(|c| c.stored));
+        }
+        self.repo.get_config_version(version).await
+    }
+
+    /// The configuration to validate against now, fresh from the store
+    /// when `stale` (a write found the one held here was replaced).
+    async fn config_for_write(&self, stale: bool) -> Result<Arc<crate::config::Config>> {
+        if stale && let Some(at) = self.repo.get_config().await? {
+            crate::config::cluster::adopt(&self.config, &at)?;
+        }
+        Ok(self.config.current())
+    }
+
+    /// Whether the leader `l` names (another replica) does not answer: its
+    /// HTTP `/livez` is asked with a 1 s deadline (a killed or stopped
+    /// leader's lease outlives it by up to its TTL, and until then every
+    /// replica names it). False when this replica leads, when there is no
+    /// leader, or when it has no HTTP port to ask.
+    pub async fn leader_unresponsive(&self, l: &LeaderInfo) -> bool {
+        if l.leader_id.is_empty() || l.leader_id == self.election.id() || l.http_address.is_empty() {
+            return false;
+        }
+        static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+        let client = CLIENT.get_or_init(|| {
+            reqwest::Client::builder().timeout(std::time::Duration::from_secs(1)).build().unwrap_or_else(|_| reqwest::Client::new())
+        });
+        let url = format!("{}/livez", l.http_address.trim_end_matches('/'));
+        !client.get(url).send().await.is_ok_and(|r| r.status().is_success())
     }
 
     /// Current leader as known here.
@@ -289,7 +336,8 @@ impl Core {
     /// serves the task's agent.
     pub async fn apply_task(&self, spec_json: &str, dry_run: bool) -> Result<Applied> {
         let now = self.clock.now();
-        let spec = validate_spec(spec_json, now, &self.config.current())?;
+        let mut config = self.config_for_write(false).await?;
+        let mut spec = validate_spec(spec_json, now, &config)?;
         let mut warnings = self.agent_warnings(&spec).await;
         warnings.extend(self.sink_warnings(&spec));
         warnings.extend(self.check_across(&[&spec]).await?.into_values().flatten());
@@ -300,10 +348,14 @@ impl Core {
             if dry_run || outcome == ApplyOutcome::Unchanged {
                 return Ok(Applied { record: rec, created, warnings });
             }
-            if self.repo.put_task_if(&rec, prev.as_ref().map_or(0, |(_, rev)| *rev)).await? {
+            if self.repo.put_task_checked(&rec, prev.as_ref().map_or(0, |(_, rev)| *rev), config.revision).await? {
                 tracing::info!(task_id = %spec.task_id, created, "task applied");
                 return Ok(Applied { record: rec, created, warnings });
             }
+            // The task, or the cluster configuration, changed meanwhile:
+            // validate again against the configuration in force.
+            config = self.config_for_write(true).await?;
+            spec = validate_spec(spec_json, now, &config)?;
         }
         Err(Error::Unavailable { reason: format!("task {} is being changed concurrently; try again", spec.task_id), leader: None })
     }
@@ -321,7 +373,8 @@ impl Core {
         let now = self.clock.now();
         // Thousands of definitions are seconds of CPU: off the runtime's
         // workers, which also serve the lease renewals and the engine.
-        let config = self.config.current();
+        let config = self.config_for_write(false).await?;
+        let config_rev = config.revision;
         let specs = tokio::task::spawn_blocking(move || validate_all(&spec_jsons, now, &config))
             .await
             .map_err(|e| Error::Internal(format!("validation task failed: {e}")))??;
@@ -333,7 +386,7 @@ impl Core {
             // In a task of its own: a client that goes away mid-apply does
             // not stop it halfway (a journaled apply is finished).
             let (repo, lead, to_write) = (self.repo.clone(), engine.leadership().clone(), specs.clone());
-            let report = tokio::spawn(async move { repo.apply_tasks(&lead, &to_write, now).await })
+            let report = tokio::spawn(async move { repo.apply_tasks(&lead, &to_write, now, config_rev).await })
                 .await
                 .map_err(|e| Error::Internal(format!("apply task failed: {e}")))??;
             tracing::info!(tasks = specs.len(), transactions = report.transactions, journaled = report.journaled, "tasks applied");

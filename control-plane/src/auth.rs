@@ -144,6 +144,8 @@ pub const METHODS: &[(&str, Access)] = &[
     ("/punchclock.v1.ClusterService/GetLeader", Access::Any),
     ("/punchclock.v1.ClusterService/GetClusterStatus", Access::Read),
     ("/punchclock.v1.ClusterService/ListRunners", Access::Read),
+    ("/punchclock.v1.ConfigService/ApplyConfig", Access::Admin),
+    ("/punchclock.v1.ConfigService/GetConfig", Access::Admin),
     ("/punchclock.v1.ClusterService/ListResources", Access::Read),
     ("/punchclock.v1.ClusterService/ReleaseResource", Access::Operate),
     ("/punchclock.v1.ClusterService/ListBudgets", Access::Read),

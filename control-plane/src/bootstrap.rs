@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use punchclock_proto::v1::FILE_DESCRIPTOR_SET;
 use punchclock_proto::v1::cluster_service_server::ClusterServiceServer;
+use punchclock_proto::v1::config_service_server::ConfigServiceServer;
 use punchclock_proto::v1::notification_service_server::NotificationServiceServer;
 use punchclock_proto::v1::run_service_server::RunServiceServer;
 use punchclock_proto::v1::runner_service_server::RunnerServiceServer;
@@ -28,7 +29,7 @@ use crate::engine::lifecycle;
 use crate::engine::{Engine, EngineConfig, EngineExit};
 use crate::error::{Error, Result};
 use crate::repo::Repo;
-use crate::service::{ClusterSvc, NotificationSvc, RunSvc, RunnerSvc, TaskSvc};
+use crate::service::{ClusterSvc, ConfigSvc, NotificationSvc, RunSvc, RunnerSvc, TaskSvc};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::etcd::{EtcdSecurity, EtcdStore};
 use crate::store::{Keys, KvStore};
@@ -189,11 +190,16 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         retention: cfg.retention,
         engine_problem: std::sync::Mutex::new(None),
         metrics: metrics.clone(),
-        config: cfg.config.clone(),
+        config: match cfg.store {
+            StoreSpec::Embedded(_) => cfg.config.clone().with_file_wins(),
+            StoreSpec::Etcd(_) => cfg.config.clone(),
+        },
         auth: cfg.auth.clone(),
         consumers: Default::default(),
     });
     tokio::spawn(metrics.follow(core.lifecycle.clone()));
+    // The cluster configuration: stored, followed by every replica.
+    tokio::spawn(crate::config::cluster::follow(core.repo.clone(), core.config.clone(), cfg.node_id.clone(), clock.clone()));
     if cfg.traces {
         tokio::spawn(crate::telemetry::follow(core.lifecycle.clone()));
     }
@@ -211,6 +217,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     health.set_serving::<RunnerServiceServer<RunnerSvc>>().await;
     health.set_serving::<ClusterServiceServer<ClusterSvc>>().await;
     health.set_serving::<NotificationServiceServer<NotificationSvc>>().await;
+    health.set_serving::<ConfigServiceServer<ConfigSvc>>().await;
     // Both reflection versions: grpcurl speaks v1, Python's
     // grpcio-reflection and older tools only v1alpha.
     let reflection_builder = || {
@@ -242,7 +249,8 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         .add_service(RunServiceServer::new(RunSvc(core.clone())))
         .add_service(RunnerServiceServer::new(RunnerSvc(core.clone())))
         .add_service(ClusterServiceServer::new(ClusterSvc(core.clone())))
-        .add_service(NotificationServiceServer::new(NotificationSvc(core.clone())));
+        .add_service(NotificationServiceServer::new(NotificationSvc(core.clone())))
+        .add_service(ConfigServiceServer::new(ConfigSvc(core.clone())));
     let core2 = core.clone();
     let join = tokio::spawn(async move {
         let mut stop_rx2 = stop_rx.clone();

@@ -1,7 +1,9 @@
-//! The control plane's configuration: one file (`dev`/`server --config
-//! FILE`, YAML or JSON), one typed, validated whole. Each feature reads its
-//! section; a SIGHUP reloads the file, and an invalid one is refused (the
-//! running configuration stays, and the refusal is logged once).
+//! The cluster configuration: one document (YAML or JSON), one typed,
+//! validated whole, stored in the store and versioned (`cluster.rs`;
+//! `punchclock config apply -f FILE`, `config get`, `config diff -f FILE`;
+//! a replica's `--config FILE` is stored when none is yet, and applied
+//! again by SIGHUP on the leader). Each feature reads its section of the
+//! running configuration ([`ConfigHandle`]), which follows the store.
 //!
 //! ```yaml
 //! notifications: {max_attempts: 10, ...}   # delivery settings (crate::notify)
@@ -21,6 +23,7 @@
 
 pub mod brokers;
 pub mod budgets;
+pub mod cluster;
 pub mod resources;
 
 use std::collections::BTreeMap;
@@ -91,6 +94,14 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     /// Brokers by name.
     pub brokers: BTreeMap<String, Broker>,
+    /// Its version in the store (0: not from the store — defaults, or a
+    /// replica's file before it read the store).
+    pub version: u64,
+    /// The store revision of that version (what a task write validated
+    /// against it compares; 0: none stored).
+    pub revision: crate::store::Revision,
+    /// The document it was read from (empty: the defaults).
+    pub text: String,
 }
 
 impl Config {
@@ -116,7 +127,9 @@ impl Config {
             let msg = msg.strip_prefix(&format!("{field}: ")).map(str::to_string).unwrap_or(msg);
             Error::invalid(field, msg)
         })?;
-        Config::from_file(file)
+        let mut c = Config::from_file(file)?;
+        c.text = text.to_string();
+        Ok(c)
     }
 
     /// Validates a parsed file as a whole (a budget naming an undefined
@@ -159,7 +172,18 @@ impl Config {
         for (name, spec) in &file.brokers {
             brokers.insert(name.clone(), brokers::validate(name, spec)?);
         }
-        Ok(Config { notify, resources, quota_backoff, rate_limit_max_hold, budgets, prices, brokers })
+        Ok(Config {
+            notify,
+            resources,
+            quota_backoff,
+            rate_limit_max_hold,
+            budgets,
+            prices,
+            brokers,
+            version: 0,
+            revision: 0,
+            text: String::new(),
+        })
     }
 
     /// The defaults (no file).
@@ -175,6 +199,10 @@ impl Config {
 pub struct ConfigHandle {
     tx: Arc<watch::Sender<Arc<Config>>>,
     path: Option<PathBuf>,
+    /// This replica's file is applied when it differs from the stored
+    /// configuration at start (a single-node store: the one replica's file
+    /// is the cluster's).
+    file_wins: bool,
 }
 
 impl std::fmt::Debug for ConfigHandle {
@@ -193,7 +221,21 @@ impl ConfigHandle {
     /// A handle on `config`, read from `path` (reloads read it again).
     pub fn new(config: Config, path: Option<PathBuf>) -> ConfigHandle {
         let (tx, _) = watch::channel(Arc::new(config));
-        ConfigHandle { tx: Arc::new(tx), path }
+        ConfigHandle { tx: Arc::new(tx), path, file_wins: false }
+    }
+
+    /// The same handle, whose file is applied at start when it differs from
+    /// the stored configuration (a single-node store: `dev`, `server
+    /// --store embedded:`; with replicas on etcd the stored one stands and a
+    /// different file is only reported).
+    pub fn with_file_wins(mut self) -> ConfigHandle {
+        self.file_wins = true;
+        self
+    }
+
+    /// See [`ConfigHandle::with_file_wins`].
+    pub fn file_wins(&self) -> bool {
+        self.file_wins
     }
 
     /// Loads `path` (none: the defaults).
@@ -217,9 +259,22 @@ impl ConfigHandle {
         self.tx.subscribe()
     }
 
-    /// The file reloads read (none: defaults only).
+    /// This replica's `--config` file (none: defaults only).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The text of this replica's `--config` file now (`None`: no file, or
+    /// it cannot be read: logged).
+    pub fn file_text(&self) -> Option<String> {
+        let path = self.path.as_deref()?;
+        match std::fs::read_to_string(path) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "cannot read --config");
+                None
+            }
+        }
     }
 
     /// Replaces the configuration (a reload that passed its checks).

@@ -157,6 +157,10 @@ impl Engine {
         // An apply a previous leader left half done is finished (or rolled
         // back) before the tasks are read.
         cfg.repo.recover_applies(&cfg.leadership, cfg.clock.now()).await?;
+        // Never lead on a configuration other than the stored one: read it
+        // now (a replica's follower may lag), or store this replica's file
+        // when none is stored yet.
+        crate::config::cluster::ensure_stored(&cfg.repo, &cfg.config, &cfg.leader_id, cfg.clock.now()).await?;
         // Watch first, then read: no change falls in between.
         let watch = cfg.repo.watch_tasks().await?;
         let tasks = cfg.repo.load_tasks().await?;

@@ -124,7 +124,18 @@ impl Repo {
     /// written); store errors before the journal is complete (nothing
     /// applied; the partial journal is deleted, or rolled back by the next
     /// leader).
-    pub async fn apply_tasks(&self, lead: &Leadership, specs: &[TaskSpec], now: DateTime<Utc>) -> Result<ApplyReport> {
+    ///
+    /// `config_rev`: the mod revision of the cluster configuration the
+    /// specs were validated against (0: none stored); every transaction
+    /// that writes tasks compares it ([`crate::repo::config`]), and fails
+    /// with `FailedPrecondition` when it moved.
+    pub async fn apply_tasks(
+        &self,
+        lead: &Leadership,
+        specs: &[TaskSpec],
+        now: DateTime<Utc>,
+        config_rev: Revision,
+    ) -> Result<ApplyReport> {
         let _one_at_a_time = self.apply_lock.lock().await;
         let limits = self.limits(Some(lead));
         let encoded: Vec<usize> = specs.iter().map(|s| codec::encode(s).map(|b| b.len())).collect::<Result<_>>()?;
@@ -133,7 +144,7 @@ impl Repo {
             && encoded.iter().map(|n| n + 300 + self.keys.task("").len() + 128).sum::<usize>() <= limits.bytes;
         let mut outcomes = vec![None; specs.len()];
         if fits_one {
-            let transactions = self.write_tasks(lead, specs, now, &limits, &mut outcomes).await?;
+            let transactions = self.write_tasks(lead, specs, now, &limits, &mut outcomes, Some(config_rev)).await?;
             return Ok(ApplyReport { outcomes: outcomes.into_iter().flatten().collect(), transactions, journaled: false });
         }
         // Zero-padded: journals sort (and are recovered) in the order made.
@@ -149,12 +160,12 @@ impl Repo {
         };
         let mut pause = std::time::Duration::from_millis(200);
         loop {
-            match self.write_tasks(lead, specs, now, &limits, &mut outcomes).await {
+            match self.write_tasks(lead, specs, now, &limits, &mut outcomes, Some(config_rev)).await {
                 Ok(n) => {
                     transactions += n;
                     break;
                 }
-                Err(e @ Error::Fenced(_)) => return Err(e),
+                Err(e @ (Error::Fenced(_) | Error::FailedPrecondition(_))) => return Err(e),
                 Err(e) => {
                     tracing::warn!(apply = %id, error = %e, pause_ms = pause.as_millis() as u64, "apply not finished yet; going on");
                     tokio::time::sleep(pause).await;
@@ -247,11 +258,12 @@ impl Repo {
         now: DateTime<Utc>,
         limits: &Limits,
         outcomes: &mut [Option<ApplyOutcome>],
+        config_rev: Option<Revision>,
     ) -> Result<usize> {
         let mut transactions = 0;
         let mut start = outcomes.iter().position(Option::is_none).unwrap_or(specs.len());
         while start < specs.len() {
-            let (batch_outcomes, end, committed) = self.write_batch(lead, specs, start, now, limits).await?;
+            let (batch_outcomes, end, committed) = self.write_batch(lead, specs, start, now, limits, config_rev).await?;
             for (slot, outcome) in outcomes[start..end].iter_mut().zip(batch_outcomes) {
                 *slot = Some(outcome);
             }
@@ -263,7 +275,10 @@ impl Repo {
 
     /// Writes specs from `start` on, as many as one transaction takes;
     /// returns their outcomes, where the next batch starts, and whether a
-    /// transaction was committed (0 or 1).
+    /// transaction was committed (0 or 1). Each transaction puts the tasks'
+    /// change mark and, with `config_rev`, compares the configuration's
+    /// revision (a journal a previous leader left is finished without it:
+    /// no configuration apply can come between, both hold the apply lock).
     async fn write_batch(
         &self,
         lead: &Leadership,
@@ -271,6 +286,7 @@ impl Repo {
         start: usize,
         now: DateTime<Utc>,
         limits: &Limits,
+        config_rev: Option<Revision>,
     ) -> Result<(Vec<ApplyOutcome>, usize, usize)> {
         // How many fit is known only once encoded; read what one
         // transaction of gets can hold, then write the prefix that fits.
@@ -278,7 +294,9 @@ impl Repo {
         for _ in 0..CAS_ATTEMPTS {
             let ids: Vec<&str> = window.iter().map(|s| s.task_id.as_str()).collect();
             let prevs = self.read_tasks(&ids).await?;
-            let mut part = Part::default();
+            let (guard, mark) = self.task_write_guard(config_rev.unwrap_or_default());
+            let mut part = Part::from((config_rev.map(|_| guard).into_iter().collect(), vec![mark], Vec::new()));
+            let guard_ops = part.success.len();
             let mut outcomes = Vec::with_capacity(window.len());
             for (spec, (prev, rev)) in window.iter().zip(&prevs) {
                 let (rec, outcome) = record_for(spec, prev.as_ref(), now);
@@ -300,11 +318,18 @@ impl Repo {
                 ));
             }
             let end = start + outcomes.len();
-            if part.success.is_empty() {
+            if part.success.len() == guard_ops {
                 return Ok((outcomes, end, 0));
             }
             if self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
                 return Ok((outcomes, end, 1));
+            }
+            if let Some(rev) = config_rev
+                && self.get_config().await?.map_or(0, |c| c.revision) != rev
+            {
+                return Err(Error::FailedPrecondition(
+                    "the cluster configuration changed after these tasks were validated: apply them again".into(),
+                ));
             }
             // A task of the batch changed since it was read: read again.
         }
@@ -328,7 +353,7 @@ impl Repo {
                 Ok(Some(specs)) => {
                     tracing::warn!(apply = %id, tasks = specs.len(), "finishing an apply a previous leader left");
                     let mut outcomes = vec![None; specs.len()];
-                    self.write_tasks(lead, &specs, now, &limits, &mut outcomes).await?;
+                    self.write_tasks(lead, &specs, now, &limits, &mut outcomes, None).await?;
                 }
                 Ok(None) => tracing::warn!(apply = %id, "rolling back an apply a previous leader left unrecorded"),
                 // A journal that cannot be read cannot be finished; kept,

@@ -130,6 +130,20 @@ impl Keys {
     pub fn budget_charge(&self, name: &str, window_start: i64, run_id: &str) -> String {
         format!("{}budgets/{name}/{window_start}/runs/{run_id}", self.prefix)
     }
+    /// `{prefix}config/current`: the cluster configuration in force (see
+    /// [`crate::repo::config`]).
+    pub fn config_current(&self) -> String {
+        format!("{}config/current", self.prefix)
+    }
+    /// `{prefix}config/history/{version:020}`: an earlier version.
+    pub fn config_version(&self, version: u64) -> String {
+        format!("{}config/history/{version:020}", self.prefix)
+    }
+    /// `{prefix}meta/tasks-changed`: put by every task write (its mod
+    /// revision tells a configuration apply that a task changed).
+    pub fn tasks_changed(&self) -> String {
+        format!("{}meta/tasks-changed", self.prefix)
+    }
     /// `{prefix}holds/`: resources held back (see [`Keys::hold`]).
     pub fn holds(&self) -> String {
         format!("{}holds/", self.prefix)

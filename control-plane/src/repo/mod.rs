@@ -12,6 +12,7 @@
 pub mod apply;
 pub mod budgets;
 pub mod codec;
+pub mod config;
 mod keys;
 pub mod outbox;
 pub mod retention;
@@ -364,6 +365,31 @@ impl Repo {
     /// Writes a task if its key's mod revision is still `expected` (0 =
     /// absent): optimistic concurrency for read-modify-write. Returns false
     /// when someone else changed it first.
+    /// Writes a task definition validated against the cluster configuration
+    /// at `config_rev` (0: none stored), if its key is still at `expected`
+    /// and that configuration is still in force (see [`config`]); false
+    /// when either moved.
+    ///
+    /// Errors: store errors.
+    pub async fn put_task_checked(&self, rec: &TaskRecord, expected: Revision, config_rev: Revision) -> Result<bool> {
+        let key = self.keys.task(&rec.spec.task_id);
+        let (guard, mark) = self.task_write_guard(config_rev);
+        let txn = Txn {
+            compares: vec![Compare::mod_revision(&key, expected), guard],
+            success: vec![TxnOp::put(&key, codec::encode(rec)?), mark],
+            failure: vec![],
+        };
+        Ok(self.store.txn(txn).await?.succeeded)
+    }
+
+    /// The apply lock (held by `ApplyTasks`, journal recovery and a
+    /// configuration apply: one at a time on a leader).
+    pub(crate) async fn lock_applies(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.apply_lock.clone().lock_owned().await
+    }
+
+    /// Overwrites a task record whose definition did not change (pause,
+    /// resume) if its key is still at `expected`.
     pub async fn put_task_if(&self, rec: &TaskRecord, expected: Revision) -> Result<bool> {
         let key = self.keys.task(&rec.spec.task_id);
         let txn = Txn {

@@ -38,6 +38,7 @@ impl ClusterService for ClusterSvc {
             .map(|(id, advertise_address)| pb::Member { is_leader: id == l.leader_id, id, advertise_address })
             .collect();
         members.sort_by(|a, b| a.id.cmp(&b.id));
+        let leader_unresponsive = self.0.leader_unresponsive(&l).await;
         Ok(Response::new(pb::ClusterStatus {
             members,
             leader_id: l.leader_id,
@@ -45,6 +46,8 @@ impl ClusterService for ClusterSvc {
             fencing_token: l.token,
             store: self.0.repo.store().describe(),
             answered_by: self.0.election.id(),
+            config_version: self.0.config.current().version,
+            leader_unresponsive,
         }))
     }
 

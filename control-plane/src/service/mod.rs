@@ -2,6 +2,7 @@
 //! the error. The one mapping from [`Error`] to `tonic::Status` lives here.
 
 mod cluster;
+mod config;
 pub mod convert;
 pub mod definition;
 mod notification;
@@ -10,6 +11,7 @@ mod runner;
 mod task;
 
 pub use cluster::ClusterSvc;
+pub use config::ConfigSvc;
 pub use notification::NotificationSvc;
 pub use run::RunSvc;
 pub use runner::RunnerSvc;
