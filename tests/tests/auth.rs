@@ -65,7 +65,10 @@ const TABLE: &[(&str, Needs)] = &[
     ("/punchclock.v1.ClusterService/GetClusterStatus", Needs::Read),
     ("/punchclock.v1.ClusterService/ListRunners", Needs::Read),
     ("/punchclock.v1.ClusterService/ListResources", Needs::Read),
+    ("/punchclock.v1.ClusterService/ReleaseResource", Needs::Operate),
     ("/punchclock.v1.ClusterService/ListBudgets", Needs::Read),
+    ("/punchclock.v1.ConfigService/ApplyConfig", Needs::Admin),
+    ("/punchclock.v1.ConfigService/GetConfig", Needs::Admin),
 ];
 
 fn allowed(needs: Needs, role: &str) -> bool {
