@@ -476,6 +476,10 @@ enum RunsCmd {
         /// PENDING, RUNNING, SUCCEEDED, FAILED, RETRYING, TIMEOUT, CANCELLED, SKIPPED.
         #[arg(long)]
         status: Option<String>,
+        /// Only runs an event with this id started (a webhook delivery id,
+        /// a queue message id, a published event's key).
+        #[arg(long, default_value = "")]
+        event_key: String,
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -1440,14 +1444,18 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
     let mut rc = RunServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let header = ["RUN", "STATUS", "SCHEDULED_AT", "ATTEMPTS", "FINISHED_AT", "INFO"];
     match c {
-        RunsCmd::List { task, status, limit } => {
+        RunsCmd::List { task, status, event_key, limit } => {
             let status = match status {
                 None => pb::RunStatus::Unspecified,
                 Some(s) => pb::RunStatus::from_str_name(&s.to_ascii_uppercase())
                     .filter(|s| *s != pb::RunStatus::Unspecified)
                     .ok_or_else(|| format!("--status: unknown status {s:?}"))?,
             };
-            let r = rc.list_runs(pb::ListRunsRequest { task_id: task, status: status as i32, limit }).await.map_err(grpc)?.into_inner();
+            let r = rc
+                .list_runs(pb::ListRunsRequest { task_id: task, status: status as i32, limit, event_key })
+                .await
+                .map_err(grpc)?
+                .into_inner();
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(r.runs.iter().map(run_json).collect()));
             } else {

@@ -762,10 +762,13 @@ impl Core {
     }
 
     /// Runs, newest slot first, filtered by task (a key range of that
-    /// task's runs) and status; at most `limit` (0: 100; capped at 1,000).
-    pub async fn list_runs(&self, task_id: &str, status: Option<RunStatus>, limit: u32) -> Result<Vec<RunRecord>> {
+    /// task's runs), status and the id of the event that started them
+    /// (`event_key`; empty: any); at most `limit` (0: 100; capped at 1,000).
+    pub async fn list_runs(&self, task_id: &str, status: Option<RunStatus>, event_key: &str, limit: u32) -> Result<Vec<RunRecord>> {
         let (mut runs, _) = self.repo.list_runs(task_id).await?;
-        runs.retain(|r| status.is_none_or(|s| r.status == s));
+        runs.retain(|r| {
+            status.is_none_or(|s| r.status == s) && (event_key.is_empty() || r.event.as_ref().is_some_and(|e| e.key == event_key))
+        });
         runs.sort_by(|a, b| b.scheduled_at.cmp(&a.scheduled_at).then_with(|| b.run_id.cmp(&a.run_id)));
         runs.truncate(if limit == 0 { DEFAULT_RUN_LIMIT } else { limit.min(MAX_RUN_LIMIT) } as usize);
         // Listings leave out the output tails (up to 64 KiB each); GetRun has them.

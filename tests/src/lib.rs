@@ -415,7 +415,7 @@ pub async fn wait_run(addr: &str, task_id: &str, within: Duration, pred: impl Fn
 pub async fn list_runs(addr: &str, task_id: &str) -> Vec<pb::Run> {
     runs(addr)
         .await
-        .list_runs(pb::ListRunsRequest { task_id: task_id.into(), status: 0, limit: 10_000 })
+        .list_runs(pb::ListRunsRequest { task_id: task_id.into(), status: 0, limit: 10_000, ..Default::default() })
         .await
         .expect("list runs")
         .into_inner()

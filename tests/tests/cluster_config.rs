@@ -1,7 +1,9 @@
 //! Issue 34, findings 8 and 9: one cluster, one configuration, with real
 //! control planes on a real etcd, a runner and agent processes.
 //!
-//! - **replicas with different files enforce one limit**: `cp0` starts with
+//! - **replicas with different files enforce one limit** (and `cluster
+//!   status` right after the leader's kill says that the leader it still
+//!   names does not answer): `cp0` starts with
 //!   `search: {concurrency: 2}` and stores it; `cp1` starts with a file
 //!   that says 6, and says that its file differs; 6 tasks every second
 //!   share `search`; after `cp0` is killed (-9) and `cp1` leads, live agents
@@ -62,6 +64,13 @@ async fn replicas_with_different_files_enforce_one_limit() {
     let failover = async {
         tokio::time::sleep(Duration::from_secs(4)).await;
         cp0.kill9();
+        // Until its lease ends every replica names the dead leader: saying
+        // so (issue 34, finding 16: `cluster status` named it as if alive).
+        let out = cli_command(&cp1.addr).args(["cluster", "status", "-o", "json"]).output().expect("status");
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if status["leader_id"] == "cp0" {
+            assert_eq!(status["leader_unresponsive"], true, "the dead leader is named as alive: {status:#}");
+        }
         let next = wait_leader(&[cp1.addr.clone()], Duration::from_secs(30), |s| s.leader_id == "cp1").await;
         wait_engine(&next.leader_address).await;
         // Load under the new leader.

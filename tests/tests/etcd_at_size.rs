@@ -90,8 +90,11 @@ async fn a_new_leader_loads_twenty_thousand_big_tasks_and_fires_on_time() {
     let of_one: serde_json::Value = serde_json::from_str(&of_one).expect("runs list --task JSON");
     assert_eq!(of_one.as_array().map(Vec::len), Some(40), "runs list --task: that task's 40 runs");
     let mut client = runs(&server.addr).await;
-    let of_task = client.list_runs(pb::ListRunsRequest { task_id: firing.clone(), status: 0, limit: 0 }).await.expect("runs of a task");
+    let of_task = client
+        .list_runs(pb::ListRunsRequest { task_id: firing.clone(), status: 0, limit: 0, ..Default::default() })
+        .await
+        .expect("runs of a task");
     assert!(of_task.into_inner().runs.iter().all(|r| r.task_id == firing));
-    let unknown = client.list_runs(pb::ListRunsRequest { task_id: String::new(), status: 99, limit: 0 }).await;
+    let unknown = client.list_runs(pb::ListRunsRequest { task_id: String::new(), status: 99, limit: 0, ..Default::default() }).await;
     assert_eq!(unknown.map_err(|e| e.code()).err(), Some(tonic::Code::InvalidArgument), "unknown status");
 }

@@ -8,7 +8,8 @@
 //!   same run ids); a new key makes new runs;
 //! - admission is the manual trigger's: a paused task records the event
 //!   SKIPPED `paused`, a spent budget SKIPPED `budget_exceeded`;
-//! - bad input names the field and creates nothing.
+//! - bad input names the field and creates nothing;
+//! - `runs list --event-key` finds the runs an event started.
 
 use std::time::Duration;
 
@@ -117,4 +118,10 @@ async fn a_published_event_starts_one_run_per_listening_task_per_key() {
     assert!(publish(&dev.addr, "data.updated", "{}", "release v1.2.3/x").await.iter().all(|r| !r.created));
     // Nobody listens on this topic: no run, no error.
     assert!(publish(&dev.addr, "nobody.listens", "", "k3").await.is_empty());
+    // Runs found by the event that started them (issue 34, finding 16).
+    let by_key: Value = serde_json::from_str(&cli(&dev.addr, &["-o", "json", "runs", "list", "--event-key", "k2"])).expect("json");
+    let mut tasks_of: Vec<&str> = by_key.as_array().expect("array").iter().map(|r| r["task_id"].as_str().unwrap_or_default()).collect();
+    tasks_of.sort();
+    assert_eq!(tasks_of, vec!["ev_a", "ev_b", "ev_budget", "ev_paused"], "{by_key:#}");
+    assert!(by_key.as_array().expect("array").iter().all(|r| r["event"]["key"] == "k2"));
 }

@@ -445,9 +445,10 @@ impl TaskSpec {
         loop {
             match serde_path_to_error::deserialize::<_, TaskSpec>(&value) {
                 Ok(spec) => {
-                    if problems.is_empty() {
-                        spec.check(&mut problems);
-                    }
+                    // The rest is checked too (issue 34: a type error hid
+                    // every other problem): the fields taken out read as
+                    // their defaults, which pass.
+                    spec.check(&mut problems);
                     return problems.into_result().map(|()| spec);
                 }
                 Err(e) => {
@@ -777,10 +778,6 @@ impl Problems {
         self.0.len()
     }
 
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// The first problem, its reason listing the others (`also FIELD:
     /// REASON`, one a line).
     fn into_result(self) -> Result<()> {
@@ -1073,5 +1070,20 @@ mod tests {
         assert_eq!(err_field(&interval(r#"{"type": "interval", "every": "10s", "jitter_seconds": 10}"#)), "trigger.jitter_seconds");
         let both = SEED.replace(r#""execution""#, r#""triggers": [{"type": "once", "at": "2030-01-01T00:00:00Z"}], "execution""#);
         assert_eq!(err_field(&both), "triggers");
+    }
+
+    /// Issue 34, finding 16: a type error hid every other problem of the
+    /// definition (only `max_retries` was named); each is listed.
+    #[test]
+    fn type_errors_do_not_hide_the_other_problems() {
+        let j = r#"{"task_id": "bad", "agent_id": "a",
+            "trigger": {"type": "cron", "expr": "0 0 * * *", "timezone": "Nowhere/City"},
+            "execution": {"max_retries": "three", "timeout_seconds": "ten", "concurrency_limit": 0, "priority": 5000}}"#;
+        let e = TaskSpec::from_json(j).expect_err("invalid").to_string();
+        for field in
+            ["execution.max_retries", "execution.timeout_seconds", "execution.priority", "execution.concurrency_limit", "trigger.timezone"]
+        {
+            assert!(e.contains(field), "{field} not named: {e}");
+        }
     }
 }

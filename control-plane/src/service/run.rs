@@ -27,7 +27,7 @@ impl RunService for RunSvc {
         let st = pb::RunStatus::try_from(r.status)
             .map_err(|_| status(Error::invalid("status", format!("unknown run status {}", r.status))))
             .map(status_from_pb)?;
-        let runs = self.0.list_runs(&r.task_id, st, r.limit).await.map_err(status)?;
+        let runs = self.0.list_runs(&r.task_id, st, &r.event_key, r.limit).await.map_err(status)?;
         // Newest first, until the message would pass its byte budget.
         let mut out = Vec::with_capacity(runs.len());
         let mut bytes = 0;

@@ -94,7 +94,12 @@ async fn drive(addr: &str, n: usize) -> f64 {
     let mut runs = punchclock_tests::runs(addr).await;
     loop {
         let done = runs
-            .list_runs(pb::ListRunsRequest { task_id: "bench".into(), status: pb::RunStatus::Succeeded as i32, limit: 100_000 })
+            .list_runs(pb::ListRunsRequest {
+                task_id: "bench".into(),
+                status: pb::RunStatus::Succeeded as i32,
+                limit: 100_000,
+                ..Default::default()
+            })
             .await
             .expect("list runs")
             .into_inner()
