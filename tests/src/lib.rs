@@ -94,8 +94,28 @@ impl Proc {
     /// [`Proc::start_with_env`] of a given `punchclock` binary (benches
     /// compare two builds).
     pub fn start_bin(binary: &Path, args: &[&str], env: &[(&str, &str)], log: &Path, serves: bool) -> Proc {
+        Proc::start_limited(binary, args, env, log, serves, None)
+    }
+
+    /// [`Proc::start_bin`] whose process starts with `RLIMIT_NOFILE` set
+    /// to `nofile` (soft, hard) before it runs (`None`: inherited): a
+    /// server's open-files limit, as its systemd unit would set it.
+    pub fn start_limited(binary: &Path, args: &[&str], env: &[(&str, &str)], log: &Path, serves: bool, nofile: Option<(u64, u64)>) -> Proc {
         use std::os::unix::process::CommandExt;
-        let mut child = Command::new(binary)
+        let mut cmd = Command::new(binary);
+        if let Some((soft, hard)) = nofile {
+            let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+            // SAFETY: setrlimit is async-signal-safe and the closure
+            // touches only its own copy of `limit`.
+            unsafe {
+                cmd.pre_exec(
+                    move || {
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+                    },
+                );
+            }
+        }
+        let mut child = cmd
             .args(args)
             .current_dir(repo_root())
             .env("PUNCHCLOCK_LOG", "info")
