@@ -86,6 +86,9 @@ pub const LEADER_METADATA: &str = "punchclock-leader";
 /// connection failures are logged, never returned. When `shutdown`
 /// completes, running executions are cancelled (SIGTERM, grace, SIGKILL),
 /// their `Finished` reports are sent if connected, and `run` returns.
+/// Each running agent holds three or four of the process's descriptors:
+/// the `punchclock` binary raises the soft open-files limit to the hard
+/// one before it calls this (an embedder should too).
 ///
 /// # Errors
 ///
@@ -95,7 +98,6 @@ pub const LEADER_METADATA: &str = "punchclock-leader";
 pub async fn run(mut config: RunnerConfig, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     config.validate()?;
     let cgroups = apply_cgroups(&mut config)?;
-    raise_open_files_limit();
     // Held until this function returns; the kernel drops it if the process dies.
     let _lock = lock_work_dir_waiting(&config.work_dir, WORK_DIR_LOCK_WAIT).await?;
     remove_stale_execution_dirs(&config.work_dir).await;
@@ -1312,24 +1314,6 @@ impl Backoff {
 impl Default for Backoff {
     fn default() -> Self {
         Self { next: Self::INITIAL, initial: Self::INITIAL, max: Self::MAX }
-    }
-}
-
-/// Raises the soft limit on open descriptors to the hard limit (as Go's
-/// runtime and most servers do): each running agent holds three or four of
-/// the runner's, and the default soft limit (often 1,024) would cap a
-/// runner far below its slots. Best effort.
-fn raise_open_files_limit() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit read and write an rlimit we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            let old = limit.rlim_cur;
-            limit.rlim_cur = limit.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                debug!(from = old, to = limit.rlim_max, "raised the open files limit");
-            }
-        }
     }
 }
 

@@ -213,6 +213,75 @@ struct RetentionArgs {
     retention_interval: String,
 }
 
+/// Connection caps and timeouts of the gRPC and HTTP ports (`dev` and
+/// `server`): README "Connections and limits".
+#[derive(Args, Debug)]
+struct ConnArgs {
+    /// Open connections on the gRPC port at most; at the cap the one idle
+    /// longest is closed for a new one (default: half of what the
+    /// open-files limit leaves after a reserve of an eighth).
+    #[arg(long)]
+    grpc_max_connections: Option<usize>,
+    /// Of those, from one source address (default: a quarter of the cap).
+    #[arg(long)]
+    grpc_max_connections_per_ip: Option<usize>,
+    /// A gRPC connection must begin its first call within this: TCP, TLS,
+    /// the HTTP/2 preface and the call's headers ("10s").
+    #[arg(long, default_value = "10s")]
+    grpc_handshake_timeout: String,
+    /// A gRPC connection with no call in flight this long is closed ("0":
+    /// never). A runner's stream is a call in flight while it is open.
+    #[arg(long, default_value = "5m")]
+    grpc_idle_timeout: String,
+    /// HTTP/2 PING on each gRPC connection every this long; one unanswered
+    /// for 20 s closes it ("0": no pings).
+    #[arg(long, default_value = "30s")]
+    grpc_keepalive: String,
+    /// Open connections on the HTTP port at most; at the cap the one idle
+    /// longest is closed for a new one (default: half of what the
+    /// open-files limit leaves after a reserve of an eighth).
+    #[arg(long)]
+    http_max_connections: Option<usize>,
+    /// Of those, from one source address (default: a quarter of the cap).
+    #[arg(long)]
+    http_max_connections_per_ip: Option<usize>,
+    /// An HTTP request's headers must arrive within this, and so must the
+    /// next request's on a kept-alive connection ("10s").
+    #[arg(long, default_value = "10s")]
+    http_header_timeout: String,
+    /// A webhook's or event's body must arrive within this, else `408` and
+    /// the connection closed ("10s").
+    #[arg(long, default_value = "10s")]
+    http_body_timeout: String,
+}
+
+impl ConnArgs {
+    /// The ports' limits, with the process's open-files limit (`None`:
+    /// unlimited) their default caps are shares of.
+    fn limits(&self, open_files: Option<u64>) -> Result<punchclock_control_plane::conns::ConnectionLimits, String> {
+        let secs = |flag: &str, v: &str| {
+            punchclock_control_plane::schedule::parse_duration(v).map(Duration::from_secs).map_err(|e| format!("--{flag}: {e}"))
+        };
+        let positive = |flag: &str, v: &str| match secs(flag, v)? {
+            d if d.is_zero() => Err(format!("--{flag}: must be above 0")),
+            d => Ok(d),
+        };
+        let or_never = |flag: &str, v: &str| Ok::<_, String>(Some(secs(flag, v)?).filter(|d| !d.is_zero()));
+        Ok(punchclock_control_plane::conns::ConnectionLimits {
+            open_files,
+            grpc_max: self.grpc_max_connections,
+            grpc_max_per_ip: self.grpc_max_connections_per_ip,
+            grpc_handshake_timeout: positive("grpc-handshake-timeout", &self.grpc_handshake_timeout)?,
+            grpc_idle_timeout: or_never("grpc-idle-timeout", &self.grpc_idle_timeout)?,
+            grpc_keepalive: or_never("grpc-keepalive", &self.grpc_keepalive)?,
+            http_max: self.http_max_connections,
+            http_max_per_ip: self.http_max_connections_per_ip,
+            http_header_timeout: positive("http-header-timeout", &self.http_header_timeout)?,
+            http_body_timeout: positive("http-body-timeout", &self.http_body_timeout)?,
+        })
+    }
+}
+
 /// The control plane's config file (`dev` and `server`).
 #[derive(Args, Debug)]
 struct ConfigArgs {
@@ -326,6 +395,8 @@ struct DevArgs {
     retention: RetentionArgs,
     #[command(flatten)]
     config: ConfigArgs,
+    #[command(flatten)]
+    connections: ConnArgs,
 }
 
 #[derive(Args, Debug)]
@@ -363,6 +434,8 @@ struct ServerArgs {
     retention: RetentionArgs,
     #[command(flatten)]
     config: ConfigArgs,
+    #[command(flatten)]
+    connections: ConnArgs,
 }
 
 #[derive(Args, Debug)]
@@ -634,15 +707,16 @@ fn grpc(e: tonic::Status) -> String {
     format!("{msg}{hint} ({:?})", e.code())
 }
 
-/// Dispatches a parsed command line.
-pub async fn run(cli: Cli) -> Res {
+/// Dispatches a parsed command line; `open_files` is the process's
+/// open-files limit once raised (`None`: unlimited or unknown).
+pub async fn run(cli: Cli, open_files: Option<u64>) -> Res {
     let fmt = cli.output;
     if !cli.is_long_running() {
         cli.auth.configure()?;
     }
     match cli.cmd {
-        Cmd::Dev(a) => dev(a).await,
-        Cmd::Server(a) => server(*a).await,
+        Cmd::Dev(a) => dev(a, open_files).await,
+        Cmd::Server(a) => server(*a, open_files).await,
         Cmd::Runner(a) => runner(a, &cli.auth).await,
         Cmd::Token(c) => crate::security::token(c),
         Cmd::Preview(a) => preview(a, fmt),
@@ -980,7 +1054,7 @@ fn runner_config(
 /// `dev`'s agents file when `--agents` is not given: the repository's.
 const DEFAULT_AGENTS_FILE: &str = "examples/agents.yaml";
 
-async fn dev(a: DevArgs) -> Res {
+async fn dev(a: DevArgs, open_files: Option<u64>) -> Res {
     // Check the agents file before touching the data dir or binding ports.
     if !a.agents.exists() && a.agents == Path::new(DEFAULT_AGENTS_FILE) {
         return Err(format!(
@@ -1011,6 +1085,7 @@ async fn dev(a: DevArgs) -> Res {
         auth: punchclock_control_plane::auth::Auth::off(),
         tls: None,
         etcd: Default::default(),
+        connections: a.connections.limits(open_files)?,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut srv_stop = stop_rx.clone();
@@ -1072,7 +1147,7 @@ async fn dev(a: DevArgs) -> Res {
     r
 }
 
-async fn server(a: ServerArgs) -> Res {
+async fn server(a: ServerArgs, open_files: Option<u64>) -> Res {
     let store: StoreSpec = a.store.parse().map_err(|e: punchclock_control_plane::Error| e.to_string())?;
     let security = a.security.load(a.listen)?;
     let scheme = if security.tls.is_some() { "https" } else { "http" };
@@ -1103,6 +1178,7 @@ async fn server(a: ServerArgs) -> Res {
         auth: security.auth,
         tls: security.tls,
         etcd: security.etcd,
+        connections: a.connections.limits(open_files)?,
     };
     if cfg.advertise.is_none() && cfg.listen.ip().is_unspecified() && matches!(cfg.store, StoreSpec::Etcd(_)) {
         tracing::warn!(listen = %cfg.listen, "no --advertise: runners and clients redirected to this replica would be sent to an unspecified address; give --advertise https://HOST:PORT");

@@ -3,6 +3,7 @@
 
 mod client;
 mod commands;
+mod limits;
 mod output;
 mod security;
 mod taskfile;
@@ -31,6 +32,9 @@ fn main() -> ExitCode {
     }
     // Flushes the log lines still buffered when main returns.
     let log_guard = commands::init_tracing(&cli);
+    // `server`, `runner` and `dev` raise the soft open-files limit to the
+    // hard one, before the runtime's threads start.
+    let open_files = if cli.is_long_running() { limits::raise_open_files_limit() } else { None };
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -38,7 +42,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = rt.block_on(commands::run(cli));
+    let result = rt.block_on(commands::run(cli, open_files));
     // The buffered log lines go out before the error line below.
     drop(log_guard);
     match result {

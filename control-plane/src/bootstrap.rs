@@ -16,8 +16,6 @@ use punchclock_proto::v1::runner_service_server::RunnerServiceServer;
 use punchclock_proto::v1::task_service_server::TaskServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::api::Core;
 use crate::auth::{Auth, AuthLayer};
@@ -100,6 +98,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// TLS and user for etcd.
     pub etcd: EtcdSecurity,
+    /// Connection caps and timeouts of both ports, and the open-files
+    /// limit their default caps are shares of.
+    pub connections: crate::conns::ConnectionLimits,
 }
 
 /// The gRPC port's certificate and key (PEM) and, for mTLS, the CA that
@@ -148,6 +149,8 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     // Every HTTPS client of the process (notifications, a follower's
     // forwarded webhooks, brokers) uses ring; installed once, first.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let connections = cfg.connections;
+    let (grpc_limits, http_limits) = connections.resolve()?;
     let store: Arc<dyn KvStore> = match &cfg.store {
         StoreSpec::Embedded(dir) => Arc::new(EmbeddedStore::open(dir).await?),
         StoreSpec::Etcd(endpoints) => Arc::new(connect_etcd(endpoints, &cfg.etcd).await),
@@ -205,7 +208,12 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     }
 
     if let Some(listener) = http_listener {
-        crate::http::serve(listener, core.clone());
+        let limits = crate::http::HttpLimits {
+            connections: http_limits,
+            header_timeout: cfg.connections.http_header_timeout,
+            body_timeout: cfg.connections.http_body_timeout,
+        };
+        crate::http::serve(listener, core.clone(), limits);
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -229,10 +237,17 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let reflection_alpha = reflection_builder().build_v1alpha().map_err(|e| Error::Internal(e.to_string()))?;
 
     let security = (cfg.auth.enabled(), cfg.tls.is_some(), cfg.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some()));
-    let mut builder = tonic::transport::Server::builder();
+    // Silent connections are closed by the table's deadlines (the first
+    // call within the handshake timeout, none in flight for the idle
+    // timeout); dead peers by unanswered HTTP/2 PINGs.
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(cfg.connections.grpc_keepalive)
+        .http2_keepalive_timeout(Some(crate::conns::ConnectionLimits::KEEPALIVE_TIMEOUT));
     if let Some(tls) = &cfg.tls {
         use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-        let mut t = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+        let mut t = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+            .timeout(cfg.connections.grpc_handshake_timeout);
         if let Some(ca) = &tls.client_ca_pem {
             // Optional: the CLI and token-carrying clients present no
             // certificate; a runner that does is bound to it.
@@ -240,7 +255,9 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         }
         builder = builder.tls_config(t).map_err(|e| Error::invalid("tls-cert", format!("the certificate or key is not usable: {e}")))?;
     }
+    let conns = crate::conns::Conns::new("gRPC", grpc_limits);
     let router = builder
+        .layer(conns.layer())
         .layer(AuthLayer(cfg.auth.clone()))
         .add_service(health_svc)
         .add_service(reflection)
@@ -254,18 +271,10 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let core2 = core.clone();
     let join = tokio::spawn(async move {
         let mut stop_rx2 = stop_rx.clone();
-        // Every accepted socket gets TCP_NODELAY: tonic's own `tcp_nodelay`
-        // does not apply to a listener we pass in, and without it each
-        // reply's trailers wait for the client's delayed ACK (~40 ms on
-        // Linux loopback) — every unary call took ~45 ms.
-        let incoming = TcpListenerStream::new(listener).map(|conn| {
-            if let Ok(stream) = &conn
-                && let Err(e) = stream.set_nodelay(true)
-            {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-            conn
-        });
+        // Admitted under the port's caps, with TCP_NODELAY (tonic's own
+        // `tcp_nodelay` does not apply to a listener we pass in; without it
+        // every unary call took ~45 ms): see `Conns::accept`.
+        let incoming = conns.incoming(listener);
         let served = router.serve_with_incoming_shutdown(incoming, async move {
             let _ = stop_rx2.wait_for(|s| *s).await;
         });
@@ -302,6 +311,14 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         served
     });
     tracing::info!(%addr, store = %store.describe(), tokens = security.0, tls = security.1, mtls = security.2, "control plane serving");
+    tracing::info!(
+        open_files = connections.open_files,
+        grpc_max = grpc_limits.max,
+        grpc_per_ip = grpc_limits.per_ip,
+        http_max = http_limits.max,
+        http_per_ip = http_limits.per_ip,
+        "connection caps (the connection idle longest is closed for a new one at a cap)"
+    );
     if !security.0 {
         tracing::warn!(%addr, "authentication is off: anyone who can reach this address may do anything (give --auth-file)");
     }

@@ -79,20 +79,66 @@ pub fn advertise_of(bound: SocketAddr, advertise: &str) -> String {
     format!("http://{host}:{}", bound.port())
 }
 
-/// Serves the HTTP port on `listener` until the process ends.
-pub fn serve(listener: TcpListener, core: Arc<Core>) {
+/// What the HTTP port holds to (see [`crate::conns`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    /// Open connections, in all and per source address.
+    pub connections: crate::conns::PortLimits,
+    /// A request's headers must arrive within this, and so must the next
+    /// request's on a kept-alive connection; else hyper closes it.
+    pub header_timeout: std::time::Duration,
+    /// A webhook's or event's body must arrive within this (else `408`).
+    pub body_timeout: std::time::Duration,
+}
+
+/// Serves the HTTP port on `listener` until the process ends: HTTP/1.1,
+/// each connection admitted under `limits.connections` (the connection
+/// idle longest closed for a new one at a cap), headers read within
+/// `limits.header_timeout`.
+pub fn serve(listener: TcpListener, core: Arc<Core>, limits: HttpLimits) {
     let app = Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
-        .merge(crate::events::webhook::routes())
+        .merge(crate::events::webhook::routes(limits.body_timeout))
         .with_state(core);
+    let conns = crate::conns::Conns::new("HTTP", limits.connections);
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await {
-            tracing::error!(error = %e, "http server failed");
+        loop {
+            let (io, peer) = conns.accept(&listener).await;
+            tokio::spawn(serve_connection(io, peer, app.clone(), limits.header_timeout));
         }
     });
+}
+
+/// One HTTP connection: each request is in flight on it (so it is not
+/// closed for a new one) from its headers to the end of its answer.
+async fn serve_connection(
+    io: crate::conns::Tracked<tokio::net::TcpStream>,
+    peer: SocketAddr,
+    app: Router,
+    header_timeout: std::time::Duration,
+) {
+    use tower::ServiceExt;
+    let conn = io.conn();
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+        let busy = conn.busy();
+        let app = app.clone();
+        async move {
+            let resp = match app.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+            Ok::<_, std::convert::Infallible>(resp.map(|body| axum::body::Body::new(crate::conns::BusyBody::new(body, busy))))
+        }
+    });
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+    if let Err(e) = http1.serve_connection(hyper_util::rt::TokioIo::new(io), svc).await {
+        tracing::debug!(%peer, error = %e, "HTTP connection ended");
+    }
 }
 
 /// `GET /metrics`: every metric, in the OpenMetrics text format when the

@@ -13,6 +13,7 @@ pub use error::{Error, Result};
 pub mod api;
 pub mod auth;
 pub mod bootstrap;
+pub mod conns;
 pub mod dispatch;
 pub mod election;
 pub mod engine;

@@ -614,6 +614,7 @@ pub async fn in_process_server(
         auth: punchclock_control_plane::auth::Auth::off(),
         tls: None,
         etcd: Default::default(),
+        connections: Default::default(),
     };
     let clock = std::sync::Arc::new(clock);
     // A server stopped in this process a moment ago may still have a

@@ -81,10 +81,18 @@ fn sources(n: usize) -> impl Iterator<Item = Ipv4Addr> {
 async fn flood(to: SocketAddr, n: usize, first: &'static [u8]) -> (usize, tokio::sync::mpsc::UnboundedReceiver<Duration>) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut opening = tokio::task::JoinSet::new();
+    // 64 handshakes at a time: more overflow the listener's accept queue
+    // (1,024) while the server is busy, and the kernel then holds the
+    // connection half-made (SYN cookies) until a later retransmission — a
+    // wait that is the kernel's, not the server's.
+    let handshakes = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
     for from in sources(n) {
         let tx = tx.clone();
+        let handshakes = handshakes.clone();
         opening.spawn(async move {
+            let permit = handshakes.acquire_owned().await.ok()?;
             let mut s = connect_from(from, to).await?;
+            drop(permit);
             let opened = Instant::now();
             if !first.is_empty() {
                 s.write_all(first).await.ok()?;

@@ -8,10 +8,13 @@
 //!   record is committed — so a sender's retry is always safe. `401` a bad
 //!   signature (no record; logged once per path and source a minute),
 //!   `404` an unknown path, `413` a body over the limit, `400` a delivery
-//!   without its dedup id, `408` a body that does not arrive within 15 s,
-//!   `503` with `Retry-After` when no leader can admit it (or its secret
-//!   cannot be read here, or 64 bodies are being read already, or 8 from
-//!   the same address).
+//!   without its dedup id, `408` (and the connection closed) a body that
+//!   does not arrive within `--http-body-timeout` (10 s), or that was
+//!   still arriving, the slowest, when all 64 turns to read one were taken
+//!   and another request came ([`Bodies`]), `503` with `Retry-After` when
+//!   no leader can admit it (or its secret cannot be read here, or 8
+//!   bodies from the same address are being read, or all 64 turns hold
+//!   bodies read already and none is given back within 10 s).
 //! - `POST /events/{topic}`: `PublishEvent` (a bearer token of role
 //!   `operator` when auth is on; `Idempotency-Key` header required).
 //!
@@ -51,78 +54,135 @@ const MAX_KEY_CHARS: usize = 512;
 /// Longest header value given to the agent.
 const MAX_HEADER_VALUE: usize = 1024;
 /// Requests whose bodies are read at once (each up to 1 MiB): a flood of
-/// large or slow requests holds at most this many bodies in memory; the
-/// others wait for a turn, and get 503 after [`BODY_TURN_WAIT`].
+/// large or slow requests holds at most this many bodies in memory.
 const MAX_BODIES_IN_FLIGHT: usize = 64;
 /// Of those, how many one peer address may hold: one client that trickles
 /// bodies cannot take every turn (its further requests get 503 at once).
 const MAX_BODIES_PER_PEER: usize = 8;
-/// How long a request waits for its turn to be read.
+/// How long a request waits for a turn when every turn holds a body read
+/// already (waiting on the engine), none still arriving.
 const BODY_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-/// How long a body may take to arrive (a client that trickles it gets 408).
-const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
-fn bodies() -> &'static tokio::sync::Semaphore {
-    static BODIES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    BODIES.get_or_init(|| tokio::sync::Semaphore::new(MAX_BODIES_IN_FLIGHT))
+/// The turns to read (and hold) a body: [`MAX_BODIES_IN_FLIGHT`] in all,
+/// [`MAX_BODIES_PER_PEER`] per peer address. When every turn is taken, the
+/// body that has been arriving longest is cut (`408`, its connection
+/// closed) and its turn goes to the newcomer: slow senders from many
+/// addresses (64 trickled bodies from 8 of them) cannot make a real
+/// delivery wait (it waited 10 s for a turn, then got 503). A body must
+/// also arrive within `read_timeout`.
+pub(crate) struct Bodies {
+    read_timeout: std::time::Duration,
+    table: std::sync::Mutex<BodyTable>,
+    /// A turn was given back.
+    freed: tokio::sync::Notify,
 }
 
-/// Bodies being read, per peer address.
-fn per_peer() -> &'static std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>> {
-    static PEERS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> = std::sync::OnceLock::new();
-    PEERS.get_or_init(Default::default)
+#[derive(Default)]
+struct BodyTable {
+    taken: usize,
+    next: u64,
+    /// Turns whose body is still arriving, oldest first, with the signal
+    /// that cuts it.
+    arriving: BTreeMap<u64, Arc<tokio::sync::Notify>>,
+    /// Turns taken or waited for, per peer.
+    peers: std::collections::HashMap<std::net::IpAddr, usize>,
 }
 
-/// A turn to read (and hold) one body: one of [`MAX_BODIES_IN_FLIGHT`]
-/// and one of its peer's [`MAX_BODIES_PER_PEER`], both given back on drop.
-struct Turn {
-    _global: tokio::sync::SemaphorePermit<'static>,
-    peer: std::net::IpAddr,
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        Turn::release_only(self.peer);
+impl Bodies {
+    pub(crate) fn new(read_timeout: std::time::Duration) -> Self {
+        Self { read_timeout, table: Default::default(), freed: tokio::sync::Notify::new() }
     }
-}
 
-/// Takes a turn for `peer`: `None` when it holds its share already or no
-/// turn frees within [`BODY_TURN_WAIT`].
-async fn turn(peer: std::net::IpAddr) -> Option<Turn> {
-    {
-        let mut peers = per_peer().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = peers.entry(peer).or_insert(0);
-        if *n >= MAX_BODIES_PER_PEER {
-            return None;
-        }
-        *n += 1;
+    fn table(&self) -> std::sync::MutexGuard<'_, BodyTable> {
+        self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    match tokio::time::timeout(BODY_TURN_WAIT, bodies().acquire()).await {
-        Ok(Ok(p)) => Some(Turn { _global: p, peer }),
-        _ => {
-            Turn::release_only(peer);
-            None
-        }
-    }
-}
 
-impl Turn {
-    /// Gives back a peer's count taken without a global permit.
-    fn release_only(peer: std::net::IpAddr) {
-        let mut peers = per_peer().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = peers.get_mut(&peer) {
+    fn release_peer(&self, peer: std::net::IpAddr) {
+        let mut t = self.table();
+        if let Some(n) = t.peers.get_mut(&peer) {
             *n -= 1;
             if *n == 0 {
-                peers.remove(&peer);
+                t.peers.remove(&peer);
+            }
+        }
+    }
+
+    /// Takes a turn for `peer`: `None` when it holds its share already,
+    /// or when every turn holds a body read already and none is given back
+    /// within [`BODY_TURN_WAIT`].
+    async fn turn(self: &Arc<Self>, peer: std::net::IpAddr) -> Option<Turn> {
+        {
+            let mut t = self.table();
+            let n = t.peers.entry(peer).or_insert(0);
+            if *n >= MAX_BODIES_PER_PEER {
+                return None;
+            }
+            *n += 1;
+        }
+        let deadline = tokio::time::Instant::now() + BODY_TURN_WAIT;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut t = self.table();
+                if t.taken < MAX_BODIES_IN_FLIGHT {
+                    t.taken += 1;
+                    let seq = t.next;
+                    t.next += 1;
+                    let cut = Arc::new(tokio::sync::Notify::new());
+                    t.arriving.insert(seq, cut.clone());
+                    return Some(Turn { bodies: self.clone(), seq, peer, cut });
+                }
+                // Every turn is taken: the body arriving longest is cut.
+                if let Some((_, cut)) = t.arriving.pop_first() {
+                    cut.notify_one();
+                }
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                self.release_peer(peer);
+                return None;
             }
         }
     }
 }
 
+/// A turn to read (and hold) one body, given back on drop.
+struct Turn {
+    bodies: Arc<Bodies>,
+    seq: u64,
+    peer: std::net::IpAddr,
+    /// Notified when this body, still arriving, is cut for a newcomer.
+    cut: Arc<tokio::sync::Notify>,
+}
+
+impl Turn {
+    /// The body has arrived: it is no longer cut for a newcomer.
+    fn arrived(&self) {
+        self.bodies.table().arriving.remove(&self.seq);
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        {
+            let mut t = self.bodies.table();
+            t.taken -= 1;
+            t.arriving.remove(&self.seq);
+        }
+        self.bodies.release_peer(self.peer);
+        self.bodies.freed.notify_one();
+    }
+}
+
 /// The routes (bodies are read with the limit of their endpoint: a
-/// larger one is refused 413, before it is read whole).
-pub fn routes() -> Router<Arc<Core>> {
-    Router::new().route("/hooks/{*rest}", post(hook)).route("/events/{topic}", post(publish))
+/// larger one is refused 413, before it is read whole; one that does not
+/// arrive within `body_timeout` is refused 408).
+pub fn routes(body_timeout: std::time::Duration) -> Router<Arc<Core>> {
+    Router::new()
+        .route("/hooks/{*rest}", post(hook))
+        .route("/events/{topic}", post(publish))
+        .layer(axum::Extension(Arc::new(Bodies::new(body_timeout))))
 }
 
 fn answer(status: StatusCode, body: serde_json::Value) -> Response {
@@ -143,32 +203,57 @@ fn header_of(headers: &HeaderMap) -> impl Fn(&str) -> Option<String> + '_ {
     move |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
+/// `408` with the connection closed: a body that did not arrive whole.
+fn too_slow(msg: String) -> Response {
+    let mut r = error(StatusCode::REQUEST_TIMEOUT, msg);
+    r.headers_mut().insert(axum::http::header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
 /// Reads a body of at most `limit` bytes: `413` as soon as its
 /// `Content-Length` says it is larger (before it is sent, to a client
 /// that waits for `100 Continue`), or once it passes the limit.
 /// At most [`MAX_BODIES_IN_FLIGHT`] bodies are read (and held) at once,
-/// [`MAX_BODIES_PER_PEER`] from one `peer`; one that takes longer than
-/// [`BODY_READ_TIMEOUT`] to arrive is refused `408`.
-async fn read_body(headers: &HeaderMap, body: Body, limit: u64, peer: std::net::IpAddr) -> Result<(Bytes, Turn), Response> {
+/// [`MAX_BODIES_PER_PEER`] from one `peer` (`503` beyond); one that takes
+/// longer than the read timeout to arrive, or is cut for a newcomer while
+/// every turn is taken ([`Bodies`]), is refused `408` and its connection
+/// closed.
+async fn read_body(
+    bodies: &Arc<Bodies>,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    peer: std::net::IpAddr,
+) -> Result<(Bytes, Turn), Response> {
     let too_large = |what: String| error(StatusCode::PAYLOAD_TOO_LARGE, format!("{what}; this endpoint takes at most {limit} bytes"));
     if let Some(n) = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
         && n > limit
     {
         return Err(too_large(format!("{n} bytes")));
     }
-    let Some(turn) = turn(peer).await else {
+    let Some(turn) = bodies.turn(peer).await else {
         return Err(unavailable("too many requests are being read; try again", 1));
     };
-    match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit as usize)).await {
-        Ok(Ok(b)) => Ok((b, turn)),
-        Ok(Err(_)) => Err(too_large("the body is larger".into())),
-        Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, format!("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs()))),
+    let timeout = bodies.read_timeout;
+    tokio::select! {
+        read = axum::body::to_bytes(body, limit as usize) => match read {
+            Ok(b) => {
+                turn.arrived();
+                Ok((b, turn))
+            }
+            Err(_) => Err(too_large("the body is larger".into())),
+        },
+        () = turn.cut.notified() => Err(too_slow(
+            "the body was still arriving when every turn to read one was taken: the slowest is cut; send it again".into(),
+        )),
+        () = tokio::time::sleep(timeout) => Err(too_slow(format!("the body did not arrive within {} s", timeout.as_secs_f64()))),
     }
 }
 
 /// `POST /hooks/...`.
 async fn hook(
     State(core): State<Arc<Core>>,
+    axum::Extension(bodies): axum::Extension<Arc<Bodies>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     uri: Uri,
     headers: HeaderMap,
@@ -176,7 +261,7 @@ async fn hook(
 ) -> Response {
     let path = uri.path().to_string();
     let Ok(engine) = core.engine().await else {
-        let (body, _turn) = match read_body(&headers, body, MAX_EVENT_BODY_BYTES, peer.ip()).await {
+        let (body, _turn) = match read_body(&bodies, &headers, body, MAX_EVENT_BODY_BYTES, peer.ip()).await {
             Ok(b) => b,
             Err(r) => return r,
         };
@@ -189,7 +274,7 @@ async fn hook(
     let Some((task_id, trigger)) = route else {
         return error(StatusCode::NOT_FOUND, format!("no task has a webhook at {path}"));
     };
-    let (body, _turn) = match read_body(&headers, body, trigger.max_body(), peer.ip()).await {
+    let (body, _turn) = match read_body(&bodies, &headers, body, trigger.max_body(), peer.ip()).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -293,6 +378,7 @@ fn delivery_id(trigger: &WebhookTrigger, headers: &HeaderMap, body: &[u8]) -> Re
 /// `POST /events/{topic}`: publishes an event (as `PublishEvent`).
 async fn publish(
     State(core): State<Arc<Core>>,
+    axum::Extension(bodies): axum::Extension<Arc<Bodies>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(topic): Path<String>,
     uri: Uri,
@@ -303,7 +389,7 @@ async fn publish(
         let code = if status.code() == tonic::Code::PermissionDenied { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
         return error(code, status.message());
     }
-    let (body, _turn) = match read_body(&headers, body, crate::model::task::MAX_PARAMS_BYTES as u64, peer.ip()).await {
+    let (body, _turn) = match read_body(&bodies, &headers, body, crate::model::task::MAX_PARAMS_BYTES as u64, peer.ip()).await {
         Ok(b) => b,
         Err(r) => return r,
     };
