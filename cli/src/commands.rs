@@ -219,7 +219,8 @@ struct RetentionArgs {
 struct ConnArgs {
     /// Open connections on the gRPC port at most; at the cap the one idle
     /// longest is closed for a new one (default: half of what the
-    /// open-files limit leaves after a reserve of an eighth).
+    /// open-files limit leaves after a reserve of an eighth, at most
+    /// 16,384).
     #[arg(long)]
     grpc_max_connections: Option<usize>,
     /// Of those, from one source address (default: a quarter of the cap).
@@ -239,7 +240,8 @@ struct ConnArgs {
     grpc_keepalive: String,
     /// Open connections on the HTTP port at most; at the cap the one idle
     /// longest is closed for a new one (default: half of what the
-    /// open-files limit leaves after a reserve of an eighth).
+    /// open-files limit leaves after a reserve of an eighth, at most
+    /// 16,384).
     #[arg(long)]
     http_max_connections: Option<usize>,
     /// Of those, from one source address (default: a quarter of the cap).

@@ -62,10 +62,11 @@ pub fn reserve(open_files: u64) -> u64 {
 pub struct ConnectionLimits {
     /// The process's open-files (soft) limit once raised; `None`: unknown
     /// or unlimited (then each port's default cap is
-    /// [`ConnectionLimits::UNBOUNDED_DEFAULT`]).
+    /// [`ConnectionLimits::DEFAULT_MAX`]).
     pub open_files: Option<u64>,
     /// Connections on the gRPC port (default: half of what the open-files
-    /// limit leaves after [`reserve`]).
+    /// limit leaves after [`reserve`], at most
+    /// [`ConnectionLimits::DEFAULT_MAX`]).
     pub grpc_max: Option<usize>,
     /// Of those, from one source address (default: a quarter of
     /// `grpc_max`).
@@ -82,7 +83,8 @@ pub struct ConnectionLimits {
     /// (`None`: no pings).
     pub grpc_keepalive: Option<Duration>,
     /// Connections on the HTTP port (default: half of what the open-files
-    /// limit leaves after [`reserve`]).
+    /// limit leaves after [`reserve`], at most
+    /// [`ConnectionLimits::DEFAULT_MAX`]).
     pub http_max: Option<usize>,
     /// Of those, from one source address (default: a quarter of
     /// `http_max`).
@@ -112,9 +114,13 @@ impl Default for ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// Each port's default cap when the open-files limit is unknown or
-    /// unlimited.
-    pub const UNBOUNDED_DEFAULT: usize = 16_384;
+    /// Each port's default cap when the open-files limit allows more (or
+    /// is unknown): memory then bounds connections before descriptors do —
+    /// each holds buffers (an HTTP/2 one some tens of KiB), and under a
+    /// systemd default hard limit of 524,288 half of the rest would be
+    /// 229,376 per port. A control plane's runners and clients fit well
+    /// within it; `--grpc-max-connections` sets more.
+    pub const DEFAULT_MAX: usize = 16_384;
     /// How long an HTTP/2 PING may go unanswered.
     pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -125,7 +131,7 @@ impl ConnectionLimits {
     /// than the open-files limit leaves after [`reserve`].
     pub fn resolve(&self) -> Result<(PortLimits, PortLimits)> {
         let budget = self.open_files.map(|n| n.saturating_sub(reserve(n)));
-        let share = budget.map_or(Self::UNBOUNDED_DEFAULT, |b| usize::try_from(b / 2).unwrap_or(usize::MAX).max(1));
+        let share = budget.map_or(Self::DEFAULT_MAX, |b| usize::try_from(b / 2).unwrap_or(usize::MAX).clamp(1, Self::DEFAULT_MAX));
         let grpc_max = self.grpc_max.unwrap_or(share);
         let http_max = self.http_max.unwrap_or(share);
         for (flag, v) in [("grpc-max-connections", grpc_max), ("http-max-connections", http_max)] {
@@ -832,10 +838,14 @@ mod tests {
         let (grpc, http) = at(1024).resolve().expect("defaults");
         assert_eq!((grpc.max, grpc.per_ip, http.max, http.per_ip), (448, 112, 448, 112));
         assert!((grpc.max + http.max) as u64 + reserve(1024) <= 1024);
-        let (grpc, _) = at(65_536).resolve().expect("defaults");
-        assert_eq!(grpc.max, 28_672);
+        let (grpc, _) = at(16_384).resolve().expect("defaults");
+        assert_eq!(grpc.max, 7_168);
+        let (grpc, http) = at(524_288).resolve().expect("defaults");
+        assert_eq!((grpc.max, http.max), (ConnectionLimits::DEFAULT_MAX, ConnectionLimits::DEFAULT_MAX), "memory bounds them first");
         let (grpc, http) = ConnectionLimits::default().resolve().expect("unlimited");
-        assert_eq!((grpc.max, http.max), (ConnectionLimits::UNBOUNDED_DEFAULT, ConnectionLimits::UNBOUNDED_DEFAULT));
+        assert_eq!((grpc.max, http.max), (ConnectionLimits::DEFAULT_MAX, ConnectionLimits::DEFAULT_MAX));
+        let (grpc, _) = ConnectionLimits { grpc_max: Some(40_000), ..at(524_288) }.resolve().expect("more when asked");
+        assert_eq!(grpc.max, 40_000);
         let e = ConnectionLimits { grpc_max: Some(2000), ..at(1024) }.resolve().expect_err("over the limit");
         assert!(e.to_string().contains("grpc-max-connections") && e.to_string().contains("LimitNOFILE"), "{e}");
         let e = ConnectionLimits { http_max_per_ip: Some(500), ..at(1024) }.resolve().expect_err("per ip above the cap");

@@ -47,7 +47,7 @@ fn raise_own_limit(needed: u64) -> bool {
         l.rlim_cur = l.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &l);
     }
-    l.rlim_cur as u64 >= needed
+    l.rlim_cur >= needed
 }
 
 /// Skips (saying so) when the test cannot run here; under `CI` a skip
@@ -258,13 +258,16 @@ async fn idle_connections_do_not_take_the_api_down() {
     }
     // The floods: half-sent HTTP requests (no blank line ends the headers)
     // and silent TCP connections to the gRPC port.
+    let rss_before = punchclock_tests::rss_bytes(srv.pid());
     let t_flood = Instant::now();
     let (http_open, mut http_held) = flood(http, FLOOD, b"GET /healthz HTTP/1.1\r\nHost: punchclock\r\nUser-Agent: slow").await;
     let (grpc_open, mut grpc_held) = flood(grpc, FLOOD, b"").await;
     eprintln!(
-        "flood: {http_open} HTTP and {grpc_open} gRPC connections established in {:?}; server holds {} descriptors",
+        "flood: {http_open} HTTP and {grpc_open} gRPC connections established in {:?}; server holds {} descriptors, RSS {} -> {} KiB",
         t_flood.elapsed(),
-        open_fds(srv.pid())
+        open_fds(srv.pid()),
+        rss_before / 1024,
+        punchclock_tests::rss_bytes(srv.pid()) / 1024
     );
 
     // Every real client answers within 1 s.

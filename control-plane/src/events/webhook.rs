@@ -97,28 +97,21 @@ impl Bodies {
         self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn release_peer(&self, peer: std::net::IpAddr) {
-        let mut t = self.table();
-        if let Some(n) = t.peers.get_mut(&peer) {
-            *n -= 1;
-            if *n == 0 {
-                t.peers.remove(&peer);
-            }
-        }
-    }
-
     /// Takes a turn for `peer`: `None` when it holds its share already,
     /// or when every turn holds a body read already and none is given back
     /// within [`BODY_TURN_WAIT`].
     async fn turn(self: &Arc<Self>, peer: std::net::IpAddr) -> Option<Turn> {
-        {
+        let hold = {
             let mut t = self.table();
             let n = t.peers.entry(peer).or_insert(0);
             if *n >= MAX_BODIES_PER_PEER {
                 return None;
             }
             *n += 1;
-        }
+            // Given back however this ends (a request dropped while it
+            // waits too).
+            PeerHold { bodies: self.clone(), peer }
+        };
         let deadline = tokio::time::Instant::now() + BODY_TURN_WAIT;
         loop {
             let freed = self.freed.notified();
@@ -132,26 +125,41 @@ impl Bodies {
                     t.next += 1;
                     let cut = Arc::new(tokio::sync::Notify::new());
                     t.arriving.insert(seq, cut.clone());
-                    return Some(Turn { bodies: self.clone(), seq, peer, cut });
+                    return Some(Turn { hold, seq, cut });
                 }
                 // Every turn is taken: the body arriving longest is cut.
                 if let Some((_, cut)) = t.arriving.pop_first() {
                     cut.notify_one();
                 }
             }
-            if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                self.release_peer(peer);
-                return None;
+            tokio::time::timeout_at(deadline, freed).await.ok()?;
+        }
+    }
+}
+
+/// One of a peer's [`MAX_BODIES_PER_PEER`], given back on drop.
+struct PeerHold {
+    bodies: Arc<Bodies>,
+    peer: std::net::IpAddr,
+}
+
+impl Drop for PeerHold {
+    fn drop(&mut self) {
+        let mut t = self.bodies.table();
+        if let Some(n) = t.peers.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                t.peers.remove(&self.peer);
             }
         }
     }
 }
 
-/// A turn to read (and hold) one body, given back on drop.
+/// A turn to read (and hold) one body, given back on drop (its peer's
+/// share after it).
 struct Turn {
-    bodies: Arc<Bodies>,
+    hold: PeerHold,
     seq: u64,
-    peer: std::net::IpAddr,
     /// Notified when this body, still arriving, is cut for a newcomer.
     cut: Arc<tokio::sync::Notify>,
 }
@@ -159,19 +167,19 @@ struct Turn {
 impl Turn {
     /// The body has arrived: it is no longer cut for a newcomer.
     fn arrived(&self) {
-        self.bodies.table().arriving.remove(&self.seq);
+        self.hold.bodies.table().arriving.remove(&self.seq);
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        let bodies = &self.hold.bodies;
         {
-            let mut t = self.bodies.table();
+            let mut t = bodies.table();
             t.taken -= 1;
             t.arriving.remove(&self.seq);
         }
-        self.bodies.release_peer(self.peer);
-        self.bodies.freed.notify_one();
+        bodies.freed.notify_one();
     }
 }
 
@@ -429,6 +437,9 @@ async fn forward(core: &Core, uri: &Uri, headers: &HeaderMap, body: Bytes, peer:
     let client = CLIENT.get_or_init(|| {
         reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))
+            // Below the leader's header read timeout (10 s by default), which
+            // closes kept-alive connections: a pooled one is let go first.
+            .pool_idle_timeout(std::time::Duration::from_secs(5))
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap_or_default()
@@ -458,5 +469,58 @@ async fn forward(core: &Core, uri: &Uri, headers: &HeaderMap, body: Bytes, peer:
             r
         }
         Err(e) => unavailable(format!("the leader at {base} cannot be reached: {e}"), 1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(i: usize) -> std::net::IpAddr {
+        std::net::IpAddr::from([10, 0, (i / 250) as u8, (i % 250) as u8])
+    }
+
+    /// Every turn taken by bodies still arriving (8 addresses, 8 each): a
+    /// newcomer cuts the one arriving longest and gets its turn at once,
+    /// instead of waiting 10 s for a 503.
+    #[tokio::test]
+    async fn a_newcomer_cuts_the_body_arriving_longest() {
+        let bodies = Arc::new(Bodies::new(std::time::Duration::from_secs(10)));
+        let mut turns = Vec::new();
+        for i in 0..MAX_BODIES_IN_FLIGHT {
+            turns.push(bodies.turn(peer(i / MAX_BODIES_PER_PEER)).await.expect("a free turn"));
+        }
+        assert!(bodies.turn(peer(0)).await.is_none(), "an address at its share is refused at once");
+        let oldest = turns.remove(0);
+        let waiter = tokio::spawn({
+            let bodies = bodies.clone();
+            async move { bodies.turn(peer(1000)).await.map(|t| t.seq) }
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(1), oldest.cut.notified()).await.expect("the oldest is cut");
+        drop(oldest);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(1), waiter).await.expect("at once").expect("joined");
+        assert!(got.is_some(), "the newcomer reads its body");
+    }
+
+    /// Bodies read already (waiting on the leader) are not cut: a newcomer
+    /// waits for one to be given back.
+    #[tokio::test]
+    async fn bodies_read_already_are_not_cut() {
+        let bodies = Arc::new(Bodies::new(std::time::Duration::from_secs(10)));
+        let mut turns = Vec::new();
+        for i in 0..MAX_BODIES_IN_FLIGHT {
+            let t = bodies.turn(peer(i / MAX_BODIES_PER_PEER)).await.expect("a free turn");
+            t.arrived();
+            turns.push(t);
+        }
+        let waiter = tokio::spawn({
+            let bodies = bodies.clone();
+            async move { bodies.turn(peer(1000)).await.is_some() }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!waiter.is_finished(), "waits for a turn");
+        drop(turns.pop());
+        assert!(tokio::time::timeout(std::time::Duration::from_secs(1), waiter).await.expect("woken").expect("joined"));
+        assert_eq!(bodies.table().peers.get(&peer(7)), Some(&7), "a dropped turn gives its address's share back");
     }
 }
