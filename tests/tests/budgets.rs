@@ -291,6 +291,6 @@ async fn a_new_tasks_burst_spends_at_most_the_limit_plus_one_run() {
         .expect("trigger")
         .into_inner();
     let run = punchclock_tests::wait_run(&dev.addr, "priced", Duration::from_secs(30), |x| x.run_id == r.run_id && terminal(x)).await;
-    let u = run.attempts[0].usage.clone().expect("usage");
+    let u = run.attempts[0].usage.expect("usage");
     assert!((u.cost - 2.0).abs() < 1e-9 && u.cost_priced, "1,000 in at 1.0/1k + 500 out at 2.0/1k: {u:?}");
 }

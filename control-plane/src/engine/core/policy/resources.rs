@@ -790,7 +790,7 @@ mod tests {
         let snap = next.snapshot(now + Duration::minutes(1));
         assert_eq!(snap.iter().find(|s| s.name == "search").and_then(|s| s.held_until), Some(until));
         // Released by hand: free at once.
-        assert_eq!(next.release_hold("search", now + Duration::minutes(1)).expect("defined"), true);
+        assert!(next.release_hold("search", now + Duration::minutes(1)).expect("defined"));
         assert!(next.snapshot(now).iter().all(|s| s.held_until.is_none()));
         assert!(next.release_hold("nope", now).is_err());
     }
