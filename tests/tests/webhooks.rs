@@ -13,7 +13,12 @@
 //!   in;
 //! - a webhook posted to a follower (3 control planes on etcd) is
 //!   forwarded to the leader and runs once; a retry of it through another
-//!   follower is deduplicated.
+//!   follower is deduplicated;
+//! - `POST /events/{topic}` (issue 34, finding 17: no test had it) makes one
+//!   run per listening task per `Idempotency-Key`, 400 without a key or
+//!   with a body that is not JSON; a replica that cannot admit (it leads,
+//!   but its engine never starts) answers a webhook and an event `503` with
+//!   `Retry-After`, and makes nothing.
 
 use std::time::Duration;
 
@@ -202,4 +207,85 @@ async fn a_webhook_posted_to_a_follower_runs_once() {
     let spec = github_task("gh2", "/hooks/github", &secret.to_string_lossy());
     let err = t.apply_task(pb::ApplyTaskRequest { spec_json: spec.to_string(), dry_run: false, task: None }).await.expect_err("taken path");
     assert!(err.message().contains("trigger.path") && err.message().contains("\"gh\""), "{}", err.message());
+}
+
+/// `POST /events/{topic}` on the HTTP port, with its key; status and body.
+fn post_event(http: &str, topic: &str, key: Option<&str>, body: &[u8]) -> (u16, Value) {
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(k) = key {
+        headers.push(("Idempotency-Key", k));
+    }
+    let (code, text) = http_post(http, &format!("/events/{topic}"), &headers, Some(body));
+    (code, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_over_http_run_once_per_key_and_a_replica_that_cannot_admit_answers_503() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "webhooks_events_http");
+    let dev = Proc::dev_with(&dir.path().join("data"), 4, &dir.path().join("dev.log"), &[]);
+    let http = dev.http_addr();
+    apply(
+        &dev.addr,
+        json!({"task_id": "on_topic", "agent_id": "event_agent", "trigger": {"type": "event", "topic": "data.updated"},
+                            "execution": {"overlap_policy": "queue"}}),
+    )
+    .await;
+    let (code, body) = post_event(&http, "data.updated", Some("k1"), br#"{"id": 1}"#);
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["runs"][0]["task_id"], "on_topic");
+    assert_eq!(body["runs"][0]["created"], true);
+    let run_id = body["runs"][0]["run_id"].as_str().expect("run id").to_string();
+    let (code, again) = post_event(&http, "data.updated", Some("k1"), br#"{"id": 1}"#);
+    assert_eq!(
+        (code, again["runs"][0]["created"].clone(), again["runs"][0]["run_id"].as_str()),
+        (202, Value::Bool(false), Some(run_id.as_str()))
+    );
+    let r = wait_run(&dev.addr, "on_topic", Duration::from_secs(30), |r| r.run_id == run_id && terminal(r)).await;
+    assert_eq!(status(&r), pb::RunStatus::Succeeded, "{r:#?}");
+    let (code, body) = post_event(&http, "data.updated", None, b"{}");
+    assert!(code == 400 && body.to_string().contains("Idempotency-Key"), "{code} {body}");
+    let (code, body) = post_event(&http, "data.updated", Some("k2"), b"{not json");
+    assert!(code == 400 && body.to_string().contains("payload_json"), "{code} {body}");
+    assert_eq!(list_runs(&dev.addr, "on_topic").await.len(), 1, "one run for k1, none for the refused ones");
+    drop(dev);
+
+    // A replica that leads but cannot admit: 503, Retry-After, nothing made.
+    let secret = dir.path().join("github.secret");
+    std::fs::write(&secret, GITHUB_SECRET).expect("secret");
+    let data = dir.path().join("data2");
+    let stuck = Proc::dev_env(
+        &data,
+        4,
+        &dir.path().join("stuck.log"),
+        std::path::Path::new("tests/agents.yaml"),
+        &[],
+        &[(punchclock_control_plane::bootstrap::FAIL_ENGINE_ENV, "1")],
+    );
+    // Tasks are written by any replica, engine or not.
+    apply(&stuck.addr, github_task("hooked", "/hooks/github", &secret.to_string_lossy())).await;
+    apply(&stuck.addr, json!({"task_id": "on_topic", "agent_id": "event_agent", "trigger": {"type": "event", "topic": "data.updated"}}))
+        .await;
+    let http = stuck.http_addr();
+    let (code, body) = post_delivery(&http, "/hooks/github", "d-503", GITHUB_SIGNATURE, GITHUB_BODY.as_bytes());
+    assert_eq!(code, 503, "{body}");
+    let (code, body) = post_event(&http, "data.updated", Some("k503"), b"{}");
+    assert_eq!(code, 503, "{body}");
+    let raw = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&http).expect("connect");
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        write!(
+            s,
+            "POST /events/data.updated HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k504\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        )
+        .expect("write");
+        let mut t = String::new();
+        let _ = s.read_to_string(&mut t);
+        t
+    };
+    assert!(raw.starts_with("HTTP/1.1 503") && raw.to_ascii_lowercase().contains("retry-after:"), "{raw}");
+    for id in ["hooked", "on_topic"] {
+        assert!(list_runs(&stuck.addr, id).await.is_empty(), "{id}: a 503 made a record");
+    }
 }
