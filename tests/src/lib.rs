@@ -848,3 +848,28 @@ pub fn http_post(addr: &str, path: &str, headers: &[(&str, &str)], body: Option<
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     (code, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
 }
+
+/// Where skipped tests are listed (`target/test-skips.txt`): `make test`
+/// clears it first and counts its lines in its closing line.
+pub fn skips_file() -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| repo_root().join("target"));
+    target.join("test-skips.txt")
+}
+
+/// A test that cannot run here skips, saying so on its output and in
+/// [`skips_file`] — but under CI (`CI` set) a skip fails unless `allow`
+/// (an environment variable, e.g. `PUNCHCLOCK_SKIP_CGROUP_TESTS`) is `1`:
+/// a silent skip is a pass that proves nothing. Returns (call it and
+/// `return`) when the skip is allowed; panics otherwise.
+pub fn skip(test: &str, allow: &str, why: &str) {
+    let allowed = std::env::var(allow).is_ok_and(|v| v == "1");
+    assert!(
+        std::env::var_os("CI").is_none() || allowed,
+        "{test} cannot run here ({why}); under CI that fails: set {allow}=1 to allow the skip"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(skips_file()) {
+        let _ = writeln!(f, "{test}: {why}");
+    }
+}

@@ -53,12 +53,7 @@ fn raise_own_limit(needed: u64) -> bool {
 /// Skips (saying so) when the test cannot run here; under `CI` a skip
 /// fails unless `PUNCHCLOCK_SKIP_IDLE_CONNECTIONS_TESTS=1` allows it.
 fn skip(why: &str) {
-    let allowed = std::env::var("PUNCHCLOCK_SKIP_IDLE_CONNECTIONS_TESTS").is_ok_and(|v| v == "1");
-    assert!(
-        std::env::var_os("CI").is_none() || allowed,
-        "idle_connections cannot run here ({why}); set PUNCHCLOCK_SKIP_IDLE_CONNECTIONS_TESTS=1 to allow the skip"
-    );
-    eprintln!("SKIPPED idle_connections: {why}");
+    punchclock_tests::skip("idle_connections", "PUNCHCLOCK_SKIP_IDLE_CONNECTIONS_TESTS", why);
 }
 
 /// A TCP connection from `from` (a loopback address) to `to`; `None` when

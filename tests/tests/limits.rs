@@ -78,8 +78,11 @@ fn last_attempt(r: &pb::Run) -> pb::Attempt {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_hold_on_this_host() {
     if !cgroups_here() {
-        eprintln!("SKIPPED: no writable cgroup v1 memory and cpu hierarchy for this process");
-        return;
+        return punchclock_tests::skip(
+            "limits_hold_on_this_host",
+            "PUNCHCLOCK_SKIP_CGROUP_TESTS",
+            "no writable cgroup v1 memory and cpu hierarchy for this process",
+        );
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let _logs = KeepLogsOnPanic::new(dir.path(), "limits");
