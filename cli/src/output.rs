@@ -127,9 +127,11 @@ pub fn run_json(r: &pb::Run) -> Value {
     })
 }
 
-/// A task as JSON.
+/// A task as JSON: `spec` is its definition as applied (apply it again:
+/// unchanged), `effective` (when the server sent it: `task get`) every
+/// field with its value in force.
 pub fn task_json(tk: &pb::Task) -> Value {
-    json!({
+    let mut v = json!({
         "task_id": tk.task_id,
         "agent_id": tk.agent_id,
         "paused": tk.paused,
@@ -147,7 +149,11 @@ pub fn task_json(tk: &pb::Task) -> Value {
         "created_at": t(&tk.created_at),
         "updated_at": t(&tk.updated_at),
         "spec": json_field(&tk.spec_json),
-    })
+    });
+    if !tk.effective_json.is_empty() {
+        v["effective"] = json_field(&tk.effective_json);
+    }
+    v
 }
 
 /// A runner as JSON.
@@ -293,7 +299,10 @@ pub fn print_json(v: &Value) {
 /// their zone, execution, history, and the next fire times in the
 /// trigger's zone and in UTC (`next`: a preview of the task).
 pub fn task_details(tk: &pb::Task, next: &pb::PreviewScheduleResponse) -> Vec<(&'static str, String)> {
-    let spec: Value = serde_json::from_str(&tk.spec_json).unwrap_or(Value::Null);
+    // The values in force (a server that sends no effective definition
+    // sends its stored one, defaults filled, as spec_json).
+    let text = if tk.effective_json.is_empty() { &tk.spec_json } else { &tk.effective_json };
+    let spec: Value = serde_json::from_str(text).unwrap_or(Value::Null);
     let trigger = |t: &Value| match t["type"].as_str() {
         Some("cron") => format!("cron {} in {}", t["expr"], t["timezone"].as_str().unwrap_or("UTC")),
         Some("interval") => {

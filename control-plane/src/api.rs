@@ -14,7 +14,7 @@ use crate::engine::core::Triggered;
 use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
 use crate::engine::{EngineHandle, EventAdmitted, RunnerSnapshot, TriggerRequest};
 use crate::error::{Error, Result};
-use crate::model::{Cursor, RunRecord, RunStatus, TaskRecord, TaskSpec};
+use crate::model::{Cursor, Definition, RunRecord, RunStatus, TaskRecord, TaskSpec};
 use crate::repo::{ApplyOutcome, Repo, record_for};
 use crate::schedule::{CronSchedule, Schedule, next_slot};
 
@@ -51,6 +51,8 @@ pub struct Applied {
     pub record: TaskRecord,
     /// False when a task with this id existed and was replaced.
     pub created: bool,
+    /// Created, updated or unchanged (with `dry_run`: what would be).
+    pub outcome: ApplyOutcome,
     /// Problems that do not stop the apply.
     pub warnings: Vec<String>,
 }
@@ -70,7 +72,7 @@ pub struct AppliedTask {
 ///
 /// Errors: `InvalidArgument` on `tasks` listing every bad definition (by
 /// position and id, the first 20) and every repeated id.
-fn validate_all(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::config::Config) -> Result<Vec<TaskSpec>> {
+fn validate_all(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::config::Config) -> Result<Vec<Definition>> {
     validate_listed(spec_jsons, now, config)
 }
 
@@ -101,7 +103,7 @@ pub fn validate_file(spec_jsons: &[String], now: DateTime<Utc>, config: Option<&
             &lax
         }
     };
-    let specs = validate_listed(spec_jsons, now, config)?;
+    let specs: Vec<TaskSpec> = validate_listed(spec_jsons, now, config)?.into_iter().map(|d| d.spec).collect();
     let refs: Vec<&TaskSpec> = specs.iter().collect();
     let problems = crate::model::trigger::check_across(&refs, std::iter::empty(), crate::engine::core::policy::dependencies::MAX_FOLLOWERS);
     if !problems.is_empty() {
@@ -111,15 +113,15 @@ pub fn validate_file(spec_jsons: &[String], now: DateTime<Utc>, config: Option<&
     Ok(specs)
 }
 
-fn validate_listed(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::config::Config) -> Result<Vec<TaskSpec>> {
+fn validate_listed(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::config::Config) -> Result<Vec<Definition>> {
     const SHOWN_PROBLEMS: usize = 20;
     let mut specs = Vec::with_capacity(spec_jsons.len());
     let mut problems = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (i, json) in spec_jsons.iter().enumerate() {
         match validate_spec(json, now, config) {
-            Ok(spec) if !seen.insert(spec.task_id.clone()) => {
-                problems.push(format!("task #{} ({}): task_id: appears more than once", i + 1, spec.task_id));
+            Ok(def) if !seen.insert(def.spec.task_id.clone()) => {
+                problems.push(format!("task #{} ({}): task_id: appears more than once", i + 1, def.spec.task_id));
             }
             Ok(spec) => specs.push(spec),
             Err(e) => {
@@ -151,11 +153,12 @@ fn validate_listed(spec_jsons: &[String], now: DateTime<Utc>, config: &crate::co
 /// that every recurring trigger still has a fire time.
 ///
 /// Errors: `InvalidArgument` naming the field.
-fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Config) -> Result<TaskSpec> {
-    let spec = TaskSpec::from_json(spec_json)?;
+fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Config) -> Result<Definition> {
+    let def = Definition::from_json(spec_json)?;
+    let spec = &def.spec;
     // Checked against the cluster configuration (and the write compares
     // its revision: see `crate::config::cluster`).
-    if let Some((field, why)) = crate::config::cluster::task_problems(&spec, config).into_iter().next() {
+    if let Some((field, why)) = crate::config::cluster::task_problems(spec, config).into_iter().next() {
         return Err(Error::invalid(field, why));
     }
     for i in 0..spec.all_triggers().len() {
@@ -170,7 +173,7 @@ fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Co
             return Err(Error::invalid(format!("{path}.expr"), "has no fire time after now"));
         }
     }
-    Ok(spec)
+    Ok(def)
 }
 
 /// Shared state of the API services.
@@ -337,27 +340,27 @@ impl Core {
     pub async fn apply_task(&self, spec_json: &str, dry_run: bool) -> Result<Applied> {
         let now = self.clock.now();
         let mut config = self.config_for_write(false).await?;
-        let mut spec = validate_spec(spec_json, now, &config)?;
-        let mut warnings = self.agent_warnings(&spec).await;
-        warnings.extend(self.sink_warnings(&spec));
-        warnings.extend(self.check_across(&[&spec]).await?.into_values().flatten());
+        let mut def = validate_spec(spec_json, now, &config)?;
+        let mut warnings = self.agent_warnings(&def.spec).await;
+        warnings.extend(self.sink_warnings(&def.spec));
+        warnings.extend(self.check_across(&[&def.spec]).await?.into_values().flatten());
         for _ in 0..CAS_ATTEMPTS {
-            let prev = self.repo.get_task(&spec.task_id).await?;
-            let (rec, outcome) = record_for(&spec, prev.as_ref().map(|(r, _)| r), now);
+            let prev = self.repo.get_task(&def.spec.task_id).await?;
+            let (rec, outcome) = record_for(&def, prev.as_ref().map(|(r, _)| r), now);
             let created = prev.is_none();
             if dry_run || outcome == ApplyOutcome::Unchanged {
-                return Ok(Applied { record: rec, created, warnings });
+                return Ok(Applied { record: rec, created, outcome, warnings });
             }
             if self.repo.put_task_checked(&rec, prev.as_ref().map_or(0, |(_, rev)| *rev), config.revision).await? {
-                tracing::info!(task_id = %spec.task_id, created, "task applied");
-                return Ok(Applied { record: rec, created, warnings });
+                tracing::info!(task_id = %def.spec.task_id, created, "task applied");
+                return Ok(Applied { record: rec, created, outcome, warnings });
             }
             // The task, or the cluster configuration, changed meanwhile:
             // validate again against the configuration in force.
             config = self.config_for_write(true).await?;
-            spec = validate_spec(spec_json, now, &config)?;
+            def = validate_spec(spec_json, now, &config)?;
         }
-        Err(Error::Unavailable { reason: format!("task {} is being changed concurrently; try again", spec.task_id), leader: None })
+        Err(Error::Unavailable { reason: format!("task {} is being changed concurrently; try again", def.spec.task_id), leader: None })
     }
 
     /// Validates every definition of `spec_jsons` (a whole task file), then
@@ -375,27 +378,27 @@ impl Core {
         // workers, which also serve the lease renewals and the engine.
         let config = self.config_for_write(false).await?;
         let config_rev = config.revision;
-        let specs = tokio::task::spawn_blocking(move || validate_all(&spec_jsons, now, &config))
+        let defs = tokio::task::spawn_blocking(move || validate_all(&spec_jsons, now, &config))
             .await
             .map_err(|e| Error::Internal(format!("validation task failed: {e}")))??;
-        let mut across = self.check_across(&specs.iter().collect::<Vec<_>>()).await?;
+        let mut across = self.check_across(&defs.iter().map(|d| &d.spec).collect::<Vec<_>>()).await?;
         let outcomes = if dry_run {
-            self.repo.preview_apply(&specs, now).await?
+            self.repo.preview_apply(&defs, now).await?
         } else {
             let engine = self.engine().await?;
             // In a task of its own: a client that goes away mid-apply does
             // not stop it halfway (a journaled apply is finished).
-            let (repo, lead, to_write) = (self.repo.clone(), engine.leadership().clone(), specs.clone());
+            let (repo, lead, to_write) = (self.repo.clone(), engine.leadership().clone(), defs.clone());
             let report = tokio::spawn(async move { repo.apply_tasks(&lead, &to_write, now, config_rev).await })
                 .await
                 .map_err(|e| Error::Internal(format!("apply task failed: {e}")))??;
-            tracing::info!(tasks = specs.len(), transactions = report.transactions, journaled = report.journaled, "tasks applied");
+            tracing::info!(tasks = defs.len(), transactions = report.transactions, journaled = report.journaled, "tasks applied");
             report.outcomes
         };
         // One question per distinct agent and selector, not per task.
         let mut warned: std::collections::HashMap<(String, String), Vec<String>> = std::collections::HashMap::new();
-        let mut out = Vec::with_capacity(specs.len());
-        for (spec, outcome) in specs.into_iter().zip(outcomes) {
+        let mut out = Vec::with_capacity(defs.len());
+        for (spec, outcome) in defs.into_iter().map(|d| d.spec).zip(outcomes) {
             let key = (spec.agent_id.clone(), format!("{:?}", spec.execution.selector));
             let warnings = match warned.get(&key) {
                 Some(w) => w.clone(),

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use run::{Attempt, Progress, RunRecord, RunStatus};
-pub use task::{TaskRecord, TaskSpec};
+pub use task::{Definition, TaskRecord, TaskSpec};
 
 /// Per-task scheduler state, stored under `schedule/{task_id}` and written
 /// only by the leader.

@@ -97,8 +97,8 @@ pub struct TaskSpec {
     pub task_id: String,
     /// The agent that runs it; only runners advertising this id get its runs.
     pub agent_id: String,
-    /// Free text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Free text (an empty one is as none: it is not serialized).
+    #[serde(default, skip_serializing_if = "none_or_empty")]
     pub description: Option<String>,
     /// Labels of the task (`{team: data}`): a budget's `scope: {label}`
     /// counts the tasks that have them. At most 32; keys and values 1 to
@@ -196,9 +196,13 @@ impl Default for RetryBackoff {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Selector {
-    /// Required runner labels.
-    #[serde(default)]
+    /// Required runner labels (none: any runner; not serialized then).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+}
+
+fn none_or_empty(s: &Option<String>) -> bool {
+    s.as_deref().is_none_or(str::is_empty)
 }
 
 /// `execution`: how runs of the task execute.
@@ -301,8 +305,9 @@ pub enum OnResourceBusy {
 pub struct ResourceUse {
     /// A resource of the config's `resources:`.
     pub name: String,
-    /// Units of its concurrency; `1..=1000`.
-    #[serde(skip_serializing_if = "is_one")]
+    /// Units of its concurrency; `1..=1000`. Always serialized, so a
+    /// definition that wrote `units: 1` is told from one that did not
+    /// ([`TaskSpec::written_fields`]).
     pub units: u32,
     /// Estimated tokens per attempt.
     #[serde(skip_serializing_if = "is_zero")]
@@ -311,10 +316,6 @@ pub struct ResourceUse {
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
-}
-
-fn is_one(v: &u32) -> bool {
-    *v == 1
 }
 
 impl<'de> Deserialize<'de> for ResourceUse {
@@ -431,6 +432,12 @@ impl TaskSpec {
     /// unknown field's path, ...); its reason lists the others, one per
     /// line (`also execution.priority: ...`), at most [`MAX_PROBLEMS`].
     pub fn from_json(text: &str) -> Result<TaskSpec> {
+        Self::parse(text).map(|(spec, _)| spec)
+    }
+
+    /// [`TaskSpec::from_json`], with the document read (unchanged: it is
+    /// only altered on the way to an error).
+    fn parse(text: &str) -> Result<(TaskSpec, serde_json::Value)> {
         if text.len() > MAX_SPEC_BYTES {
             return Err(Error::invalid("task", format!("definition is {} bytes; at most {MAX_SPEC_BYTES}", text.len())));
         }
@@ -449,7 +456,7 @@ impl TaskSpec {
                     // every other problem): the fields taken out read as
                     // their defaults, which pass.
                     spec.check(&mut problems);
-                    return problems.into_result().map(|()| spec);
+                    return problems.into_result().map(|()| (spec, value));
                 }
                 Err(e) => {
                     let segments: Vec<String> = e
@@ -473,7 +480,7 @@ impl TaskSpec {
                     // An unknown field is named in the message, under the path.
                     let unknown = msg.strip_prefix("unknown field `").and_then(|m| m.split('`').next()).map(str::to_string);
                     if problems.len() >= MAX_PROBLEMS || !remove_at(&mut value, &segments, unknown.as_deref()) {
-                        return problems.into_result().map(|()| unreachable_spec());
+                        return problems.into_result().map(|()| (unreachable_spec(), serde_json::Value::Null));
                     }
                 }
             }
@@ -752,6 +759,115 @@ impl TaskSpec {
             _ => serde_json::Map::new(),
         }
     }
+
+    /// The fields `doc` — the document this spec was read from — writes,
+    /// each with the value this spec holds for it: a size in bytes where
+    /// the document wrote `"512Mi"`, a resource named alone (`"search"`)
+    /// as `{name: search}`, `trigger` as the first of `triggers`, numbers
+    /// as the model keeps them (`cpu: 1` is `1.0`), an instant in UTC.
+    /// Left out: a field the spec does not keep apart from its default
+    /// when the document wrote that default (a zero `jitter_seconds` or
+    /// `tokens`, an empty list, map, `prefix` or `description`), and
+    /// `context` (the spec holds it as written).
+    ///
+    /// This is what a definition as applied is: two applies of a task are
+    /// the same when their specs mean the same and these are equal
+    /// ([`TaskRecord::same_as`]), and the typed `TaskDefinition` of a task
+    /// carries exactly these fields (README "Definitions as applied").
+    pub fn written_fields(&self, doc: &serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        /// The spec without its context, `trigger` among `triggers`.
+        #[derive(Serialize)]
+        struct Fields<'a> {
+            task_id: &'a str,
+            agent_id: &'a str,
+            #[serde(skip_serializing_if = "none_or_empty")]
+            description: &'a Option<String>,
+            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+            labels: &'a BTreeMap<String, String>,
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            triggers: Vec<&'a TriggerSpec>,
+            execution: &'a ExecutionSpec,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            notify: &'a Option<NotifySpec>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            history: &'a Option<HistorySpec>,
+        }
+        let fields = Fields {
+            task_id: &self.task_id,
+            agent_id: &self.agent_id,
+            description: &self.description,
+            labels: &self.labels,
+            triggers: self.all_triggers(),
+            execution: &self.execution,
+            notify: &self.notify,
+            history: &self.history,
+        };
+        // Serializing the model's own types cannot fail.
+        let full = serde_json::to_value(&fields).unwrap_or(Value::Null);
+        let Value::Object(doc) = doc else { return Value::Object(serde_json::Map::new()) };
+        let mut doc: serde_json::Map<String, Value> =
+            doc.iter().filter(|(k, _)| *k != "context").map(|(k, v)| (k.clone(), v.clone())).collect();
+        if let Some(one) = doc.remove("trigger") {
+            let mut list = vec![one];
+            if let Some(Value::Array(more)) = doc.remove("triggers") {
+                list.extend(more);
+            }
+            doc.insert("triggers".into(), Value::Array(list));
+        }
+        if let Some(Value::Array(uses)) = doc.get_mut("execution").and_then(|e| e.get_mut("resources")) {
+            for u in uses {
+                if let Value::String(name) = u {
+                    *u = serde_json::json!({ "name": name });
+                }
+            }
+        }
+        project(&full, &Value::Object(doc))
+    }
+
+    /// Whether two specs mean the same: equal once a `trigger` is read as
+    /// the first of `triggers` (the typed form knows only `triggers`).
+    pub fn same_meaning(&self, other: &TaskSpec) -> bool {
+        if self.trigger.is_some() == other.trigger.is_some() {
+            return self == other;
+        }
+        let bare = |s: &TaskSpec| TaskSpec { trigger: None, triggers: Vec::new(), ..s.clone() };
+        self.all_triggers() == other.all_triggers() && bare(self) == bare(other)
+    }
+}
+
+/// `full`'s values at the keys `doc` has (recursively; lists of the same
+/// length element by element).
+fn project(full: &serde_json::Value, doc: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (full, doc) {
+        (Value::Object(f), Value::Object(d)) => {
+            Value::Object(d.iter().filter_map(|(k, dv)| f.get(k).map(|fv| (k.clone(), project(fv, dv)))).collect())
+        }
+        (Value::Array(f), Value::Array(d)) if f.len() == d.len() => Value::Array(f.iter().zip(d).map(|(fv, dv)| project(fv, dv)).collect()),
+        _ => full.clone(),
+    }
+}
+
+/// A validated definition as it was applied: what it means (`spec`,
+/// every default filled) and the document the user wrote (`applied`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Definition {
+    /// The validated spec.
+    pub spec: TaskSpec,
+    /// The JSON document applied (a task file's, or a typed definition's
+    /// fields set), as written.
+    pub applied: serde_json::Value,
+}
+
+impl Definition {
+    /// Parses and validates one definition ([`TaskSpec::from_json`]),
+    /// keeping the document.
+    ///
+    /// Errors: those of [`TaskSpec::from_json`].
+    pub fn from_json(text: &str) -> Result<Definition> {
+        TaskSpec::parse(text).map(|(spec, applied)| Definition { spec, applied })
+    }
 }
 
 /// Most problems one definition's error lists.
@@ -877,6 +993,12 @@ pub(crate) fn clean_serde_message(msg: &str) -> String {
 pub struct TaskRecord {
     /// The validated definition.
     pub spec: TaskSpec,
+    /// The document applied, as written ([`Definition::applied`]). Absent
+    /// in records written before it was kept (then the spec stands for it:
+    /// [`TaskRecord::applied_doc`]); the engine, which needs only the
+    /// spec, drops it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<serde_json::Value>,
     /// Paused tasks fire nothing.
     #[serde(default)]
     pub paused: bool,
@@ -895,6 +1017,48 @@ pub struct TaskRecord {
     pub created_at: DateTime<Utc>,
     /// Last apply, pause or resume (UTC).
     pub updated_at: DateTime<Utc>,
+}
+
+impl TaskRecord {
+    /// The record a definition makes, with nothing paused, at `now`.
+    pub fn new(def: Definition, now: DateTime<Utc>) -> TaskRecord {
+        TaskRecord {
+            spec: def.spec,
+            applied: Some(def.applied),
+            paused: false,
+            paused_at: None,
+            paused_reason: String::new(),
+            resumed_at: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// The definition as applied: the document kept, or, in a record
+    /// written before documents were kept, the spec serialized (every
+    /// default filled: all that is known of it).
+    pub fn applied_doc(&self) -> serde_json::Value {
+        match &self.applied {
+            Some(doc) => doc.clone(),
+            None => serde_json::to_value(&self.spec).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// [`TaskSpec::written_fields`] of the definition as applied.
+    pub fn written_fields(&self) -> serde_json::Value {
+        match &self.applied {
+            Some(doc) => self.spec.written_fields(doc),
+            None => self.spec.written_fields(&self.applied_doc()),
+        }
+    }
+
+    /// Whether applying `def` leaves this record as it is: the same
+    /// meaning and the same fields written (with the same values), however
+    /// they were spelled (`"512Mi"` or `536870912`, `trigger` or
+    /// `triggers`, a task file's JSON or a typed definition).
+    pub fn same_as(&self, def: &Definition) -> bool {
+        self.spec.same_meaning(&def.spec) && self.written_fields() == def.spec.written_fields(&def.applied)
+    }
 }
 
 #[cfg(test)]
@@ -951,6 +1115,26 @@ mod tests {
         // Found by breaking it: the kernel refused 5000000, and the agent ran without any limit.
         assert_eq!(err_field(&with(r#"{"pids_max": 5000000}"#)), "execution.limits.pids_max");
         assert!(TaskSpec::from_json(&with(r#"{"memory_max": "lots"}"#)).is_err());
+    }
+
+    /// Issue 34, point 11: what a definition writes, with what it means.
+    #[test]
+    fn written_fields_are_what_the_document_wrote_as_the_spec_reads_it() {
+        let doc: serde_json::Value = serde_json::from_str(
+            r#"{"task_id": "t", "agent_id": "a", "description": "", "labels": {},
+                "trigger": {"type": "cron", "expr": "0 * * * *", "jitter_seconds": 0},
+                "execution": {"limits": {"memory_max": "512Mi", "cpu": 1}, "resources": ["search", {"name": "llm", "units": 1, "tokens": 0}],
+                              "selector": {"labels": {}}, "retry_backoff": {"base_seconds": 3}},
+                "context": {"params": {"a": 1}}}"#,
+        )
+        .expect("json");
+        let def = Definition::from_json(&doc.to_string()).expect("valid");
+        let want = serde_json::json!({"task_id": "t", "agent_id": "a",
+            "triggers": [{"type": "cron", "expr": "0 * * * *"}],
+            "execution": {"limits": {"memory_max": 536870912u64, "cpu": 1.0}, "resources": [{"name": "search"}, {"name": "llm", "units": 1}],
+                          "selector": {}, "retry_backoff": {"base_seconds": 3.0}}});
+        assert_eq!(def.spec.written_fields(&def.applied), want);
+        assert_eq!(def.applied, doc, "the document is kept as written");
     }
 
     const SEED: &str = r#"{ "task_id": "daily_report_001", "agent_id": "report_agent",

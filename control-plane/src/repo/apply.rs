@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use super::{Limits, Part, Repo, codec};
 use crate::election::Leadership;
 use crate::error::{Error, Result};
-use crate::model::{TaskRecord, TaskSpec};
+use crate::model::{Definition, TaskRecord, TaskSpec};
 use crate::store::{Compare, Revision, Txn, TxnOp};
 
 /// Attempts of one batch's read-compare-write before giving up.
@@ -62,25 +62,35 @@ pub struct ApplyReport {
     pub journaled: bool,
 }
 
-/// The record a spec makes, given the current one: state the user did not
-/// write (pause, creation time) is kept; the same spec leaves the record
-/// as it is (`Unchanged`).
-pub fn record_for(spec: &TaskSpec, prev: Option<&TaskRecord>, now: DateTime<Utc>) -> (TaskRecord, ApplyOutcome) {
+/// The record a definition makes, given the current one: state the user
+/// did not write (pause, creation time) is kept; a definition that means
+/// the same and writes the same fields leaves the record as it is
+/// (`Unchanged`, [`TaskRecord::same_as`]), its document as first written.
+pub fn record_for(def: &Definition, prev: Option<&TaskRecord>, now: DateTime<Utc>) -> (TaskRecord, ApplyOutcome) {
     match prev {
-        Some(p) if p.spec == *spec => (p.clone(), ApplyOutcome::Unchanged),
+        Some(p) if p.same_as(def) => (p.clone(), ApplyOutcome::Unchanged),
         _ => {
             let rec = TaskRecord {
-                spec: spec.clone(),
                 paused: prev.is_some_and(|p| p.paused),
                 paused_at: prev.and_then(|p| p.paused_at),
                 paused_reason: prev.map(|p| p.paused_reason.clone()).unwrap_or_default(),
                 resumed_at: prev.and_then(|p| p.resumed_at),
                 created_at: prev.map_or(now, |p| p.created_at),
-                updated_at: now,
+                ..TaskRecord::new(def.clone(), now)
             };
             (rec, if prev.is_some() { ApplyOutcome::Updated } else { ApplyOutcome::Created })
         }
     }
+}
+
+/// One entry of an apply journal chunk: a definition, or — in a journal a
+/// leader of an older version wrote — a bare spec (its document is then
+/// unknown, and the spec stands for it).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum JournalEntry {
+    Definition(Definition),
+    Spec(TaskSpec),
 }
 
 impl Repo {
@@ -101,8 +111,8 @@ impl Repo {
     }
 
     /// What applying `specs` would do, without writing.
-    pub async fn preview_apply(&self, specs: &[TaskSpec], now: DateTime<Utc>) -> Result<Vec<ApplyOutcome>> {
-        let ids: Vec<&str> = specs.iter().map(|s| s.task_id.as_str()).collect();
+    pub async fn preview_apply(&self, specs: &[Definition], now: DateTime<Utc>) -> Result<Vec<ApplyOutcome>> {
+        let ids: Vec<&str> = specs.iter().map(|s| s.spec.task_id.as_str()).collect();
         let prevs = self.read_tasks(&ids).await?;
         Ok(specs.iter().zip(&prevs).map(|(s, (p, _))| record_for(s, p.as_ref(), now).1).collect())
     }
@@ -132,14 +142,14 @@ impl Repo {
     pub async fn apply_tasks(
         &self,
         lead: &Leadership,
-        specs: &[TaskSpec],
+        specs: &[Definition],
         now: DateTime<Utc>,
         config_rev: Revision,
     ) -> Result<ApplyReport> {
         let _one_at_a_time = self.apply_lock.lock().await;
         let limits = self.limits(Some(lead));
         let encoded: Vec<usize> = specs.iter().map(|s| codec::encode(s).map(|b| b.len())).collect::<Result<_>>()?;
-        // A record is its spec plus ~200 bytes of state.
+        // A record is its spec and document plus ~200 bytes of state.
         let fits_one = specs.len() < limits.ops.saturating_sub(limits.fence)
             && encoded.iter().map(|n| n + 300 + self.keys.task("").len() + 128).sum::<usize>() <= limits.bytes;
         let mut outcomes = vec![None; specs.len()];
@@ -191,8 +201,8 @@ impl Repo {
     }
 
     /// Records `specs` under `applies/{id}/`: chunks, `ready` last.
-    async fn write_journal(&self, lead: &Leadership, id: &str, specs: &[TaskSpec], limits: &Limits) -> Result<usize> {
-        let mut chunks: Vec<Vec<&TaskSpec>> = vec![Vec::new()];
+    async fn write_journal(&self, lead: &Leadership, id: &str, specs: &[Definition], limits: &Limits) -> Result<usize> {
+        let mut chunks: Vec<Vec<&Definition>> = vec![Vec::new()];
         let mut bytes = 0;
         for spec in specs {
             let n = codec::encode(spec)?.len();
@@ -254,7 +264,7 @@ impl Repo {
     async fn write_tasks(
         &self,
         lead: &Leadership,
-        specs: &[TaskSpec],
+        specs: &[Definition],
         now: DateTime<Utc>,
         limits: &Limits,
         outcomes: &mut [Option<ApplyOutcome>],
@@ -282,7 +292,7 @@ impl Repo {
     async fn write_batch(
         &self,
         lead: &Leadership,
-        specs: &[TaskSpec],
+        specs: &[Definition],
         start: usize,
         now: DateTime<Utc>,
         limits: &Limits,
@@ -292,7 +302,7 @@ impl Repo {
         // transaction of gets can hold, then write the prefix that fits.
         let window = &specs[start..specs.len().min(start.saturating_add(limits.ops.saturating_sub(limits.fence).max(1)))];
         for _ in 0..CAS_ATTEMPTS {
-            let ids: Vec<&str> = window.iter().map(|s| s.task_id.as_str()).collect();
+            let ids: Vec<&str> = window.iter().map(|s| s.spec.task_id.as_str()).collect();
             let prevs = self.read_tasks(&ids).await?;
             let (guard, mark) = self.task_write_guard(config_rev.unwrap_or_default());
             let mut part = Part::from((config_rev.map(|_| guard).into_iter().collect(), vec![mark], Vec::new()));
@@ -301,7 +311,7 @@ impl Repo {
             for (spec, (prev, rev)) in window.iter().zip(&prevs) {
                 let (rec, outcome) = record_for(spec, prev.as_ref(), now);
                 if outcome != ApplyOutcome::Unchanged {
-                    let key = self.keys.task(&spec.task_id);
+                    let key = self.keys.task(&spec.spec.task_id);
                     let add =
                         Part::from((vec![Compare::mod_revision(&key, *rev)], vec![TxnOp::put(&key, codec::encode(&rec)?)], Vec::new()));
                     if !limits.fits(part.size(), add.size()) {
@@ -365,23 +375,53 @@ impl Repo {
         Ok(journals.len())
     }
 
-    /// The specs of a complete journal, `None` without `ready`.
+    /// The definitions of a complete journal, `None` without `ready`.
     ///
     /// Errors: store errors; [`Error::Internal`] for a journal that is
     /// complete but unreadable (a chunk missing or undecodable).
-    async fn read_journal(&self, id: &str) -> Result<Option<Vec<TaskSpec>>> {
+    async fn read_journal(&self, id: &str) -> Result<Option<Vec<Definition>>> {
         let Some(ready) = self.store.get(&self.keys.apply_ready(id)).await? else { return Ok(None) };
         // Chunk by chunk: each is one get of at most 512 KiB.
         let chunks: usize = codec::decode("apply journal", &ready.value)?;
-        let mut specs: Vec<TaskSpec> = Vec::new();
+        let mut specs: Vec<Definition> = Vec::new();
         for i in 0..chunks {
             let kv = self
                 .store
                 .get(&self.keys.apply_chunk(id, i))
                 .await?
                 .ok_or_else(|| Error::Internal(format!("apply journal {id} is ready but chunk {i} of {chunks} is missing")))?;
-            specs.extend(codec::decode::<Vec<TaskSpec>>("apply journal", &kv.value)?);
+            specs.extend(codec::decode::<Vec<JournalEntry>>("apply journal", &kv.value)?.into_iter().map(|e| match e {
+                JournalEntry::Definition(d) => d,
+                JournalEntry::Spec(spec) => {
+                    let applied = serde_json::to_value(&spec).unwrap_or(serde_json::Value::Null);
+                    Definition { spec, applied }
+                }
+            }));
         }
         Ok(Some(specs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 34, point 11: a journal chunk holds definitions with their
+    /// documents now; one a leader of the previous version wrote (bare
+    /// specs) is still finished by a new leader.
+    #[test]
+    fn journal_chunks_of_both_versions_decode() {
+        let def =
+            Definition::from_json(r#"{"task_id": "t", "agent_id": "a", "execution": {"limits": {"memory_max": "64Mi"}}}"#).expect("def");
+        let new = codec::encode(&vec![&def]).expect("encode");
+        let old = codec::encode(&vec![&def.spec]).expect("encode");
+        match codec::decode::<Vec<JournalEntry>>("apply journal", &new).expect("new").pop() {
+            Some(JournalEntry::Definition(d)) => assert_eq!(d, def),
+            _ => panic!("a definition"),
+        }
+        match codec::decode::<Vec<JournalEntry>>("apply journal", &old).expect("old").pop() {
+            Some(JournalEntry::Spec(s)) => assert_eq!(s, def.spec),
+            _ => panic!("a spec"),
+        }
     }
 }

@@ -1072,6 +1072,7 @@ mod tests {
             let spec = crate::model::TaskSpec::from_json(&json.to_string()).expect("spec");
             let rec = TaskRecord {
                 spec,
+                applied: None,
                 paused: false,
                 paused_at: None,
                 paused_reason: String::new(),

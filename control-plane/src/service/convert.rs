@@ -179,13 +179,19 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
     }
 }
 
-/// A task as the API shows it.
-pub fn task_to_pb(v: &TaskView) -> pb::Task {
+/// A task as the API shows it: its definition as applied, and, given the
+/// server's retention defaults (`GetTask`, not `ListTasks`), its effective
+/// definition.
+pub fn task_to_pb(v: &TaskView, effective: Option<&crate::engine::retention::RetentionConfig>) -> pb::Task {
+    use super::definition::{applied_definition, effective_definition, typed_json};
+    let effective = effective.map(|defaults| effective_definition(&v.record.spec, defaults));
     pb::Task {
         task_id: v.record.spec.task_id.clone(),
         agent_id: v.record.spec.agent_id.clone(),
-        spec_json: serde_json::to_string(&v.record.spec).unwrap_or_default(),
-        definition: Some(super::definition::definition_of(&v.record.spec)),
+        spec_json: v.record.applied_doc().to_string(),
+        definition: Some(applied_definition(&v.record.spec, &v.record.written_fields())),
+        effective_json: effective.as_ref().map(|e| typed_json(e).to_string()).unwrap_or_default(),
+        effective,
         paused: v.record.paused,
         paused_reason: v.record.paused_reason.clone(),
         created_at: Some(ts(v.record.created_at)),

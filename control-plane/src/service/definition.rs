@@ -1,9 +1,19 @@
 //! The typed task definition (`pb::TaskDefinition`) ⇄ the task file's
 //! document. A typed definition becomes the same JSON a task file holds and
 //! goes through the one validation path ([`crate::model::TaskSpec::from_json`]),
-//! so both forms have the same defaults, rules and error paths; a stored
-//! [`TaskSpec`] becomes a typed definition for `Task.definition`.
+//! so both forms have the same defaults, rules and error paths. A stored
+//! task becomes two typed definitions: as applied (`Task.definition`:
+//! the fields written, [`applied_definition`]) and effective
+//! (`Task.effective`: every default filled, [`effective_definition`]).
+//!
+//! The round trip is exact: for a valid typed definition `d`,
+//! `applied_definition` of the spec and written fields of
+//! `definition_json(d)` is `d` again, and a task file's document and the
+//! typed definition made of it have the same written fields
+//! ([`TaskSpec::written_fields`]), so applying either after the other is
+//! `unchanged`.
 
+use chrono::{DateTime, Utc};
 use punchclock_proto::time::{from_timestamp, to_timestamp};
 use punchclock_proto::v1 as pb;
 use serde_json::{Map, Value, json};
@@ -70,7 +80,7 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
                     json!({"type": "once", "at": at.to_rfc3339()})
                 }
                 Some(pb::trigger::Kind::Event(ev)) => json!({"type": "event", "topic": ev.topic}),
-                Some(pb::trigger::Kind::Webhook(w)) => webhook_json(w),
+                Some(pb::trigger::Kind::Webhook(w)) => webhook_json(w, &path)?,
                 Some(pb::trigger::Kind::Queue(q)) => {
                     let mut v = json!({"type": "queue", "broker": q.broker});
                     for (k, x) in [("queue", &q.queue), ("subject", &q.subject), ("stream", &q.stream), ("format", &q.format)] {
@@ -104,7 +114,8 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
     if let Some(e) = &d.execution {
         o.insert("execution".into(), execution_json(e));
     }
-    if let Some(c) = &d.context {
+    // An empty context is no context (a task file's `context: {}`).
+    if let Some(c) = d.context.as_ref().filter(|c| !c.fields.is_empty()) {
         o.insert("context".into(), struct_json(c));
     }
     if let Some(n) = &d.notify {
@@ -137,7 +148,7 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
     Ok(Value::Object(o))
 }
 
-fn webhook_json(w: &pb::WebhookTrigger) -> Value {
+fn webhook_json(w: &pb::WebhookTrigger, path: &dyn Fn(&str) -> String) -> Result<Value> {
     let mut v = json!({"type": "webhook", "path": w.path});
     match &w.auth {
         Some(pb::webhook_trigger::Auth::Hmac(h)) => {
@@ -168,13 +179,16 @@ fn webhook_json(w: &pb::WebhookTrigger) -> Value {
         }
         v["dedup"] = Value::Object(d);
     }
-    if !w.headers.is_empty() {
-        v["headers"] = w.headers.clone().into();
+    match (w.no_headers, w.headers.is_empty()) {
+        (true, false) => return Err(Error::invalid(path("no_headers"), "give headers or no_headers, not both")),
+        (true, true) => v["headers"] = json!([]),
+        (false, false) => v["headers"] = w.headers.clone().into(),
+        (false, true) => {}
     }
     if w.max_body_bytes > 0 {
         v["max_body_bytes"] = w.max_body_bytes.into();
     }
-    v
+    Ok(v)
 }
 
 /// A stored webhook trigger as its typed message.
@@ -210,6 +224,7 @@ fn webhook_pb(w: &crate::model::trigger::WebhookTrigger) -> pb::WebhookTrigger {
         dedup_ttl: d.and_then(|d| d.ttl.clone()).unwrap_or_default(),
         headers: w.headers.clone().unwrap_or_default(),
         max_body_bytes: w.max_body_bytes.unwrap_or(0),
+        no_headers: w.headers.as_ref().is_some_and(Vec::is_empty),
     }
 }
 
@@ -254,7 +269,8 @@ fn execution_json(e: &pb::Execution) -> Value {
         put("retry_backoff", Some(Value::Object(r)));
     }
     if let Some(s) = &e.selector {
-        put("selector", Some(json!({"labels": s.labels})));
+        // No labels is `selector: {}` (the file's `labels: {}` is the same).
+        put("selector", Some(if s.labels.is_empty() { json!({}) } else { json!({"labels": s.labels}) }));
     }
     if let Some(cb) = &e.circuit_breaker {
         put("circuit_breaker", Some(json!({"failure_threshold": cb.failure_threshold, "cooldown_seconds": cb.cooldown_seconds})));
@@ -264,9 +280,13 @@ fn execution_json(e: &pb::Execution) -> Value {
             .resources
             .iter()
             .map(|r| {
-                let mut u = json!({"name": r.name, "tokens": r.tokens});
+                let mut u = json!({"name": r.name});
                 if let Some(n) = r.units {
                     u["units"] = n.into();
+                }
+                // 0 is the default (tokens has no presence).
+                if r.tokens > 0 {
+                    u["tokens"] = r.tokens.into();
                 }
                 u
             })
@@ -282,12 +302,155 @@ fn execution_json(e: &pb::Execution) -> Value {
         },
     );
     put("rate_limit_max_wait_seconds", e.rate_limit_max_wait_seconds.map(Value::from));
+    if let Some(l) = &e.limits {
+        let mut m = Map::new();
+        if let Some(b) = l.memory_max_bytes {
+            m.insert("memory_max".into(), b.into());
+        }
+        if let Some(c) = l.cpu.and_then(serde_json::Number::from_f64) {
+            m.insert("cpu".into(), Value::Number(c));
+        }
+        if let Some(n) = l.pids_max {
+            m.insert("pids_max".into(), n.into());
+        }
+        put("limits", Some(Value::Object(m)));
+    }
     Value::Object(v)
 }
 
-/// The typed form of a stored definition (its `trigger` and `triggers`
-/// both become `triggers`).
-pub fn definition_of(spec: &TaskSpec) -> pb::TaskDefinition {
+/// A stored task's definition as applied, typed (`Task.definition`): the
+/// fields of `written` (the task's [`TaskSpec::written_fields`]) with the
+/// values `spec` holds, every other field unset; `context` when the spec
+/// has one.
+pub fn applied_definition(spec: &TaskSpec, written: &Value) -> pb::TaskDefinition {
+    let mut d = typed(spec, None);
+    let has = |w: &Value, k: &str| w.get(k).is_some();
+    if !has(written, "description") {
+        d.description.clear();
+    }
+    let listed = written.get("triggers").and_then(Value::as_array);
+    for (i, t) in d.triggers.iter_mut().enumerate() {
+        let w = listed.and_then(|l| l.get(i)).unwrap_or(&Value::Null);
+        match &mut t.kind {
+            Some(pb::trigger::Kind::Queue(q)) => {
+                if !has(w, "format") {
+                    q.format.clear();
+                }
+                if !has(w, "max_pending") {
+                    q.max_pending = 0;
+                }
+            }
+            Some(pb::trigger::Kind::After(a)) if !has(w, "status") => a.status.clear(),
+            Some(pb::trigger::Kind::Webhook(hook)) => {
+                let written_hmac = w.get("auth").and_then(|a| a.get("hmac")).unwrap_or(&Value::Null);
+                if let Some(pb::webhook_trigger::Auth::Hmac(h)) = &mut hook.auth {
+                    if !has(written_hmac, "algorithm") {
+                        h.algorithm.clear();
+                    }
+                    if !has(written_hmac, "encoding") {
+                        h.encoding.clear();
+                    }
+                    if !has(written_hmac, "tolerance_seconds") {
+                        h.tolerance_seconds = 0;
+                    }
+                }
+            }
+            // Every other field of a trigger is kept only when written.
+            _ => {}
+        }
+    }
+    match (written.get("execution"), d.execution.as_mut()) {
+        (Some(w), Some(e)) => {
+            let keep = |k: &str| has(w, k);
+            unset_unless(keep("timeout_seconds"), &mut e.timeout_seconds);
+            unset_unless(keep("start_timeout_seconds"), &mut e.start_timeout_seconds);
+            unset_unless(keep("max_retries"), &mut e.max_retries);
+            unset_unless(keep("concurrency_limit"), &mut e.concurrency_limit);
+            unset_unless(keep("misfire_grace_seconds"), &mut e.misfire_grace_seconds);
+            unset_unless(keep("priority"), &mut e.priority);
+            unset_unless(keep("rate_limit_max_wait_seconds"), &mut e.rate_limit_max_wait_seconds);
+            for (k, v) in [
+                ("overlap_policy", &mut e.overlap_policy),
+                ("misfire_policy", &mut e.misfire_policy),
+                ("on_resource_busy", &mut e.on_resource_busy),
+            ] {
+                if !keep(k) {
+                    *v = 0;
+                }
+            }
+            match w.get("retry_backoff") {
+                None => e.retry_backoff = None,
+                Some(wb) => {
+                    if let Some(b) = e.retry_backoff.as_mut() {
+                        for (k, v) in [
+                            ("base_seconds", &mut b.base_seconds),
+                            ("cap_seconds", &mut b.cap_seconds),
+                            ("jitter_seconds", &mut b.jitter_seconds),
+                        ] {
+                            if !has(wb, k) {
+                                *v = None;
+                            }
+                        }
+                    }
+                }
+            }
+            let uses = w.get("resources").and_then(Value::as_array);
+            for (i, r) in e.resources.iter_mut().enumerate() {
+                if !uses.and_then(|u| u.get(i)).is_some_and(|u| has(u, "units")) {
+                    r.units = None;
+                }
+            }
+        }
+        _ => d.execution = None,
+    }
+    if !has(written, "notify") {
+        d.notify = None;
+    }
+    if !has(written, "history") {
+        d.history = None;
+    }
+    d
+}
+
+fn unset_unless<T>(written: bool, v: &mut Option<T>) {
+    if !written {
+        *v = None;
+    }
+}
+
+/// A stored task's effective definition, typed (`Task.effective`): every
+/// field with the value in force — the spec's defaults, and those of its
+/// triggers (zone UTC, interval anchor the Unix epoch, a webhook's default
+/// headers and body limit, a queue's prefetch and body limit) and
+/// `history` (the server's `defaults` when the task has none). Dedup of a
+/// webhook without `dedup` (the `Idempotency-Key` header when present)
+/// and fields with no default (selector, breaker, limits) stay unset.
+pub fn effective_definition(spec: &TaskSpec, defaults: &crate::engine::retention::RetentionConfig) -> pb::TaskDefinition {
+    typed(spec, Some(defaults))
+}
+
+/// `d` as the task file's JSON document ([`definition_json`] of a stored
+/// task's typed form, which always converts).
+pub fn typed_json(d: &pb::TaskDefinition) -> Value {
+    definition_json(d).unwrap_or(Value::Null)
+}
+
+/// A duration as `history.max_age` writes it: `30d`, `12h`, `90m`, `45s`.
+fn duration_text(seconds: i64) -> String {
+    match seconds {
+        s if s > 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s > 0 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{}s", s.max(0)),
+    }
+}
+
+/// The typed form of a spec: every field the spec holds (`trigger` and
+/// `triggers` both become `triggers`); with `fill`, the defaults that are
+/// not in the spec too ([`effective_definition`]).
+fn typed(spec: &TaskSpec, fill: Option<&crate::engine::retention::RetentionConfig>) -> pb::TaskDefinition {
+    use crate::model::trigger::{DEFAULT_EVENT_HEADERS, EventFormat};
+    let filled = fill.is_some();
     let triggers = spec
         .all_triggers()
         .into_iter()
@@ -295,31 +458,40 @@ pub fn definition_of(spec: &TaskSpec) -> pb::TaskDefinition {
             kind: Some(match t {
                 TriggerSpec::Cron(c) => pb::trigger::Kind::Cron(pb::CronTrigger {
                     expr: c.expr.clone(),
-                    timezone: c.timezone.clone().unwrap_or_default(),
+                    timezone: c.timezone.clone().or_else(|| filled.then(|| "UTC".to_string())).unwrap_or_default(),
                     jitter_seconds: c.jitter_seconds,
                 }),
                 TriggerSpec::Interval(iv) => pb::trigger::Kind::Interval(pb::IntervalTrigger {
                     every: iv.every.clone().unwrap_or_default(),
                     every_seconds: iv.every_seconds,
-                    start_at: iv.start_at.map(to_timestamp),
+                    start_at: iv.start_at.or(filled.then_some(DateTime::<Utc>::UNIX_EPOCH)).map(to_timestamp),
                     jitter_seconds: iv.jitter_seconds,
                 }),
                 TriggerSpec::Once(o) => pb::trigger::Kind::Once(pb::OnceTrigger { at: Some(to_timestamp(o.at)) }),
                 TriggerSpec::Event(e) => pb::trigger::Kind::Event(pb::EventTrigger { topic: e.topic.clone() }),
-                TriggerSpec::Webhook(w) => pb::trigger::Kind::Webhook(webhook_pb(w)),
+                TriggerSpec::Webhook(w) => {
+                    let mut hook = webhook_pb(w);
+                    if filled {
+                        if w.headers.is_none() {
+                            hook.headers = DEFAULT_EVENT_HEADERS.iter().map(|h| h.to_string()).collect();
+                        }
+                        hook.max_body_bytes = w.max_body();
+                    }
+                    pb::trigger::Kind::Webhook(hook)
+                }
                 TriggerSpec::Queue(q) => pb::trigger::Kind::Queue(pb::QueueTrigger {
                     broker: q.broker.clone(),
                     queue: q.queue.clone().unwrap_or_default(),
                     subject: q.subject.clone().unwrap_or_default(),
                     stream: q.stream.clone().unwrap_or_default(),
                     format: match q.format {
-                        crate::model::trigger::EventFormat::Json => "json",
-                        crate::model::trigger::EventFormat::Raw => "raw",
+                        EventFormat::Json => "json",
+                        EventFormat::Raw => "raw",
                     }
                     .into(),
                     max_pending: q.max_pending,
-                    prefetch: q.prefetch.unwrap_or(0),
-                    max_body_bytes: q.max_body_bytes.unwrap_or(0),
+                    prefetch: if filled { q.prefetch() } else { q.prefetch.unwrap_or(0) },
+                    max_body_bytes: if filled { q.max_body() } else { q.max_body_bytes.unwrap_or(0) },
                 }),
                 TriggerSpec::After(a) => {
                     pb::trigger::Kind::After(pb::AfterTrigger { task: a.task.clone(), status: a.status.as_str().into() })
@@ -359,7 +531,15 @@ pub fn definition_of(spec: &TaskSpec) -> pb::TaskDefinition {
             OnResourceBusy::Wait => pb::OnResourceBusy::Wait,
             OnResourceBusy::Skip => pb::OnResourceBusy::Skip,
         } as i32,
-        rate_limit_max_wait_seconds: Some(ex.rate_limit_max_wait_seconds as i64),
+        rate_limit_max_wait_seconds: Some(i64::try_from(ex.rate_limit_max_wait_seconds).unwrap_or(i64::MAX)),
+        limits: ex.limits.map(|l| pb::ExecutionLimits { memory_max_bytes: l.memory_max, cpu: l.cpu, pids_max: l.pids_max }),
+    };
+    let history = match (fill, &spec.history) {
+        (Some(defaults), h) => Some(pb::History {
+            keep_last: Some(h.as_ref().and_then(|h| h.keep_last).unwrap_or(defaults.keep_last)),
+            max_age: h.as_ref().and_then(|h| h.max_age.clone()).unwrap_or_else(|| duration_text(defaults.max_age.num_seconds())),
+        }),
+        (None, h) => h.as_ref().map(|h| pb::History { keep_last: h.keep_last, max_age: h.max_age.clone().unwrap_or_default() }),
     };
     pb::TaskDefinition {
         task_id: spec.task_id.clone(),
@@ -368,13 +548,16 @@ pub fn definition_of(spec: &TaskSpec) -> pb::TaskDefinition {
         triggers,
         execution: Some(execution),
         context: (!spec.context.is_empty()).then(|| json_struct(&spec.context)),
-        notify: spec.notify.as_ref().map(|n| pb::Notify {
-            on_success: n.on_success.clone(),
-            on_failure: n.on_failure.clone(),
-            on_skipped: n.on_skipped.clone(),
-            on_breaker_open: n.on_breaker_open.clone(),
-        }),
-        history: spec.history.as_ref().map(|h| pb::History { keep_last: h.keep_last, max_age: h.max_age.clone().unwrap_or_default() }),
+        notify: match &spec.notify {
+            Some(n) => Some(pb::Notify {
+                on_success: n.on_success.clone(),
+                on_failure: n.on_failure.clone(),
+                on_skipped: n.on_skipped.clone(),
+                on_breaker_open: n.on_breaker_open.clone(),
+            }),
+            None => filled.then(pb::Notify::default),
+        },
+        history,
         labels: spec.labels.clone().into_iter().collect(),
     }
 }
@@ -424,31 +607,200 @@ fn json_value(v: &Value) -> prost_types::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Definition, TaskRecord};
 
-    /// A definition through the typed form and back is the same definition.
+    /// Every field of a task file set (two tasks: the alternatives of a
+    /// webhook's auth, of a queue's broker kind, of an interval's period).
+    pub(crate) fn full_files() -> Vec<Value> {
+        vec![
+            json!({"task_id": "full_a", "agent_id": "report_agent", "description": "every field",
+                "labels": {"team": "growth", "tier": "1"},
+                "triggers": [
+                    {"type": "cron", "expr": "0 30 8 * * *", "timezone": "Asia/Shanghai", "jitter_seconds": 5},
+                    {"type": "interval", "every": "10m", "start_at": "2026-01-01T08:00:00+08:00", "jitter_seconds": 3},
+                    {"type": "once", "at": "2027-01-01T00:00:00Z"},
+                    {"type": "event", "topic": "data.updated"},
+                    {"type": "webhook", "path": "/hooks/full-a",
+                     "auth": {"hmac": {"secret_file": "/etc/punchclock/hook.secret", "header": "X-Signature", "algorithm": "sha1",
+                              "encoding": "base64", "prefix": "v1=", "timestamp_header": "X-Timestamp", "tolerance_seconds": 120}},
+                     "dedup": {"header": "X-Delivery", "ttl": "2h"}, "headers": ["X-Request-Id", "User-Agent"], "max_body_bytes": 65536},
+                    {"type": "queue", "broker": "rabbit", "queue": "reports", "format": "raw", "max_pending": 50, "prefetch": 10,
+                     "max_body_bytes": 4096},
+                    {"type": "after", "task": "full_b", "status": "any"}],
+                "execution": {"timeout_seconds": 600, "max_retries": 3, "concurrency_limit": 2, "overlap_policy": "queue",
+                    "misfire_policy": "run_all", "misfire_grace_seconds": 120, "priority": 7, "start_timeout_seconds": 900,
+                    "retry_backoff": {"base_seconds": 1.5, "cap_seconds": 30, "jitter_seconds": 0.25},
+                    "selector": {"labels": {"zone": "a"}}, "circuit_breaker": {"failure_threshold": 3, "cooldown_seconds": 60},
+                    "resources": ["search", {"name": "llm", "units": 2, "tokens": 4000}], "on_resource_busy": "skip",
+                    "rate_limit_max_wait_seconds": 600, "limits": {"memory_max": "512Mi", "cpu": 0.5, "pids_max": 64}},
+                "context": {"params": {"region": "cn-north", "n": 7, "x": 1.5, "list": [true, null, "s"]}, "doc": {"k": "v"}},
+                "notify": {"on_success": ["webhook://report-sink"], "on_failure": ["webhook://alert"],
+                           "on_skipped": ["https://example.com/skipped"], "on_breaker_open": ["webhook://alert"]},
+                "history": {"keep_last": 10, "max_age": "7d"}}),
+            json!({"task_id": "full_b", "agent_id": "report_agent",
+                "trigger": {"type": "webhook", "path": "/hooks/full-b", "auth": {"bearer": {"token_file": "/etc/punchclock/hook.token"}},
+                            "dedup": {"body_field": "data.id"}, "headers": []},
+                "execution": {"limits": {"memory_max": 8388608}, "resources": [{"name": "search", "units": 1}],
+                              "selector": {}, "retry_backoff": {}},
+                "notify": {}, "history": {}}),
+            json!({"task_id": "full_c", "agent_id": "report_agent",
+                "triggers": [{"type": "interval", "every_seconds": 90},
+                             {"type": "queue", "broker": "nats", "subject": "data.>", "stream": "DATA", "format": "json"},
+                             {"type": "webhook", "path": "/hooks/full-c", "auth": "none"},
+                             {"type": "after", "task": "full_a", "status": "succeeded"}],
+                "execution": {}}),
+        ]
+    }
+
+    /// Only what is required.
+    fn minimal() -> Value {
+        json!({"task_id": "bare", "agent_id": "report_agent"})
+    }
+
+    fn def(doc: &Value) -> Definition {
+        Definition::from_json(&doc.to_string()).unwrap_or_else(|e| panic!("{doc}: {e}"))
+    }
+
+    /// The typed definition as applied of a document.
+    fn typed_of(doc: &Value) -> pb::TaskDefinition {
+        let d = def(doc);
+        applied_definition(&d.spec, &d.spec.written_fields(&d.applied))
+    }
+
+    /// Issue 34, point 11: a typed get-then-apply lost `execution.limits`
+    /// (the typed `Execution` had no field for them) and came back with a
+    /// dozen defaults filled (and some not), so re-applying it was never
+    /// `unchanged`. A task file and the typed definition made of it now
+    /// write the same fields; the typed one converts back to itself.
     #[test]
-    fn typed_and_json_definitions_are_the_same() {
-        let json = r#"{"task_id": "daily_report_001", "agent_id": "report_agent", "description": "d",
-            "triggers": [{"type": "cron", "expr": "0 30 8 * * *", "timezone": "Asia/Shanghai", "jitter_seconds": 5},
-                         {"type": "interval", "every": "10m", "start_at": "2026-01-01T00:00:00Z"},
-                         {"type": "once", "at": "2027-01-01T00:00:00Z"}],
-            "execution": {"timeout_seconds": 600, "max_retries": 3, "concurrency_limit": 2, "overlap_policy": "queue",
-                          "misfire_policy": "skip", "retry_backoff": {"base_seconds": 1.5},
-                          "selector": {"labels": {"zone": "a"}}, "circuit_breaker": {"failure_threshold": 3, "cooldown_seconds": 60},
-                          "resources": ["search", {"name": "llm", "units": 2, "tokens": 4000}], "on_resource_busy": "skip",
-                          "rate_limit_max_wait_seconds": 600},
-            "labels": {"team": "growth"},
-            "context": {"params": {"region": "cn-north", "n": 7, "x": 1.5, "list": [true, null, "s"]}},
-            "notify": {"on_failure": ["webhook://alert"]}, "history": {"keep_last": 10, "max_age": "7d"}}"#;
-        let spec = TaskSpec::from_json(json).expect("valid");
-        let typed = definition_of(&spec);
-        let back = TaskSpec::from_json(&definition_json(&typed).expect("json").to_string()).expect("valid again");
-        assert_eq!(definition_of(&back), typed);
-        assert_eq!(back.params()["n"], 7);
-        assert_eq!(back.execution, spec.execution);
-        // A trigger without a kind is named.
-        let mut bad = typed.clone();
+    fn a_task_file_and_its_typed_form_are_one_definition() {
+        for doc in full_files().into_iter().chain([minimal()]) {
+            let d = def(&doc);
+            let written = d.spec.written_fields(&d.applied);
+            let typed = applied_definition(&d.spec, &written);
+            let again = def(&definition_json(&typed).expect("json"));
+            assert_eq!(again.spec.written_fields(&again.applied), written, "{doc}");
+            assert!(again.spec.same_meaning(&d.spec), "{doc}");
+            assert_eq!(applied_definition(&again.spec, &again.spec.written_fields(&again.applied)), typed, "{doc}");
+            // Stored from the file, applied again typed: unchanged.
+            let t = "2026-12-01T00:00:00Z".parse().expect("t");
+            assert!(TaskRecord::new(d.clone(), t).same_as(&again), "{doc}");
+            assert!(TaskRecord::new(again, t).same_as(&d), "{doc}");
+        }
+        let a = typed_of(&full_files()[0]);
+        let limits = a.execution.as_ref().and_then(|e| e.limits).expect("limits");
+        assert_eq!(limits, pb::ExecutionLimits { memory_max_bytes: Some(512 << 20), cpu: Some(0.5), pids_max: Some(64) });
+        let Some(pb::trigger::Kind::Queue(q)) = &a.triggers[5].kind else { panic!("queue") };
+        assert_eq!((q.max_pending, q.prefetch, q.format.as_str()), (50, 10, "raw"));
+        // Written fields only: nothing of the defaults.
+        let bare = typed_of(&minimal());
+        assert_eq!(bare, pb::TaskDefinition { task_id: "bare".into(), agent_id: "report_agent".into(), ..Default::default() });
+        let c = typed_of(&full_files()[2]);
+        assert_eq!(c.execution, Some(pb::Execution::default()), "execution: {{}} is written, nothing in it");
+        let Some(pb::trigger::Kind::Queue(q)) = &c.triggers[1].kind else { panic!("queue") };
+        assert_eq!((q.max_pending, q.prefetch, q.format.as_str()), (0, 0, "json"));
+        let b = typed_of(&full_files()[1]);
+        let Some(pb::trigger::Kind::Webhook(w)) = &b.triggers[0].kind else { panic!("webhook") };
+        assert!(w.no_headers && w.headers.is_empty(), "headers: [] is not the default headers");
+        assert_eq!(b.execution.as_ref().map(|e| e.resources[0].units), Some(Some(1)), "units: 1 was written");
+        let a_res = a.execution.as_ref().map(|e| e.resources.clone()).unwrap_or_default();
+        assert_eq!((a_res[0].units, a_res[0].tokens), (None, 0), "a resource named alone");
+    }
+
+    /// A typed definition with every field set comes back as applied, and
+    /// one with a field whose file value has no typed presence (`no_headers`
+    /// with headers) is refused naming it.
+    #[test]
+    fn a_typed_definition_comes_back_as_it_was_applied() {
+        for doc in full_files() {
+            let typed = typed_of(&doc);
+            let d = def(&definition_json(&typed).expect("json"));
+            assert_eq!(applied_definition(&d.spec, &d.spec.written_fields(&d.applied)), typed, "{doc}");
+        }
+        let mut bad = typed_of(&full_files()[0]);
+        let Some(pb::trigger::Kind::Webhook(w)) = &mut bad.triggers[4].kind else { panic!("webhook") };
+        w.no_headers = true;
+        assert!(definition_json(&bad).expect_err("both").to_string().starts_with("triggers[4].no_headers:"));
         bad.triggers.push(pb::Trigger { kind: None });
-        assert!(definition_json(&bad).expect_err("no kind").to_string().starts_with("triggers[3]:"));
+        let mut no_kind = typed_of(&minimal());
+        no_kind.triggers.push(pb::Trigger { kind: None });
+        assert!(definition_json(&no_kind).expect_err("no kind").to_string().starts_with("triggers[0]:"));
+    }
+
+    /// Ways of writing the same definition are one definition; ways of
+    /// writing different ones are not.
+    #[test]
+    fn spellings_of_one_definition_are_unchanged_and_changes_are_not() {
+        let t = "2026-12-01T00:00:00Z".parse().expect("t");
+        let base = json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "cron", "expr": "0 * * * *"},
+            "execution": {"limits": {"memory_max": "64Mi"}, "resources": ["search"]}, "description": "d"});
+        let stored = TaskRecord::new(def(&base), t);
+        let same = [json!({"task_id": "t", "agent_id": "a", "triggers": [{"type": "cron", "expr": "0 * * * *", "jitter_seconds": 0}],
+                   "execution": {"limits": {"memory_max": 67108864}, "resources": [{"name": "search", "tokens": 0}]}, "description": "d",
+                   "labels": {}, "context": {}})];
+        for doc in same {
+            assert!(stored.same_as(&def(&doc)), "{doc}");
+        }
+        let different = [
+            // A default written is a field written.
+            json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "cron", "expr": "0 * * * *"},
+                   "execution": {"limits": {"memory_max": "64Mi"}, "resources": ["search"], "timeout_seconds": 3600}, "description": "d"}),
+            json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "cron", "expr": "0 * * * *"},
+                   "execution": {"limits": {"memory_max": "64Mi"}, "resources": [{"name": "search", "units": 1}]}, "description": "d"}),
+            json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "cron", "expr": "0 * * * *"},
+                   "execution": {"limits": {"memory_max": "65Mi"}, "resources": ["search"]}, "description": "d"}),
+            json!({"task_id": "t", "agent_id": "a", "trigger": {"type": "cron", "expr": "0 * * * *"},
+                   "execution": {"resources": ["search"]}, "description": "d"}),
+        ];
+        for doc in different {
+            assert!(!stored.same_as(&def(&doc)), "{doc}");
+        }
+    }
+
+    /// Issue 34, point 11: records written before the document was kept
+    /// still load; their definition as applied is the spec (all that is
+    /// known), and applying that again is unchanged.
+    #[test]
+    fn a_record_without_its_document_stands_for_itself() {
+        // A record as the previous version stored it.
+        let old = r#"{"spec":{"task_id":"old","agent_id":"a","execution":{"timeout_seconds":600,"max_retries":0,
+            "retry_backoff":{"base_seconds":2.0,"cap_seconds":60.0,"jitter_seconds":0.5},"concurrency_limit":1,"overlap_policy":"skip",
+            "misfire_policy":"run_once","misfire_grace_seconds":60,"priority":0,"start_timeout_seconds":3600,"on_resource_busy":"wait",
+            "rate_limit_max_wait_seconds":1800,"resources":["search"],"limits":{"memory_max":536870912}}},
+            "created_at":"2026-12-01T00:00:00Z","updated_at":"2026-12-01T00:00:00Z"}"#;
+        let rec: TaskRecord = serde_json::from_str(old).expect("an old record loads");
+        assert_eq!(rec.applied, None);
+        let doc = rec.applied_doc();
+        assert_eq!(doc["execution"]["timeout_seconds"], 600);
+        assert!(rec.same_as(&def(&doc)), "its spec applied again");
+        let typed = applied_definition(&rec.spec, &rec.written_fields());
+        assert!(rec.same_as(&def(&definition_json(&typed).expect("json"))), "its typed form applied again");
+        assert_eq!(typed.execution.and_then(|e| e.limits).and_then(|l| l.memory_max_bytes), Some(512 << 20));
+    }
+
+    /// The effective definition fills every default, the triggers' too.
+    #[test]
+    fn the_effective_definition_has_every_default() {
+        let defaults = crate::engine::retention::RetentionConfig::default();
+        let d = def(&json!({"task_id": "t", "agent_id": "a", "triggers": [
+            {"type": "cron", "expr": "0 * * * *"}, {"type": "interval", "every": "1h"},
+            {"type": "queue", "broker": "b", "queue": "q", "max_pending": 20},
+            {"type": "webhook", "path": "/hooks/t", "auth": "none"}]}));
+        let e = effective_definition(&d.spec, &defaults);
+        let Some(pb::trigger::Kind::Cron(c)) = &e.triggers[0].kind else { panic!("cron") };
+        assert_eq!(c.timezone, "UTC");
+        let Some(pb::trigger::Kind::Interval(iv)) = &e.triggers[1].kind else { panic!("interval") };
+        assert_eq!(iv.start_at, Some(prost_types::Timestamp { seconds: 0, nanos: 0 }));
+        let Some(pb::trigger::Kind::Queue(q)) = &e.triggers[2].kind else { panic!("queue") };
+        assert_eq!((q.format.as_str(), q.max_pending, q.prefetch, q.max_body_bytes), ("json", 20, 20, 1 << 20));
+        let Some(pb::trigger::Kind::Webhook(w)) = &e.triggers[3].kind else { panic!("webhook") };
+        assert!(w.headers.contains(&"idempotency-key".to_string()) && w.max_body_bytes == 1 << 20, "{w:?}");
+        let ex = e.execution.as_ref().expect("execution");
+        assert_eq!((ex.timeout_seconds, ex.concurrency_limit, ex.rate_limit_max_wait_seconds), (Some(3600), Some(1), Some(1800)));
+        assert_eq!(ex.retry_backoff.and_then(|b| b.jitter_seconds), Some(0.5));
+        assert_eq!(e.history, Some(pb::History { keep_last: Some(1000), max_age: "30d".into() }));
+        // It is a task file too: applied, it means the same.
+        let back = def(&typed_json(&e));
+        assert_eq!(effective_definition(&back.spec, &defaults), e);
     }
 }

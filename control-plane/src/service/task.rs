@@ -19,6 +19,13 @@ use crate::model::task::MAX_SPEC_BYTES;
 /// `punchclock.v1.TaskService`.
 pub struct TaskSvc(pub Arc<Core>);
 
+impl TaskSvc {
+    /// A task with its effective definition too (one task answers).
+    fn full(&self, v: &TaskView) -> pb::Task {
+        task_to_pb(v, Some(&self.0.retention))
+    }
+}
+
 fn view(record: crate::model::TaskRecord) -> TaskView {
     TaskView { record, cursor: None, next_fire_at: None }
 }
@@ -88,20 +95,24 @@ impl TaskService for TaskSvc {
         };
         let applied = self.0.apply_task(&spec_json, r.dry_run).await.map_err(status)?;
         let task_id = applied.record.spec.task_id.clone();
-        let task =
-            if r.dry_run { task_to_pb(&view(applied.record)) } else { task_to_pb(&self.0.get_task(&task_id).await.map_err(status)?) };
-        Ok(Response::new(pb::ApplyTaskResponse { task: Some(task), created: applied.created, warnings: applied.warnings }))
+        let task = if r.dry_run { view(applied.record) } else { self.0.get_task(&task_id).await.map_err(status)? };
+        Ok(Response::new(pb::ApplyTaskResponse {
+            task: Some(self.full(&task)),
+            created: applied.created,
+            warnings: applied.warnings,
+            outcome: applied.outcome.as_str().into(),
+        }))
     }
 
     async fn get_task(&self, req: Request<pb::GetTaskRequest>) -> Result<Response<pb::Task>, Status> {
         let v = self.0.get_task(&req.into_inner().task_id).await.map_err(status)?;
-        Ok(Response::new(task_to_pb(&v)))
+        Ok(Response::new(self.full(&v)))
     }
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
         let r = req.into_inner();
         let (tasks, next_page_token) = self.0.list_tasks_page(&r.page_token, r.page_size).await.map_err(status)?;
-        Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(task_to_pb).collect(), next_page_token }))
+        Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(|t| task_to_pb(t, None)).collect(), next_page_token }))
     }
 
     async fn delete_task(&self, req: Request<pb::DeleteTaskRequest>) -> Result<Response<pb::DeleteTaskResponse>, Status> {
@@ -112,19 +123,19 @@ impl TaskService for TaskSvc {
     async fn pause_task(&self, req: Request<pb::PauseTaskRequest>) -> Result<Response<pb::Task>, Status> {
         let id = req.into_inner().task_id;
         self.0.pause_task(&id).await.map_err(status)?;
-        Ok(Response::new(task_to_pb(&self.0.get_task(&id).await.map_err(status)?)))
+        Ok(Response::new(self.full(&self.0.get_task(&id).await.map_err(status)?)))
     }
 
     async fn resume_task(&self, req: Request<pb::ResumeTaskRequest>) -> Result<Response<pb::Task>, Status> {
         let id = req.into_inner().task_id;
         self.0.resume_task(&id).await.map_err(status)?;
-        Ok(Response::new(task_to_pb(&self.0.get_task(&id).await.map_err(status)?)))
+        Ok(Response::new(self.full(&self.0.get_task(&id).await.map_err(status)?)))
     }
 
     async fn reset_breaker(&self, req: Request<pb::ResetBreakerRequest>) -> Result<Response<pb::Task>, Status> {
         let id = req.into_inner().task_id;
         self.0.reset_breaker(&id).await.map_err(status)?;
-        Ok(Response::new(task_to_pb(&self.0.get_task(&id).await.map_err(status)?)))
+        Ok(Response::new(self.full(&self.0.get_task(&id).await.map_err(status)?)))
     }
 
     async fn trigger_task(&self, req: Request<pb::TriggerTaskRequest>) -> Result<Response<pb::TriggerTaskResponse>, Status> {

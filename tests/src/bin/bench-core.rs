@@ -44,6 +44,7 @@ fn main() {
             let spec = TaskSpec::from_json(&json.to_string()).expect("valid task");
             let rec = TaskRecord {
                 spec,
+                applied: None,
                 paused: false,
                 paused_at: None,
                 paused_reason: String::new(),

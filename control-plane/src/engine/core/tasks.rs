@@ -62,7 +62,9 @@ impl TaskEntry {
 
 impl EngineCore {
     /// A task created or changed.
-    pub(super) fn task_put(&mut self, now: Now, rec: TaskRecord, cursor: Option<Cursor>) {
+    pub(super) fn task_put(&mut self, now: Now, mut rec: TaskRecord, cursor: Option<Cursor>) {
+        // The engine runs the spec; the document as written is the API's.
+        rec.applied = None;
         let id = rec.spec.task_id.clone();
         if let Err(e) = rec.spec.schedules() {
             tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");
@@ -92,7 +94,8 @@ impl EngineCore {
 
     /// Tracks a task new to the core; returns its id, or `None` when its
     /// stored definition does not compile.
-    pub(super) fn insert_task(&mut self, rec: TaskRecord, cursor: Option<Cursor>) -> Option<String> {
+    pub(super) fn insert_task(&mut self, mut rec: TaskRecord, cursor: Option<Cursor>) -> Option<String> {
+        rec.applied = None;
         let id = rec.spec.task_id.clone();
         if let Err(e) = rec.spec.schedules() {
             tracing::error!(task_id = %id, error = %e, "stored task does not compile; not scheduled");

@@ -85,6 +85,7 @@ impl H {
         let spec = TaskSpec::from_json(&json.to_string()).expect("valid task");
         TaskRecord {
             spec,
+            applied: None,
             paused: false,
             paused_at: None,
             paused_reason: String::new(),
