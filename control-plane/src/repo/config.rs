@@ -172,6 +172,7 @@ mod tests {
         let spec = TaskSpec::from_json(r#"{"task_id": "t", "agent_id": "a"}"#).expect("task");
         TaskRecord {
             spec,
+            applied: None,
             paused: false,
             paused_at: None,
             paused_reason: String::new(),
