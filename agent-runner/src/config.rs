@@ -26,6 +26,7 @@
 //!     signing_secret_file: /etc/punchclock/agent.secret
 //!     max_in_flight: 16    # optional: requests at once to this agent
 //!     cancel_url: https://agents.internal/summarize/cancel  # optional
+//!     rate_limit_resource: llm  # optional: the shared resource a 429 holds back
 //! ```
 //!
 //! `env_from_file` is how an agent gets a credential: the file is read on
@@ -110,6 +111,14 @@ pub struct HttpAgent {
     /// Called (`POST`, the same headers, `{"execution_id": ...}`) when an
     /// asynchronous execution is cancelled or times out.
     pub cancel_url: Option<String>,
+    /// The shared resource (the cluster configuration's `resources:`) that
+    /// a `429` from this agent holds back until its `Retry-After`: the
+    /// runner names it in the attempt's outcome (`resource`), and the
+    /// control plane holds it back when the run's task uses it
+    /// (`execution.resources`). A `Punchclock-Resource` header on the 429
+    /// wins over it. A valid resource name
+    /// ([`punchclock_proto::resources::is_valid_name`]).
+    pub rate_limit_resource: Option<String>,
 }
 
 /// TLS files of an HTTP agent.
@@ -313,6 +322,7 @@ struct RawAgent {
     signing_secret_file: Option<PathBuf>,
     max_in_flight: Option<u32>,
     cancel_url: Option<String>,
+    rate_limit_resource: Option<String>,
 }
 
 impl RawAgent {
@@ -337,6 +347,7 @@ impl RawAgent {
             ("signing_secret_file", self.signing_secret_file.is_some()),
             ("max_in_flight", self.max_in_flight.is_some()),
             ("cancel_url", self.cancel_url.is_some()),
+            ("rate_limit_resource", self.rate_limit_resource.is_some()),
         ] {
             if set {
                 return Err(format!("{}: only for an http agent", field(name)));
@@ -437,6 +448,11 @@ impl RawAgent {
         if !(1..=10_000).contains(&max_in_flight) {
             return Err(format!("{}: must be in 1..=10000", field("max_in_flight")));
         }
+        if let Some(r) = &self.rate_limit_resource
+            && !punchclock_proto::resources::is_valid_name(r)
+        {
+            return Err(format!("{}: {r:?}: {}", field("rate_limit_resource"), punchclock_proto::resources::NAME_RULE));
+        }
         Ok(AgentSpec::Http(HttpAgent {
             url,
             method,
@@ -446,6 +462,7 @@ impl RawAgent {
             signing_secret_file: self.signing_secret_file,
             max_in_flight,
             cancel_url: self.cancel_url,
+            rate_limit_resource: self.rate_limit_resource,
         }))
     }
 }
@@ -780,6 +797,23 @@ agents:
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    method: GET\n").starts_with("agents.h.method:"));
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    tls: {cert_file: /c}\n").starts_with("agents.h.tls:"));
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    max_in_flight: 0\n").starts_with("agents.h.max_in_flight:"));
+        let named = AgentsFile::parse("agents:\n  h:\n    type: http\n    url: http://x\n    rate_limit_resource: llm-eu.1\n").expect("valid");
+        let Some(AgentSpec::Http(h)) = named.get("h") else { panic!("h") };
+        assert_eq!(h.rate_limit_resource.as_deref(), Some("llm-eu.1"));
+        for bad in ["''", "'open ai'", "'a/b'", &"x".repeat(65)] {
+            assert_eq!(
+                err(&format!("agents:\n  h:\n    type: http\n    url: http://x\n    rate_limit_resource: {bad}\n")),
+                format!(
+                    "agents.h.rate_limit_resource: {:?}: a resource name is 1 to 64 letters, digits, _ - .",
+                    bad.trim_matches('\'')
+                ),
+                "{bad}"
+            );
+        }
+        assert!(
+            err("agents:\n  p:\n    type: process\n    command: [a]\n    rate_limit_resource: llm\n")
+                .starts_with("agents.p.rate_limit_resource: only for an http")
+        );
     }
 
     #[test]

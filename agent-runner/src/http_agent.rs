@@ -25,7 +25,7 @@
 //! |---|---|
 //! | 2xx (not 202) | success; a JSON body is the result (its `outcome`, `retry_after_seconds`, `usage`... as from a result file), other bytes a JSON string |
 //! | 202 | asynchronous: the agent reports later through the callback (below) |
-//! | 429 | `rate_limited`: retried at `Retry-After` (seconds or an HTTP date; 1 s without), not counted against `max_retries` |
+//! | 429 | `rate_limited`: retried at `Retry-After` (seconds or an HTTP date; 1 s without), not counted against `max_retries`; the shared resource named by a `Punchclock-Resource` header, else by the agent's `rate_limit_resource`, is held back until then |
 //! | 408, 425, 5xx | failed, retried per `max_retries`, no earlier than `Retry-After` when given |
 //! | other 4xx | `non_retryable`: the run fails now |
 //! | no answer (connection refused, reset, TLS) | failed, retried per `max_retries` |
@@ -45,6 +45,12 @@
 //! runner that dies meanwhile is lost like any other: the control plane
 //! retries the attempt elsewhere, and the agent's late callback is
 //! refused.
+//!
+//! The callback's answers ([`CallbackAnswer`]): `204` taken; `401`
+//! another token; `404` an execution that is over (a progress report after
+//! the result, a result after a timeout or cancel) or was never on this
+//! runner; `409` a second result — while the runner remembers the first
+//! ([`ANSWERED_REMEMBERED`] results back; older ones are `404`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -60,6 +66,15 @@ use crate::{Error, time as clock};
 
 /// How much of an error answer's body is kept (as the attempt's stdout tail).
 const ERROR_BODY_BYTES: usize = 4096;
+
+/// The header by which a `429` names the shared resource it holds back
+/// (wins over the agent's `rate_limit_resource`).
+pub const RESOURCE_HEADER: &str = "punchclock-resource";
+
+/// How many finished asynchronous executions whose result came by callback
+/// the runner remembers, to answer a second result `409` rather than `404`
+/// (an id and a token each, about 200 bytes: under 1 MiB).
+pub const ANSWERED_REMEMBERED: usize = 4096;
 
 /// One agent's client: its connection pool and its turns.
 #[derive(Debug, Clone)]
@@ -110,7 +125,20 @@ impl AgentClient {
 pub struct Callbacks {
     /// The server's advertised base URL (`http://host:port`), if it runs.
     pub base: Mutex<Option<String>>,
-    waiting: Mutex<HashMap<String, Waiting>>,
+    state: Mutex<CallbackState>,
+}
+
+#[derive(Debug, Default)]
+struct CallbackState {
+    /// Executions in progress, by id.
+    waiting: HashMap<String, Waiting>,
+    /// Finished executions whose result came by callback, by id: their
+    /// token and the sequence number of their entry in `order`.
+    answered: HashMap<String, (u64, String)>,
+    /// `answered`'s ids, oldest first (at most [`ANSWERED_REMEMBERED`]).
+    order: std::collections::VecDeque<(u64, String)>,
+    /// The next entry's sequence number.
+    seq: u64,
 }
 
 #[derive(Debug)]
@@ -126,11 +154,14 @@ struct Waiting {
 pub enum CallbackAnswer {
     /// Taken (`204`).
     Taken,
-    /// No such execution waiting here (`404`): over, or never here.
+    /// No such execution waiting here (`404`): over (its result already
+    /// in, or it ended without one), or never here.
     Unknown,
     /// Bad or missing token (`401`).
     Unauthorized,
-    /// Its result came already (`409`).
+    /// Its result came already (`409`), while the execution was still
+    /// waiting or since it finished (one of the last
+    /// [`ANSWERED_REMEMBERED`]).
     AlreadyDone,
 }
 
@@ -145,31 +176,58 @@ impl Callbacks {
         let (ptx, prx) = mpsc::channel(64);
         let (rtx, rrx) = oneshot::channel();
         let url = format!("{}/v1/executions/{execution_id}", base.trim_end_matches('/'));
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).insert(
-            execution_id.to_string(),
-            Waiting { token: token.clone(), progress: ptx, result: Some(rtx), run_id: run_id.to_string() },
-        );
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.answered.remove(execution_id);
+        state
+            .waiting
+            .insert(execution_id.to_string(), Waiting { token: token.clone(), progress: ptx, result: Some(rtx), run_id: run_id.to_string() });
         Some((url, token, prx, rrx))
     }
 
+    /// The execution is over: no more callbacks. One whose result came is
+    /// remembered (the last [`ANSWERED_REMEMBERED`]), so that a second
+    /// result is answered `409`.
     fn forget(&self, execution_id: &str) {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).remove(execution_id);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(entry) = state.waiting.remove(execution_id) else { return };
+        if entry.result.is_some() {
+            return;
+        }
+        let seq = state.seq;
+        state.seq += 1;
+        state.answered.insert(execution_id.to_string(), (seq, entry.token));
+        state.order.push_back((seq, execution_id.to_string()));
+        while state.order.len() > ANSWERED_REMEMBERED {
+            let Some((old, id)) = state.order.pop_front() else { break };
+            // Unless the id was registered and answered again since.
+            if state.answered.get(&id).is_some_and(|(s, _)| *s == old) {
+                state.answered.remove(&id);
+            }
+        }
+    }
+
+    /// Whether `token` is `expected`, in time independent of where they differ.
+    fn same_token(expected: &str, token: &str) -> bool {
+        let (a, b) = (expected.as_bytes(), token.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     }
 
     fn check<'a>(w: &'a mut HashMap<String, Waiting>, execution_id: &str, token: &str) -> Result<&'a mut Waiting, CallbackAnswer> {
         let entry = w.get_mut(execution_id).ok_or(CallbackAnswer::Unknown)?;
-        let (a, b) = (entry.token.as_bytes(), token.as_bytes());
-        let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
-        if same { Ok(entry) } else { Err(CallbackAnswer::Unauthorized) }
+        if Self::same_token(&entry.token, token) { Ok(entry) } else { Err(CallbackAnswer::Unauthorized) }
     }
 
     /// A progress report of an asynchronous execution.
     pub fn progress(&self, execution_id: &str, token: &str, body: &serde_json::Value) -> CallbackAnswer {
-        let mut w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = match Self::check(&mut w, execution_id, token) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = match Self::check(&mut state.waiting, execution_id, token) {
             Ok(e) => e,
             Err(a) => return a,
         };
+        if entry.result.is_none() {
+            // Its result is in: the execution is over.
+            return CallbackAnswer::Unknown;
+        }
         let report = ProgressReport {
             run_id: entry.run_id.clone(),
             execution_id: execution_id.to_string(),
@@ -184,8 +242,11 @@ impl Callbacks {
 
     /// The result of an asynchronous execution.
     pub fn result(&self, execution_id: &str, token: &str, body: serde_json::Value) -> CallbackAnswer {
-        let mut w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = match Self::check(&mut w, execution_id, token) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, expected)) = state.answered.get(execution_id) {
+            return if Self::same_token(expected, token) { CallbackAnswer::AlreadyDone } else { CallbackAnswer::Unauthorized };
+        }
+        let entry = match Self::check(&mut state.waiting, execution_id, token) {
             Ok(e) => e,
             Err(a) => return a,
         };
@@ -418,6 +479,11 @@ impl Call {
         };
         let status = resp.status().as_u16();
         let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+        let resource = if status == 429 {
+            limited_resource(resp.headers(), self.client.agent.rate_limit_resource.as_deref(), &self.assign.execution_id)
+        } else {
+            None
+        };
         let bytes = match read_bounded(resp).await {
             Ok(b) => b,
             Err(e) => return End { exit_code: Some(i32::from(status)), ..End::failed(e) },
@@ -448,8 +514,9 @@ impl Call {
                 }
             }
         }
-        map_answer(status, retry_after, &bytes)
+        map_answer(status, retry_after, resource.as_deref(), &bytes)
     }
+
 
     /// Tells an asynchronous agent its execution is over (`cancel_url`).
     async fn cancel_remote(&self, asynchronous: bool) {
@@ -468,14 +535,36 @@ impl Call {
     }
 }
 
-/// What an answer means (see the module docs' table).
-fn map_answer(status: u16, retry_after: Option<u64>, bytes: &[u8]) -> End {
+/// The shared resource a `429` holds back: its `Punchclock-Resource`
+/// header when that is a valid resource name (an invalid one is logged and
+/// ignored), else the agent's `rate_limit_resource` (`file`).
+fn limited_resource(headers: &reqwest::header::HeaderMap, file: Option<&str>, execution_id: &str) -> Option<String> {
+    if let Some(v) = headers.get(RESOURCE_HEADER) {
+        match v.to_str().map(str::trim) {
+            Ok(name) if punchclock_proto::resources::is_valid_name(name) => return Some(name.to_string()),
+            _ => warn!(
+                execution_id,
+                value = %String::from_utf8_lossy(v.as_bytes()).chars().take(80).collect::<String>(),
+                "the agent's 429 names an invalid resource in Punchclock-Resource ({}); ignored",
+                punchclock_proto::resources::NAME_RULE
+            ),
+        }
+    }
+    file.map(str::to_string)
+}
+
+/// What an answer means (see the module docs' table); `resource`: the
+/// shared resource a `429` names (put in its outcome as `resource`).
+fn map_answer(status: u16, retry_after: Option<u64>, resource: Option<&str>, bytes: &[u8]) -> End {
     let text = String::from_utf8_lossy(bytes);
     let output: String = text.chars().take(ERROR_BODY_BYTES).collect();
     let failed = |outcome: &str, retry: Option<u64>, error: String| {
         let mut r = serde_json::json!({"outcome": outcome, "class": format!("http_{status}")});
         if let Some(s) = retry {
             r["retry_after_seconds"] = s.into();
+        }
+        if let Some(name) = resource.filter(|_| outcome == "rate_limited") {
+            r["resource"] = name.into();
         }
         End { outcome: Outcome::Failed, result_json: r.to_string(), error, exit_code: Some(i32::from(status)), output: output.clone() }
     };
@@ -500,7 +589,10 @@ fn map_answer(status: u16, retry_after: Option<u64>, bytes: &[u8]) -> End {
         429 => failed(
             "rate_limited",
             Some(retry_after.unwrap_or(1)),
-            format!("HTTP 429 Too Many Requests (retry after {} s)", retry_after.unwrap_or(1)),
+            match resource {
+                Some(name) => format!("HTTP 429 Too Many Requests (retry after {} s; resource {name})", retry_after.unwrap_or(1)),
+                None => format!("HTTP 429 Too Many Requests (retry after {} s)", retry_after.unwrap_or(1)),
+            },
         ),
         408 | 425 | 500..=599 => failed("failure", retry_after, format!("HTTP {status}: retryable")),
         _ => failed("non_retryable", None, format!("HTTP {status}: not retryable")),
@@ -551,23 +643,73 @@ mod tests {
     #[test]
     fn answers_map_to_outcomes() {
         let r = |e: &End| serde_json::from_str::<serde_json::Value>(&e.result_json).unwrap_or_default();
-        let ok = map_answer(200, None, br#"{"summary": "ok"}"#);
+        let ok = map_answer(200, None, None, br#"{"summary": "ok"}"#);
         assert_eq!((ok.outcome, r(&ok)["summary"].as_str()), (Outcome::Succeeded, Some("ok")));
-        let text = map_answer(201, None, b"plain");
+        let text = map_answer(201, None, None, b"plain");
         assert_eq!(r(&text), serde_json::json!("plain"));
-        let limited = map_answer(429, Some(7), b"slow down");
+        let limited = map_answer(429, Some(7), None, b"slow down");
         assert_eq!((r(&limited)["outcome"].as_str(), r(&limited)["retry_after_seconds"].as_u64()), (Some("rate_limited"), Some(7)));
         assert_eq!(limited.output, "slow down");
+        assert!(r(&limited).get("resource").is_none(), "a plain 429 names no resource");
+        let named = map_answer(429, Some(7), Some("llm"), b"");
+        assert_eq!((r(&named)["outcome"].as_str(), r(&named)["resource"].as_str()), (Some("rate_limited"), Some("llm")));
+        assert!(named.error.contains("resource llm"), "{}", named.error);
         for s in [408, 425, 500, 503] {
-            assert_eq!(r(&map_answer(s, None, b""))["outcome"], "failure", "{s}");
+            assert_eq!(r(&map_answer(s, None, None, b""))["outcome"], "failure", "{s}");
         }
-        assert_eq!(r(&map_answer(503, Some(3), b""))["retry_after_seconds"], 3);
+        assert_eq!(r(&map_answer(503, Some(3), None, b""))["retry_after_seconds"], 3);
         for s in [400, 401, 404, 422] {
-            assert_eq!(r(&map_answer(s, None, b""))["outcome"], "non_retryable", "{s}");
+            assert_eq!(r(&map_answer(s, None, None, b""))["outcome"], "non_retryable", "{s}");
         }
         assert_eq!(parse_retry_after("12"), Some(12));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(0), "a past date: at once");
         assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn a_429_names_the_header_resource_over_the_file() {
+        let h = |v: Option<&str>| {
+            let mut m = reqwest::header::HeaderMap::new();
+            if let Some(v) = v {
+                m.insert(RESOURCE_HEADER, reqwest::header::HeaderValue::from_str(v).expect("header"));
+            }
+            m
+        };
+        assert_eq!(limited_resource(&h(None), None, "e"), None);
+        assert_eq!(limited_resource(&h(None), Some("llm"), "e").as_deref(), Some("llm"));
+        assert_eq!(limited_resource(&h(Some(" openai ")), Some("llm"), "e").as_deref(), Some("openai"), "the header wins");
+        assert_eq!(limited_resource(&h(Some("open ai")), Some("llm"), "e").as_deref(), Some("llm"), "an invalid header is ignored");
+        assert_eq!(limited_resource(&h(Some("")), None, "e"), None);
+    }
+
+    /// The README promised `409` for a second result; once the execution
+    /// had ended (which the first result does at once) it was `404`, as
+    /// for an execution never on the runner.
+    #[test]
+    fn a_second_result_after_the_end_is_a_conflict() {
+        let c = Callbacks::default();
+        *c.base.lock().unwrap() = Some("http://127.0.0.1:1".into());
+        let (_, token, _progress, _result) = c.register("e1", "r1").expect("registered");
+        assert_eq!(c.result("e1", &token, serde_json::json!({"ok": true})), CallbackAnswer::Taken);
+        assert_eq!(c.progress("e1", &token, &serde_json::json!({})), CallbackAnswer::Unknown, "over once its result is in");
+        c.forget("e1");
+        assert_eq!(c.result("e1", &token, serde_json::json!({})), CallbackAnswer::AlreadyDone);
+        assert_eq!(c.result("e1", "wrong", serde_json::json!({})), CallbackAnswer::Unauthorized);
+        assert_eq!(c.progress("e1", &token, &serde_json::json!({})), CallbackAnswer::Unknown);
+        // Ended without a result (timeout, cancel): a late result is 404.
+        let (_, t2, _p2, _r2) = c.register("e2", "r2").expect("registered");
+        c.forget("e2");
+        assert_eq!(c.result("e2", &t2, serde_json::json!({})), CallbackAnswer::Unknown);
+        // Remembered for the last ANSWERED_REMEMBERED results only.
+        for i in 0..ANSWERED_REMEMBERED {
+            let id = format!("x{i}");
+            let (_, t, _p, _r) = c.register(&id, "r").expect("registered");
+            assert_eq!(c.result(&id, &t, serde_json::json!({})), CallbackAnswer::Taken);
+            c.forget(&id);
+        }
+        assert_eq!(c.result("e1", &token, serde_json::json!({})), CallbackAnswer::Unknown, "forgotten");
+        let state = c.state.lock().unwrap();
+        assert_eq!((state.answered.len(), state.order.len()), (ANSWERED_REMEMBERED, ANSWERED_REMEMBERED));
     }
 
     #[test]
@@ -584,6 +726,7 @@ mod tests {
         assert_eq!(c.result("e1", &token, serde_json::json!({"ok": false})), CallbackAnswer::AlreadyDone);
         assert_eq!(result.blocking_recv().expect("result"), serde_json::json!({"ok": true}));
         c.forget("e1");
-        assert_eq!(c.result("e1", &token, serde_json::json!({})), CallbackAnswer::Unknown);
+        assert_eq!(c.result("e1", &token, serde_json::json!({})), CallbackAnswer::AlreadyDone);
+        assert_eq!(c.result("e3", &token, serde_json::json!({})), CallbackAnswer::Unknown);
     }
 }

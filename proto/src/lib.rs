@@ -33,6 +33,20 @@ pub mod labels {
     }
 }
 
+/// Shared resources (the cluster configuration's `resources:`), as both
+/// sides name them: the control plane's configuration and an agents file's
+/// `rate_limit_resource` follow one rule.
+pub mod resources {
+    /// The rule [`is_valid_name`] checks, for error messages.
+    pub const NAME_RULE: &str = "a resource name is 1 to 64 letters, digits, _ - .";
+
+    /// Whether `name` can name a resource: 1 to 64 ASCII letters, digits,
+    /// `_`, `-` and `.`.
+    pub fn is_valid_name(name: &str) -> bool {
+        !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+    }
+}
+
 /// The runner self-fence's arithmetic that both sides of the stream count
 /// on (`Welcome.fence_ms`; control plane `timing.rs`, runner `fence.rs`).
 pub mod fence {

@@ -15,7 +15,15 @@
 //!   runner's callback, and the run SUCCEEDS with that result; one that
 //!   never calls back ends TIMEOUT and its `cancel_url` is called;
 //! - a runner killed (SIGKILL) during an asynchronous run: its attempt is
-//!   lost and retried on another runner, like a process agent's.
+//!   lost and retried on another runner, like a process agent's;
+//! - issue 34, point 16: a second result callback of a finished execution
+//!   is answered `409` as the README says (it was `404`, as for an
+//!   execution the runner never had, which still answers `404`);
+//! - issue 34, point 15: a 429 holds back the shared resource its agent's
+//!   `rate_limit_resource` names, or its `Punchclock-Resource` header
+//!   (which wins): another task on it waits, "held back", until the
+//!   429's `Retry-After` (a plain 429 could name no resource before, so
+//!   nothing was held back and the other task ran into the limit).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -41,6 +49,9 @@ struct Seen {
     cancels: Vec<Value>,
     /// 503s answered so far.
     unavailable: u32,
+    /// The callback URL and token of each asynchronous scenario's last
+    /// request.
+    callbacks: HashMap<String, (String, String)>,
 }
 
 type S = Arc<Mutex<Seen>>;
@@ -69,9 +80,12 @@ async fn agent(State(s): State<S>, Path(scenario): Path<String>, headers: Header
             let good = punchclock_proto::signature::sign(SECRET, t, &body) == sig;
             Json(json!({"summary": "done", "run_id": ctx["run_id"], "signature_ok": good})).into_response()
         }
-        "limited" => {
-            let n = s.lock().unwrap().requests["limited"].len();
-            if n == 1 {
+        "limited" | "limited_file" | "limited_header" => {
+            let n = s.lock().unwrap().requests[&scenario].len();
+            if n == 1 && scenario == "limited_header" {
+                // Names the resource itself; the agents file says `search`.
+                (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "2"), ("punchclock-resource", "llm")], "slow down").into_response()
+            } else if n == 1 {
                 (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "2")], "slow down").into_response()
             } else {
                 Json(json!({"after": n})).into_response()
@@ -96,6 +110,7 @@ async fn agent(State(s): State<S>, Path(scenario): Path<String>, headers: Header
         "async" | "silent" => {
             let url = headers.get("punchclock-callback-url").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
             let token = headers.get("punchclock-callback-token").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+            s.lock().unwrap().callbacks.insert(scenario.clone(), (url.clone(), token.clone()));
             if scenario == "async" && !url.is_empty() {
                 tokio::spawn(async move {
                     let c = reqwest::Client::new();
@@ -247,6 +262,22 @@ async fn http_agents_answer_and_each_answer_decides() {
     assert_eq!(status(&asy), pb::RunStatus::Succeeded, "{asy:#?}");
     assert_eq!(serde_json::from_str::<Value>(&asy.result_json).expect("result"), json!({"answer": 42}));
     assert_eq!(asy.progress.as_ref().map(|p| p.message.as_str()), Some("half way"));
+    // Once it is over: a second result is a conflict (the README's 409),
+    // not an unknown execution; another token is still 401, a progress
+    // report 404 (over), and an execution never here 404.
+    let (url, token) = seen.lock().unwrap().callbacks["async"].clone();
+    let c = reqwest::Client::new();
+    let post = |path: String, bearer: String| {
+        let c = c.clone();
+        async move { c.post(path).header("authorization", format!("Bearer {bearer}")).body(r#"{"answer": 43}"#).send().await.expect("callback").status().as_u16() }
+    };
+    assert_eq!(post(format!("{url}/result"), token.clone()).await, 409, "a second result");
+    assert_eq!(post(format!("{url}/result"), "nope".into()).await, 401, "another token");
+    assert_eq!(post(format!("{url}/progress"), token.clone()).await, 404, "progress of an execution that is over");
+    let never = url.rsplit_once('/').map(|(b, _)| format!("{b}/never-here/result")).expect("url");
+    assert_eq!(post(never, token.clone()).await, 404, "an execution never on this runner");
+    let again = wait_run(&dev.addr, "async", Duration::from_secs(5), terminal).await;
+    assert_eq!(serde_json::from_str::<Value>(&again.result_json).expect("result"), json!({"answer": 42}), "the first result stands");
     // 202 and silence: TIMEOUT, and cancel_url called.
     let silent = done("silent").await;
     assert_eq!(status(&silent), pb::RunStatus::Timeout, "{silent:#?}");
@@ -302,4 +333,85 @@ async fn a_runner_killed_during_an_asynchronous_run_loses_its_attempt() {
     assert_eq!(run.attempts[0].outcome, "lost", "{run:#?}");
     assert_eq!(run.attempts[1].runner_id, "r2");
     assert_eq!(serde_json::from_str::<Value>(&run.result_json).expect("result"), json!({"attempt": 2}));
+}
+
+fn resource(addr: &str, name: &str) -> Value {
+    let all: Value = serde_json::from_str(&punchclock_tests::cli(addr, &["resources", "list", "-o", "json"])).expect("json");
+    all.as_array().and_then(|a| a.iter().find(|r| r["name"] == name).cloned()).unwrap_or_else(|| panic!("no resource {name}: {all:#}"))
+}
+
+/// Issue 34, point 15: a 429 from an HTTP agent held nothing back (only a
+/// 200 with an outcome body could name a resource), so every other task
+/// calling the same provider ran into its limit too. Now the agents
+/// file's `rate_limit_resource`, or the answer's `Punchclock-Resource`
+/// header (which wins over the file), names the resource, and the control
+/// plane holds it back until the 429's `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_holds_back_the_resource_its_agent_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "http_agents_429_resource");
+    let (base, _seen) = agent_server().await;
+    let agents = dir.path().join("agents.yaml");
+    std::fs::write(
+        &agents,
+        format!(
+            "agents:
+  http_ok: {{type: http, url: {base}/agent/ok}}
+  http_limited_file: {{type: http, url: {base}/agent/limited_file, rate_limit_resource: llm}}
+  http_limited_header: {{type: http, url: {base}/agent/limited_header, rate_limit_resource: search}}
+"
+        ),
+    )
+    .expect("agents file");
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "resources:\n  llm: {concurrency: 4}\n  search: {concurrency: 4}\n").expect("config");
+    let dev = Proc::dev_agents(&dir.path().join("data"), 8, &dir.path().join("dev.log"), &agents, &["--config", &cfg.to_string_lossy()]);
+    apply(&dev.addr, task("file_named", "http_limited_file", json!({"resources": ["llm"], "max_retries": 0}))).await;
+    apply(&dev.addr, task("waiter", "http_ok", json!({"resources": ["llm"], "max_retries": 0}))).await;
+    apply(&dev.addr, task("header_named", "http_limited_header", json!({"resources": ["llm", "search"], "max_retries": 0}))).await;
+    let limited = |r: &pb::Run| r.attempts.first().is_some_and(|a| a.outcome == "rate_limited");
+
+    // (a) The agents file names the resource: the 429 holds llm back.
+    punchclock_tests::cli(&dev.addr, &["task", "trigger", "file_named", "--key", "k1"]);
+    let first = wait_run(&dev.addr, "file_named", Duration::from_secs(30), limited).await;
+    assert_eq!(first.attempts[0].resource, "llm", "{first:#?}");
+    let retry_at = at(&first.attempts[0].retry_at).expect("retry_at");
+    let held = resource(&dev.addr, "llm");
+    assert!(held["held_until"].is_string(), "llm is held back: {held:#}");
+    // Another task on llm waits for the hold, and says so.
+    let waiter_id = punchclock_tests::tasks(&dev.addr)
+        .await
+        .trigger_task(pb::TriggerTaskRequest { task_id: "waiter".into(), ..Default::default() })
+        .await
+        .expect("trigger")
+        .into_inner()
+        .run_id;
+    let mut rc = punchclock_tests::runs(&dev.addr).await;
+    let mut reason = String::new();
+    for _ in 0..200 {
+        let r = rc.get_run(pb::GetRunRequest { run_id: waiter_id.clone() }).await.expect("get").into_inner();
+        if r.pending_reason.contains("held back") || r.actual_started_at.is_some() {
+            reason = r.pending_reason;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reason.contains("resource llm held back until"), "the waiting run says why: {reason:?}");
+    let waiter = wait_run(&dev.addr, "waiter", Duration::from_secs(30), terminal).await;
+    assert_eq!(status(&waiter), pb::RunStatus::Succeeded, "{waiter:#?}");
+    let lag = (at(&waiter.actual_started_at).expect("started") - retry_at).num_milliseconds();
+    assert!((0..1000).contains(&lag), "the waiting run started {lag} ms after the hold's end");
+    let done = wait_run(&dev.addr, "file_named", Duration::from_secs(30), terminal).await;
+    assert_eq!((status(&done), done.attempts.len()), (pb::RunStatus::Succeeded, 2), "{done:#?}");
+
+    // (b) The answer's header names it, over the file's `search`.
+    punchclock_tests::cli(&dev.addr, &["task", "trigger", "header_named", "--key", "k1"]);
+    let first = wait_run(&dev.addr, "header_named", Duration::from_secs(30), limited).await;
+    assert_eq!(first.attempts[0].resource, "llm", "the header wins over the file: {first:#?}");
+    let llm = resource(&dev.addr, "llm");
+    assert!(llm["held_until"].is_string() && llm["held_until"] != held["held_until"], "llm is held back again: {llm:#}");
+    let search = resource(&dev.addr, "search");
+    assert!(search["held_until"].is_null(), "search is not held back: {search:#}");
+    let done = wait_run(&dev.addr, "header_named", Duration::from_secs(30), terminal).await;
+    assert_eq!((status(&done), done.attempts.len()), (pb::RunStatus::Succeeded, 2), "{done:#?}");
 }

@@ -49,8 +49,8 @@ pub struct ResourceLimits {
 /// digits, `_`, `-`, `.`; 1 to 64) or `resources.NAME.FIELD`; a resource
 /// with no limit at all.
 pub fn validate(name: &str, spec: &ResourceSpec) -> Result<ResourceLimits> {
-    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
-        return Err(Error::invalid(format!("resources.{name}"), "a resource name is 1 to 64 letters, digits, _ - ."));
+    if !punchclock_proto::resources::is_valid_name(name) {
+        return Err(Error::invalid(format!("resources.{name}"), punchclock_proto::resources::NAME_RULE));
     }
     let field = |f: &str| format!("resources.{name}.{f}");
     if let Some(c) = spec.concurrency
