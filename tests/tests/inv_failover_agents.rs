@@ -73,3 +73,36 @@ async fn a_failover_keeps_one_agent_per_concurrency_slot() {
     assert!(max <= 1, "the next run overlapped the cancelled one");
     assert_eq!(b.attempts.len(), 1);
 }
+
+/// Issue 34, finding 14: an agent that ends while its leader is dead is
+/// reported to the next leader seconds later, and its record said it ran
+/// until then (6.6 s shown for a 1.3 s run). It ends when its runner says
+/// the agent exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_ends_during_a_failover_ends_at_its_agents_exit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "inv_failover_finished_at");
+    let etcd = Etcd::start(1).await;
+    let ports = [free_port(), free_port()];
+    let mut servers =
+        [Proc::server(&etcd.store_url(), "cp0", ports[0], dir.path()), Proc::server(&etcd.store_url(), "cp1", ports[1], dir.path())];
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let _runner = Proc::runner(&addrs.join(","), "r1", dir.path());
+    let first = wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
+    // `light_agent`: `sleep 2`, then its result.
+    apply(&addrs[0], json!({"task_id": "timed", "agent_id": "light_agent", "execution": {"max_retries": 0}})).await;
+    punchclock_tests::wait_runners(&first.leader_address, Duration::from_secs(30)).await;
+    let leader = servers.iter().position(|s| s.addr == first.leader_address).expect("leader is one of ours");
+    let other = addrs[1 - leader].clone();
+    cli(&addrs[leader], &["task", "trigger", "timed", "--key", "a"]);
+    wait_run(&addrs[leader], "timed", Duration::from_secs(30), |r| r.attempts.first().is_some_and(|a| a.started_at.is_some())).await;
+    // The leader dies while the agent sleeps; it ends before a new leader is up.
+    servers[leader].kill9();
+    wait_leader(std::slice::from_ref(&other), Duration::from_secs(30), |s| !s.leader_id.is_empty() && s.leader_id != first.leader_id).await;
+    let r = wait_run(&other, "timed", Duration::from_secs(60), |r| status(r) == pb::RunStatus::Succeeded).await;
+    let started = punchclock_tests::at(&r.attempts[0].started_at).expect("started");
+    let ended = punchclock_tests::at(&r.finished_at).expect("finished");
+    let ran = (ended - started).num_milliseconds();
+    assert!((1_900..3_000).contains(&ran), "a 2 s agent ran {ran} ms by its record: {r:#?}");
+    assert_eq!(punchclock_tests::at(&r.attempts[0].finished_at), Some(ended));
+}
