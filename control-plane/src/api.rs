@@ -312,19 +312,24 @@ impl Core {
         Ok(self.config.current())
     }
 
-    /// Whether the leader `l` names (another replica) does not answer: its
-    /// HTTP `/livez` is asked with a 1 s deadline (a killed or stopped
-    /// leader's lease outlives it by up to its TTL, and until then every
-    /// replica names it). False when this replica leads, when there is no
-    /// leader, or when it has no HTTP port to ask.
+    /// Whether the leader `l` names (another replica) does not answer (a
+    /// killed or stopped leader's lease outlives it by up to its TTL, and
+    /// until then every replica names it): its HTTP `/livez` is asked with
+    /// a 1 s deadline (which a stopped process fails too); a leader
+    /// without an HTTP port, its gRPC address is connected to (TCP, 1 s),
+    /// which a killed process or a lost host fails. False when this
+    /// replica leads or when there is no leader.
     pub async fn leader_unresponsive(&self, l: &LeaderInfo) -> bool {
-        if l.leader_id.is_empty() || l.leader_id == self.election.id() || l.http_address.is_empty() {
+        const DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+        if l.leader_id.is_empty() || l.leader_id == self.election.id() {
             return false;
         }
+        if l.http_address.is_empty() {
+            let authority = l.advertise_address.split_once("://").map_or(l.advertise_address.as_str(), |(_, a)| a).trim_end_matches('/');
+            return !matches!(tokio::time::timeout(DEADLINE, tokio::net::TcpStream::connect(authority)).await, Ok(Ok(_)));
+        }
         static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-        let client = CLIENT.get_or_init(|| {
-            reqwest::Client::builder().timeout(std::time::Duration::from_secs(1)).build().unwrap_or_else(|_| reqwest::Client::new())
-        });
+        let client = CLIENT.get_or_init(|| reqwest::Client::builder().timeout(DEADLINE).build().unwrap_or_else(|_| reqwest::Client::new()));
         let url = format!("{}/livez", l.http_address.trim_end_matches('/'));
         !client.get(url).send().await.is_ok_and(|r| r.status().is_success())
     }
