@@ -797,16 +797,14 @@ agents:
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    method: GET\n").starts_with("agents.h.method:"));
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    tls: {cert_file: /c}\n").starts_with("agents.h.tls:"));
         assert!(err("agents:\n  h:\n    type: http\n    url: http://x\n    max_in_flight: 0\n").starts_with("agents.h.max_in_flight:"));
-        let named = AgentsFile::parse("agents:\n  h:\n    type: http\n    url: http://x\n    rate_limit_resource: llm-eu.1\n").expect("valid");
+        let named =
+            AgentsFile::parse("agents:\n  h:\n    type: http\n    url: http://x\n    rate_limit_resource: llm-eu.1\n").expect("valid");
         let Some(AgentSpec::Http(h)) = named.get("h") else { panic!("h") };
         assert_eq!(h.rate_limit_resource.as_deref(), Some("llm-eu.1"));
         for bad in ["''", "'open ai'", "'a/b'", &"x".repeat(65)] {
             assert_eq!(
                 err(&format!("agents:\n  h:\n    type: http\n    url: http://x\n    rate_limit_resource: {bad}\n")),
-                format!(
-                    "agents.h.rate_limit_resource: {:?}: a resource name is 1 to 64 letters, digits, _ - .",
-                    bad.trim_matches('\'')
-                ),
+                format!("agents.h.rate_limit_resource: {:?}: a resource name is 1 to 64 letters, digits, _ - .", bad.trim_matches('\'')),
                 "{bad}"
             );
         }

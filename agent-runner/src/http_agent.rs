@@ -178,9 +178,10 @@ impl Callbacks {
         let url = format!("{}/v1/executions/{execution_id}", base.trim_end_matches('/'));
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.answered.remove(execution_id);
-        state
-            .waiting
-            .insert(execution_id.to_string(), Waiting { token: token.clone(), progress: ptx, result: Some(rtx), run_id: run_id.to_string() });
+        state.waiting.insert(
+            execution_id.to_string(),
+            Waiting { token: token.clone(), progress: ptx, result: Some(rtx), run_id: run_id.to_string() },
+        );
         Some((url, token, prx, rrx))
     }
 
@@ -516,7 +517,6 @@ impl Call {
         }
         map_answer(status, retry_after, resource.as_deref(), &bytes)
     }
-
 
     /// Tells an asynchronous agent its execution is over (`cancel_url`).
     async fn cancel_remote(&self, asynchronous: bool) {

@@ -269,7 +269,16 @@ async fn http_agents_answer_and_each_answer_decides() {
     let c = reqwest::Client::new();
     let post = |path: String, bearer: String| {
         let c = c.clone();
-        async move { c.post(path).header("authorization", format!("Bearer {bearer}")).body(r#"{"answer": 43}"#).send().await.expect("callback").status().as_u16() }
+        async move {
+            c.post(path)
+                .header("authorization", format!("Bearer {bearer}"))
+                .body(r#"{"answer": 43}"#)
+                .send()
+                .await
+                .expect("callback")
+                .status()
+                .as_u16()
+        }
     };
     assert_eq!(post(format!("{url}/result"), token.clone()).await, 409, "a second result");
     assert_eq!(post(format!("{url}/result"), "nope".into()).await, 401, "another token");
