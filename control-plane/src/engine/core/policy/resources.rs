@@ -452,7 +452,6 @@ impl Policy for Resources {
                     }
                 }
                 self.holders.insert(a.execution_id.clone(), a.holds.clone());
-                // A rate-limited hold a previous leader knew of: re-derived.
             } else if !live {
                 self.release(&a.execution_id);
             }
@@ -461,16 +460,9 @@ impl Policy for Resources {
             self.promised.remove(&run.run_id);
             self.waiting.remove(&run.run_id);
         }
-        // A new leader loading a run that waits out a rate limit holds the
-        // resource its agent named until then, as the old leader did.
-        if run.status == crate::model::RunStatus::Retrying
-            && let Some(a) = run.attempts.last().filter(|a| a.outcome == Some(Outcome::RateLimited))
-            && let (Some(name), Some(until)) = (a.resource.as_deref(), a.retry_at)
-            && a.holds.iter().any(|h| h.name == name)
-            && self.state.get(name).is_some_and(|s| s.held.is_none())
-        {
-            let _ = self.hold(name, until, format!("rate limited (run {})", run.run_id));
-        }
+        // A hold a previous leader knew of is loaded from `holds/`
+        // (`load_holds`), not derived again from a run waiting out its rate
+        // limit: that undid a `resources release`.
     }
 
     fn run_forgotten(&mut self, run: &RunRecord) {
@@ -793,5 +785,19 @@ mod tests {
         assert!(next.release_hold("search", now + Duration::minutes(1)).expect("defined"));
         assert!(next.snapshot(now).iter().all(|s| s.held_until.is_none()));
         assert!(next.release_hold("nope", now).is_err());
+        // A leader after the release loads the run still waiting out its
+        // rate limit, and no stored hold (the release deleted it): the
+        // resource stays free (it was held again from the run, undoing the
+        // release; found attacking issue 34's release).
+        let a = r.attempts.last_mut().expect("attempt");
+        a.outcome = Some(Outcome::RateLimited);
+        a.resource = Some("search".into());
+        a.retry_at = Some(now + Duration::hours(1));
+        r.status = RunStatus::Retrying;
+        let mut after = Resources::default();
+        after.configure(&cfg);
+        after.load_holds(Vec::new(), now + Duration::minutes(1));
+        after.run_changed(&r);
+        assert!(after.snapshot(now + Duration::minutes(1)).iter().all(|s| s.held_until.is_none()), "the release is undone");
     }
 }
