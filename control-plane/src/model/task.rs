@@ -826,13 +826,35 @@ impl TaskSpec {
     }
 
     /// Whether two specs mean the same: equal once a `trigger` is read as
-    /// the first of `triggers` (the typed form knows only `triggers`).
+    /// the first of `triggers` (the typed form knows only `triggers`) and
+    /// the context's whole numbers as integers (`1.0` as `1`: a typed
+    /// definition's `Struct` has only doubles).
     pub fn same_meaning(&self, other: &TaskSpec) -> bool {
-        if self.trigger.is_some() == other.trigger.is_some() {
-            return self == other;
+        if self == other {
+            return true;
         }
-        let bare = |s: &TaskSpec| TaskSpec { trigger: None, triggers: Vec::new(), ..s.clone() };
-        self.all_triggers() == other.all_triggers() && bare(self) == bare(other)
+        let plain = |s: &TaskSpec| {
+            let mut p = TaskSpec { trigger: None, triggers: s.all_triggers().into_iter().cloned().collect(), ..s.clone() };
+            p.context.values_mut().for_each(whole_numbers);
+            p
+        };
+        plain(self) == plain(other)
+    }
+}
+
+/// Turns every whole-valued float of `v` that an `f64` holds exactly
+/// (|x| < 2^53) into an integer, recursively.
+fn whole_numbers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(x) = n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() < 9.007_199_254_740_992e15) {
+                *v = Value::from(x as i64);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(whole_numbers),
+        Value::Object(o) => o.values_mut().for_each(whole_numbers),
+        _ => {}
     }
 }
 

@@ -112,11 +112,11 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
         o.insert("triggers".into(), Value::Array(list));
     }
     if let Some(e) = &d.execution {
-        o.insert("execution".into(), execution_json(e));
+        o.insert("execution".into(), execution_json(e)?);
     }
     // An empty context is no context (a task file's `context: {}`).
     if let Some(c) = d.context.as_ref().filter(|c| !c.fields.is_empty()) {
-        o.insert("context".into(), struct_json(c));
+        o.insert("context".into(), struct_json_checked(c, "context")?);
     }
     if let Some(n) = &d.notify {
         let mut v = Map::new();
@@ -228,7 +228,15 @@ fn webhook_pb(w: &crate::model::trigger::WebhookTrigger) -> pb::WebhookTrigger {
     }
 }
 
-fn execution_json(e: &pb::Execution) -> Value {
+/// A double of the typed definition as a JSON number.
+///
+/// Errors: `InvalidArgument` on `field` for NaN and infinities, which a
+/// task file cannot hold either (they were dropped, silently).
+fn finite(x: f64, field: &str) -> Result<serde_json::Number> {
+    serde_json::Number::from_f64(x).ok_or_else(|| Error::invalid(field, format!("{x} is not a number a task file can hold (NaN or infinite)")))
+}
+
+fn execution_json(e: &pb::Execution) -> Result<Value> {
     let mut v = Map::new();
     let mut put = |k: &str, x: Option<Value>| {
         if let Some(x) = x {
@@ -262,8 +270,8 @@ fn execution_json(e: &pb::Execution) -> Value {
     if let Some(b) = &e.retry_backoff {
         let mut r = Map::new();
         for (k, x) in [("base_seconds", b.base_seconds), ("cap_seconds", b.cap_seconds), ("jitter_seconds", b.jitter_seconds)] {
-            if let Some(x) = x.and_then(serde_json::Number::from_f64) {
-                r.insert(k.into(), Value::Number(x));
+            if let Some(x) = x {
+                r.insert(k.into(), Value::Number(finite(x, &format!("execution.retry_backoff.{k}"))?));
             }
         }
         put("retry_backoff", Some(Value::Object(r)));
@@ -307,15 +315,15 @@ fn execution_json(e: &pb::Execution) -> Value {
         if let Some(b) = l.memory_max_bytes {
             m.insert("memory_max".into(), b.into());
         }
-        if let Some(c) = l.cpu.and_then(serde_json::Number::from_f64) {
-            m.insert("cpu".into(), Value::Number(c));
+        if let Some(c) = l.cpu {
+            m.insert("cpu".into(), Value::Number(finite(c, "execution.limits.cpu")?));
         }
         if let Some(n) = l.pids_max {
             m.insert("pids_max".into(), n.into());
         }
         put("limits", Some(Value::Object(m)));
     }
-    Value::Object(v)
+    Ok(Value::Object(v))
 }
 
 /// A stored task's definition as applied, typed (`Task.definition`): the
@@ -586,6 +594,24 @@ fn value_json(v: &prost_types::Value) -> Value {
     }
 }
 
+/// [`struct_json`], refusing what JSON cannot hold.
+///
+/// Errors: `InvalidArgument` naming the first NaN or infinite number
+/// (`context.params.x`), which a task file cannot hold either.
+fn struct_json_checked(s: &prost_types::Struct, field: &str) -> Result<Value> {
+    fn check(v: &prost_types::Value, path: &str) -> Result<()> {
+        use prost_types::value::Kind;
+        match &v.kind {
+            Some(Kind::NumberValue(n)) => finite(*n, path).map(|_| ()),
+            Some(Kind::StructValue(s)) => s.fields.iter().try_for_each(|(k, v)| check(v, &format!("{path}.{k}"))),
+            Some(Kind::ListValue(l)) => l.values.iter().enumerate().try_for_each(|(i, v)| check(v, &format!("{path}[{i}]"))),
+            _ => Ok(()),
+        }
+    }
+    s.fields.iter().try_for_each(|(k, v)| check(v, &format!("{field}.{k}")))?;
+    Ok(struct_json(s))
+}
+
 /// A JSON object → `google.protobuf.Struct` (numbers become doubles).
 pub fn json_struct(m: &Map<String, Value>) -> prost_types::Struct {
     prost_types::Struct { fields: m.iter().map(|(k, v)| (k.clone(), json_value(v))).collect() }
@@ -754,6 +780,39 @@ mod tests {
         ];
         for doc in different {
             assert!(!stored.same_as(&def(&doc)), "{doc}");
+        }
+    }
+
+    /// Found attacking issue 34's typed API: a context's whole-valued float
+    /// (`1.0`) came back from the typed form as `1`, so a typed
+    /// get-then-apply said "updated" and rewrote the document; and NaN or
+    /// an infinity in a typed double was dropped in silence (a CPU limit
+    /// of NaN stored as no limit).
+    #[test]
+    fn typed_numbers_round_trip_and_non_numbers_are_refused() {
+        let t = "2026-12-01T00:00:00Z".parse().expect("t");
+        let doc = json!({"task_id": "t", "agent_id": "a", "context": {"params": {"f": 1.0, "g": [2.0, 2.5], "h": {"i": 3.0}}}});
+        let stored = TaskRecord::new(def(&doc), t);
+        let back = definition_json(&typed_of(&doc)).expect("json");
+        assert!(stored.same_as(&def(&back)), "{back}");
+        assert!(!stored.same_as(&def(&json!({"task_id": "t", "agent_id": "a", "context": {"params": {"f": 1.5, "g": [2.0, 2.5], "h": {"i": 3.0}}}}))));
+        for x in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut d = typed_of(&json!({"task_id": "t", "agent_id": "a", "execution": {"limits": {"cpu": 0.5}, "retry_backoff": {"base_seconds": 2.0}}}));
+            let e = d.execution.as_mut().expect("execution");
+            e.limits.as_mut().expect("limits").cpu = Some(x);
+            let err = definition_json(&d).expect_err("refused").to_string();
+            assert!(err.contains("execution.limits.cpu") && err.contains("NaN or infinite"), "{err}");
+            let e = d.execution.as_mut().expect("execution");
+            e.limits = None;
+            e.retry_backoff.as_mut().expect("backoff").base_seconds = Some(x);
+            let err = definition_json(&d).expect_err("refused").to_string();
+            assert!(err.contains("execution.retry_backoff.base_seconds"), "{err}");
+            let mut d = typed_of(&json!({"task_id": "t", "agent_id": "a", "context": {"params": {"p": [1]}}}));
+            let params = d.context.as_mut().and_then(|c| c.fields.get_mut("params")).expect("params");
+            let Some(prost_types::value::Kind::StructValue(p)) = params.kind.as_mut() else { panic!("struct") };
+            p.fields.insert("x".into(), prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(x)) });
+            let err = definition_json(&d).expect_err("refused").to_string();
+            assert!(err.contains("context.params.x"), "{err}");
         }
     }
 
