@@ -47,8 +47,12 @@ fn main() -> ExitCode {
     drop(log_guard);
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // An empty error is an answer already printed that exits 1 (`config
+        // diff` with a difference).
         Err(e) => {
-            eprintln!("error: {e}");
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
             ExitCode::from(1)
         }
     }

@@ -118,6 +118,16 @@ impl Config {
     ///
     /// Errors: `InvalidArgument` naming the field.
     pub fn from_text(text: &str) -> Result<Config> {
+        // A key twice in one mapping (`resources: {r: ..., r: ...}`) is
+        // refused, as in a task file: the typed read below would keep the
+        // last, and the document could not be compared (`config diff`).
+        if let Err(e) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) {
+            let msg = e.to_string();
+            if let Some(i) = msg.find("duplicate entry") {
+                let field = msg[..i].trim_end_matches([' ', ':']);
+                return Err(Error::invalid(if field.is_empty() { "config" } else { field }, &msg[i..]));
+            }
+        }
         let de = serde_yaml_ng::Deserializer::from_str(text);
         let file: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
@@ -303,5 +313,11 @@ mod tests {
         assert_eq!(c.resources["search-api"].concurrency, Some(3));
         assert_eq!(c.quota_backoff, Duration::from_secs(600));
         assert_eq!(Config::defaults().rate_limit_max_hold, DEFAULT_RATE_LIMIT_MAX_HOLD);
+        // Found attacking issue 34: a key twice was taken (the last won),
+        // and the stored document then broke `config diff`.
+        for twice in ["resources:\n  r: {concurrency: 2}\n  r: {concurrency: 9}\n", r#"{"resources": {"r": {"concurrency": 2}, "r": {"concurrency": 9}}}"#] {
+            let e = err(twice);
+            assert!(e.starts_with("resources") && e.contains("duplicate entry with key \"r\""), "{e}");
+        }
     }
 }
