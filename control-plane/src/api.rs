@@ -158,8 +158,11 @@ fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Co
     let spec = &def.spec;
     // Checked against the cluster configuration (and the write compares
     // its revision: see `crate::config::cluster`).
-    if let Some((field, why)) = crate::config::cluster::task_problems(spec, config).into_iter().next() {
-        return Err(Error::invalid(field, why));
+    // Every one of them (found attacking issue 34: only the first was said).
+    let problems = crate::config::cluster::task_problems(spec, config);
+    if let Some(((field, why), rest)) = problems.split_first() {
+        let also: String = rest.iter().map(|(f, w)| format!("\nalso {f}: {w}")).collect();
+        return Err(Error::invalid(field.clone(), format!("{why}{also}")));
     }
     for i in 0..spec.all_triggers().len() {
         let Some(s) = spec.compile_trigger(i) else { continue };
@@ -315,18 +318,28 @@ impl Core {
     /// Whether the leader `l` names (another replica) does not answer (a
     /// killed or stopped leader's lease outlives it by up to its TTL, and
     /// until then every replica names it): its HTTP `/livez` is asked with
-    /// a 1 s deadline (which a stopped process fails too); a leader
-    /// without an HTTP port, its gRPC address is connected to (TCP, 1 s),
-    /// which a killed process or a lost host fails. False when this
-    /// replica leads or when there is no leader.
+    /// a 1 s deadline; a leader without an HTTP port must answer the HTTP/2
+    /// connection preface on its gRPC address within 1 s (a killed process
+    /// refuses the connection; a stopped one's kernel accepts it, but
+    /// nothing answers). False when this replica leads or when there is no
+    /// leader.
     pub async fn leader_unresponsive(&self, l: &LeaderInfo) -> bool {
         const DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
         if l.leader_id.is_empty() || l.leader_id == self.election.id() {
             return false;
         }
         if l.http_address.is_empty() {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let authority = l.advertise_address.split_once("://").map_or(l.advertise_address.as_str(), |(_, a)| a).trim_end_matches('/');
-            return !matches!(tokio::time::timeout(DEADLINE, tokio::net::TcpStream::connect(authority)).await, Ok(Ok(_)));
+            let probe = async {
+                let mut s = tokio::net::TcpStream::connect(authority).await?;
+                // The client preface and an empty SETTINGS frame: an HTTP/2
+                // server answers with its SETTINGS (a TLS one with an alert
+                // or by closing: an answer too).
+                s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").await?;
+                s.read(&mut [0u8; 16]).await
+            };
+            return !matches!(tokio::time::timeout(DEADLINE, probe).await, Ok(Ok(_)));
         }
         static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
         let client = CLIENT.get_or_init(|| reqwest::Client::builder().timeout(DEADLINE).build().unwrap_or_else(|_| reqwest::Client::new()));

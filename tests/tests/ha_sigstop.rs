@@ -1,7 +1,9 @@
 //! Acceptance 2 (issue 3): the leader is SIGSTOPped past its lease while a
 //! runner is connected. Another replica takes over within lease TTL + 2 s.
 //!
-//! - `stopped_leader_is_replaced_and_fenced_when_it_resumes`: resumed, the
+//! - `stopped_leader_is_replaced_and_fenced_when_it_resumes`: until its
+//!   lease ends the other replica names it as the leader that does not
+//!   answer (`cluster status`); resumed, the
 //!   old leader checks its lease cutoff before anything else, writes nothing
 //!   and steps down by itself; the runner follows the new leader.
 //! - `resumed_leader_blind_to_its_lease_is_stopped_by_the_fence`: the same
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
-use punchclock_tests::{Proc, apply, at, list_runs, status, wait_leader, wait_log, wait_run};
+use punchclock_tests::{Proc, apply, at, cluster_status, list_runs, status, wait_leader, wait_log, wait_run};
 use serde_json::json;
 
 const LEASE_TTL: Duration = Duration::from_secs(3);
@@ -41,8 +43,21 @@ async fn stopped_leader_is_replaced_and_fenced_when_it_resumes() {
 
     let old = servers.iter().position(|s| s.addr == first.leader_address).expect("leader is ours");
     let other = addrs[1 - old].clone();
+    let live = cluster_status(&other).await.expect("status");
+    assert_eq!((live.leader_id.as_str(), live.leader_unresponsive), (first.leader_id.as_str(), false), "a live leader answers");
     let t0 = Instant::now();
     servers[old].signal(libc::SIGSTOP);
+    // Until its lease ends the other replica names it, and says that it
+    // does not answer (found attacking issue 34: a leader without an HTTP
+    // port was taken as answering, its stopped process's kernel accepting
+    // connections).
+    let stopped = cluster_status(&other).await.expect("status");
+    assert_eq!(
+        (stopped.leader_id.as_str(), stopped.leader_unresponsive),
+        (first.leader_id.as_str(), true),
+        "{:?} after the SIGSTOP: {stopped:?}",
+        t0.elapsed()
+    );
     let next = wait_leader(std::slice::from_ref(&other), Duration::from_secs(20), |s| s.leader_id != first.leader_id).await;
     let takeover = t0.elapsed();
     let took_over_at = Utc::now();

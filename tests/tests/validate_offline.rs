@@ -55,6 +55,13 @@ fn task_files_are_checked_offline_naming_every_problem() {
     let config = file("config.yaml", "resources:\n  other: {concurrency: 1}\n");
     let (ok, out) = validate(&["-f", &good, "--config", &config]);
     assert!(!ok && out.contains("execution.resources[0]: resource \"search-api\" is not defined"), "{out}");
+    // Every problem against it, not the first alone (found attacking issue 34).
+    let two = file("two.yaml", "task_id: two\nagent_id: a\nexecution: {resources: [nosuch, {name: other, units: 5}]}\n");
+    let (ok, out) = validate(&["-f", &two, "--config", &config]);
+    assert!(
+        !ok && out.contains("execution.resources[0]: resource \"nosuch\"") && out.contains("also execution.resources[1].units"),
+        "{out}"
+    );
     let config = file("config2.yaml", "resources:\n  search-api: {concurrency: 3}\n");
     let (ok, out) = validate(&["-f", &good, "--config", &config]);
     assert!(ok && out.contains("1 definition(s) valid\n"), "{out}");

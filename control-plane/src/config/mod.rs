@@ -315,7 +315,10 @@ mod tests {
         assert_eq!(Config::defaults().rate_limit_max_hold, DEFAULT_RATE_LIMIT_MAX_HOLD);
         // Found attacking issue 34: a key twice was taken (the last won),
         // and the stored document then broke `config diff`.
-        for twice in ["resources:\n  r: {concurrency: 2}\n  r: {concurrency: 9}\n", r#"{"resources": {"r": {"concurrency": 2}, "r": {"concurrency": 9}}}"#] {
+        for twice in [
+            "resources:\n  r: {concurrency: 2}\n  r: {concurrency: 9}\n",
+            r#"{"resources": {"r": {"concurrency": 2}, "r": {"concurrency": 9}}}"#,
+        ] {
             let e = err(twice);
             assert!(e.starts_with("resources") && e.contains("duplicate entry with key \"r\""), "{e}");
         }

@@ -233,7 +233,8 @@ fn webhook_pb(w: &crate::model::trigger::WebhookTrigger) -> pb::WebhookTrigger {
 /// Errors: `InvalidArgument` on `field` for NaN and infinities, which a
 /// task file cannot hold either (they were dropped, silently).
 fn finite(x: f64, field: &str) -> Result<serde_json::Number> {
-    serde_json::Number::from_f64(x).ok_or_else(|| Error::invalid(field, format!("{x} is not a number a task file can hold (NaN or infinite)")))
+    serde_json::Number::from_f64(x)
+        .ok_or_else(|| Error::invalid(field, format!("{x} is not a number a task file can hold (NaN or infinite)")))
 }
 
 fn execution_json(e: &pb::Execution) -> Result<Value> {
@@ -795,9 +796,15 @@ mod tests {
         let stored = TaskRecord::new(def(&doc), t);
         let back = definition_json(&typed_of(&doc)).expect("json");
         assert!(stored.same_as(&def(&back)), "{back}");
-        assert!(!stored.same_as(&def(&json!({"task_id": "t", "agent_id": "a", "context": {"params": {"f": 1.5, "g": [2.0, 2.5], "h": {"i": 3.0}}}}))));
+        assert!(
+            !stored.same_as(&def(
+                &json!({"task_id": "t", "agent_id": "a", "context": {"params": {"f": 1.5, "g": [2.0, 2.5], "h": {"i": 3.0}}}})
+            ))
+        );
         for x in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-            let mut d = typed_of(&json!({"task_id": "t", "agent_id": "a", "execution": {"limits": {"cpu": 0.5}, "retry_backoff": {"base_seconds": 2.0}}}));
+            let mut d = typed_of(
+                &json!({"task_id": "t", "agent_id": "a", "execution": {"limits": {"cpu": 0.5}, "retry_backoff": {"base_seconds": 2.0}}}),
+            );
             let e = d.execution.as_mut().expect("execution");
             e.limits.as_mut().expect("limits").cpu = Some(x);
             let err = definition_json(&d).expect_err("refused").to_string();
