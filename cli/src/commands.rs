@@ -160,7 +160,7 @@ enum ConfigCmd {
 #[derive(Args, Debug)]
 struct ValidateArgs {
     /// Task file(s): JSON or YAML, one definition or a list (`-`: stdin).
-    #[arg(short = 'f', long = "file", required = true)]
+    #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
     file: Vec<String>,
     /// A cluster configuration to check resources and brokers against
     /// (without it, those are not checked).
