@@ -26,11 +26,12 @@ use crate::election::single::SingleNode;
 use crate::engine::lifecycle;
 use crate::engine::{Engine, EngineConfig, EngineExit};
 use crate::error::{Error, Result};
+use crate::repo::Keys;
 use crate::repo::Repo;
 use crate::service::{ClusterSvc, ConfigSvc, NotificationSvc, RunSvc, RunnerSvc, TaskSvc};
+use crate::store::KvStore;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::etcd::{EtcdSecurity, EtcdStore};
-use crate::store::{Keys, KvStore};
 use crate::timing::Timing;
 
 /// Where state lives: `embedded:DIR` or `etcd://host:port[,host:port...]`.
@@ -201,8 +202,6 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         consumers: Default::default(),
     });
     tokio::spawn(metrics.follow(core.lifecycle.clone()));
-    // The cluster configuration: stored, followed by every replica.
-    tokio::spawn(crate::config::cluster::follow(core.repo.clone(), core.config.clone(), cfg.node_id.clone(), clock.clone()));
     if cfg.traces {
         tokio::spawn(crate::telemetry::follow(core.lifecycle.clone()));
     }
@@ -217,6 +216,18 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    // The cluster configuration: stored, followed by every replica, until
+    // the server stops (the follower holds the store: an embedded store's
+    // file lock outlived a stopped server, and a restart in the same
+    // process could not open it).
+    let follow_config = crate::config::cluster::follow(core.repo.clone(), core.config.clone(), cfg.node_id.clone(), clock.clone());
+    let mut config_stop = stop_rx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = follow_config => {}
+            _ = config_stop.wait_for(|s| *s) => {}
+        }
+    });
     let leader_loop = tokio::spawn(follow_leadership(core.clone(), cfg.timing, cfg.retention, stop_rx.clone()));
 
     let (health, health_svc) = tonic_health::server::health_reporter();

@@ -127,8 +127,14 @@ async fn scenario(first_addr: String, fixed_file: &Path, failover: impl AsyncFnO
     Openings { until: vec![until1, until2], opened_by: vec![executed[2].run_id.clone(), trial1.run_id.clone()] }
 }
 
+/// Slots skipped `circuit_open` from `from` to `until`: consecutive ones
+/// are one record counting them (`missed_count`, from `missed_from`).
 fn circuit_skips_between(runs: &[pb::Run], from: DateTime<Utc>, until: DateTime<Utc>) -> usize {
-    runs.iter().filter(|r| skip(r) == pb::SkipReason::CircuitOpen && slot(r) > from && slot(r) < until).count()
+    runs.iter()
+        .filter(|r| skip(r) == pb::SkipReason::CircuitOpen)
+        .filter(|r| at(&r.missed_from).unwrap_or_else(|| slot(r)) > from && slot(r) < until)
+        .map(|r| usize::try_from(r.missed_count.max(1)).unwrap_or(usize::MAX))
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
