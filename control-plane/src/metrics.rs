@@ -17,7 +17,6 @@
 //!
 //! Names and meanings are listed in README "Metrics".
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -138,26 +137,7 @@ pub struct OpLabel {
     pub op: String,
 }
 
-/// The leader engine's state that `/metrics` reads at each scrape.
-#[derive(Debug, Clone, Default)]
-pub struct EngineGauges {
-    /// Runs waiting for dispatch (PENDING or RETRYING, no open attempt), per agent.
-    pub pending: BTreeMap<String, u64>,
-    /// Runners with an open stream.
-    pub runners_connected: u64,
-    /// Slots of connected runners.
-    pub slots_total: u64,
-    /// Of those, busy (an attempt holds them).
-    pub slots_busy: u64,
-    /// Tasks with a circuit breaker and its phase.
-    pub breakers: Vec<(String, &'static str)>,
-    /// Runs in the engine's memory (not yet final, or final and not yet written).
-    pub active_runs: u64,
-    /// The config's shared resources.
-    pub resources: Vec<crate::engine::core::policy::resources::ResourceSnapshot>,
-    /// The config's budgets.
-    pub budgets: Vec<crate::engine::core::policy::budgets::BudgetSnapshot>,
-}
+use crate::engine::core::EngineGauges;
 
 fn lag_histogram() -> Histogram {
     // 5 ms .. ~82 s.

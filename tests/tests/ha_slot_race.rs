@@ -10,9 +10,10 @@ use punchclock_control_plane::election::Leadership;
 use punchclock_control_plane::error::Error;
 use punchclock_control_plane::model::RunRecord;
 use punchclock_control_plane::model::run::{TriggerKind, slot_run_id};
+use punchclock_control_plane::repo::Keys;
 use punchclock_control_plane::repo::Repo;
 use punchclock_control_plane::store::etcd::EtcdStore;
-use punchclock_control_plane::store::{Compare, Keys, KvStore};
+use punchclock_control_plane::store::{Compare, KvStore};
 use punchclock_tests::etcd::Etcd;
 
 const SLOTS: i64 = 1000;

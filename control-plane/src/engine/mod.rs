@@ -139,7 +139,7 @@ pub(crate) enum Command {
     Events { events: Vec<EventRequest>, reply: oneshot::Sender<Vec<Result<EventAdmitted>>> },
     Waiting { task_id: String, reply: oneshot::Sender<u64> },
     Webhook { path: String, reply: oneshot::Sender<Option<(String, crate::model::trigger::WebhookTrigger)>> },
-    Gauges { reply: oneshot::Sender<crate::metrics::EngineGauges> },
+    Gauges { reply: oneshot::Sender<core::EngineGauges> },
     ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
     ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
     ActiveRunsAmong { run_ids: Vec<String>, reply: oneshot::Sender<Vec<RunRecord>> },
@@ -242,7 +242,7 @@ impl EngineHandle {
     }
 
     /// The engine's state for `/metrics`.
-    pub async fn gauges(&self) -> Result<crate::metrics::EngineGauges> {
+    pub async fn gauges(&self) -> Result<core::EngineGauges> {
         self.ask(|reply| Command::Gauges { reply }).await
     }
 

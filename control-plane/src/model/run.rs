@@ -81,6 +81,16 @@ pub enum TriggerKind {
     After,
 }
 
+impl From<crate::schedule::TimeKind> for TriggerKind {
+    fn from(k: crate::schedule::TimeKind) -> TriggerKind {
+        match k {
+            crate::schedule::TimeKind::Cron => TriggerKind::Cron,
+            crate::schedule::TimeKind::Interval => TriggerKind::Interval,
+            crate::schedule::TimeKind::Once => TriggerKind::Once,
+        }
+    }
+}
+
 impl TriggerKind {
     /// Lower-case name, as stored and in the API's `trigger_kind`.
     pub fn as_str(self) -> &'static str {

@@ -13,8 +13,8 @@
 
 use chrono::{DateTime, Duration, Utc};
 
+use super::TimeKind;
 use super::{Schedule, next_slot};
-use crate::model::run::TriggerKind;
 
 /// What to do with slots missed while no scheduler ran (a task's
 /// `execution.misfire_policy`).
@@ -47,7 +47,7 @@ pub struct SlotWindow {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DuePlan {
     /// Slots to run now, oldest first, with their trigger kind.
-    pub run: Vec<(DateTime<Utc>, TriggerKind)>,
+    pub run: Vec<(DateTime<Utc>, TimeKind)>,
     /// Slots covered by one SKIPPED record: `(count, first, last)`.
     pub skipped: Option<(u64, DateTime<Utc>, DateTime<Utc>)>,
     /// The new cursor: every slot up to here is handled (`None`: no slot was due).
@@ -100,7 +100,7 @@ pub fn plan_due_slots(schedules: &[Schedule], window: SlotWindow, policy: Misfir
     // Slots older than the grace, and within it: count, first and last only.
     let old = count_slots(schedules, after, recent_from);
     let recent = count_slots(schedules, recent_from, now);
-    let kind_at = |t: DateTime<Utc>| next_slot(schedules, t - Duration::milliseconds(1)).map_or(TriggerKind::Cron, |(_, s)| s.kind());
+    let kind_at = |t: DateTime<Utc>| next_slot(schedules, t - Duration::milliseconds(1)).map_or(TimeKind::Cron, |(_, s)| s.kind());
     let last_slot = recent.map(|(_, _, l)| l).or(old.map(|(_, _, l)| l));
     // On time: the only due slot, within the grace.
     if let (None, Some((1, _, l))) = (old, recent) {
@@ -153,7 +153,7 @@ mod tests {
         for p in [MisfirePolicy::RunOnce, MisfirePolicy::RunAll, MisfirePolicy::Skip] {
             let w = SlotWindow { after: t("2026-11-30T10:00:00Z"), now: t("2026-11-30T10:01:00.050Z") };
             let plan = plan_due_slots(&every_minute(), w, p, 60, 50);
-            assert_eq!(plan.run, vec![(t("2026-11-30T10:01:00Z"), TriggerKind::Interval)]);
+            assert_eq!(plan.run, vec![(t("2026-11-30T10:01:00Z"), TimeKind::Interval)]);
             assert_eq!(plan.skipped, None);
         }
     }
@@ -163,7 +163,7 @@ mod tests {
     fn long_outage_coalesces_under_run_once() {
         let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T10:00:30Z") };
         let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunOnce, 60, 50);
-        assert_eq!(plan.run, vec![(t("2026-11-30T10:00:00Z"), TriggerKind::Interval)]);
+        assert_eq!(plan.run, vec![(t("2026-11-30T10:00:00Z"), TimeKind::Interval)]);
         assert_eq!(plan.skipped, Some((119, t("2026-11-30T08:01:00Z"), t("2026-11-30T09:59:00Z"))));
         assert_eq!(plan.last_slot, Some(t("2026-11-30T10:00:00Z")));
     }
@@ -216,7 +216,7 @@ mod tests {
     fn run_once_coalesces_the_recent_slots_it_leaves_out() {
         let w = SlotWindow { after: t("2026-11-30T08:00:00Z"), now: t("2026-11-30T08:03:30Z") };
         let plan = plan_due_slots(&every_minute(), w, MisfirePolicy::RunOnce, 600, 50);
-        assert_eq!(plan.run, vec![(t("2026-11-30T08:03:00Z"), TriggerKind::Interval)]);
+        assert_eq!(plan.run, vec![(t("2026-11-30T08:03:00Z"), TimeKind::Interval)]);
         assert_eq!(plan.skipped, Some((2, t("2026-11-30T08:01:00Z"), t("2026-11-30T08:02:00Z"))));
     }
 }

@@ -17,7 +17,6 @@ pub use misfire::{DuePlan, MisfirePolicy, SlotWindow, count_slots, plan_due_slot
 pub use spec::{CronTrigger, IntervalTrigger, OnceTrigger, TimeTrigger};
 
 use crate::error::{Error, Result};
-use crate::model::run::TriggerKind;
 
 /// A compiled time trigger.
 #[derive(Debug, Clone)]
@@ -40,6 +39,19 @@ pub enum Schedule {
     },
 }
 
+/// The kind of time trigger a slot comes from: a run's trigger kind
+/// (`model::run::TriggerKind` converts from it; this module knows nothing
+/// of runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimeKind {
+    /// A cron expression's slot.
+    Cron,
+    /// An interval's slot.
+    Interval,
+    /// A `once` trigger's instant.
+    Once,
+}
+
 impl Schedule {
     /// The first slot strictly after `t`, or `None` when there is none.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
@@ -54,12 +66,12 @@ impl Schedule {
         }
     }
 
-    /// The trigger kind of its runs.
-    pub fn kind(&self) -> TriggerKind {
+    /// The kind of time trigger its runs come from.
+    pub fn kind(&self) -> TimeKind {
         match self {
-            Schedule::Cron(_) => TriggerKind::Cron,
-            Schedule::Interval { .. } => TriggerKind::Interval,
-            Schedule::Once { .. } => TriggerKind::Once,
+            Schedule::Cron(_) => TimeKind::Cron,
+            Schedule::Interval { .. } => TimeKind::Interval,
+            Schedule::Once { .. } => TimeKind::Once,
         }
     }
 

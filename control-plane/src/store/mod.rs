@@ -277,5 +277,3 @@ pub trait KvStore: Send + Sync + 'static {
         usize::MAX
     }
 }
-
-pub use crate::repo::Keys;

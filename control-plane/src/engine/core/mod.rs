@@ -384,6 +384,27 @@ const MAX_FORGERIES_REMEMBERED: usize = 10_000;
 /// Cap of the late-report read dedupe set.
 const MAX_LATE_READS_REMEMBERED: usize = 10_000;
 
+/// The leader engine's state that `/metrics` reads at each scrape.
+#[derive(Debug, Clone, Default)]
+pub struct EngineGauges {
+    /// Runs waiting for dispatch (PENDING or RETRYING, no open attempt), per agent.
+    pub pending: BTreeMap<String, u64>,
+    /// Runners with an open stream.
+    pub runners_connected: u64,
+    /// Slots of connected runners.
+    pub slots_total: u64,
+    /// Of those, busy (an attempt holds them).
+    pub slots_busy: u64,
+    /// Tasks with a circuit breaker and its phase.
+    pub breakers: Vec<(String, &'static str)>,
+    /// Runs in the engine's memory (not yet final, or final and not yet written).
+    pub active_runs: u64,
+    /// The config's shared resources.
+    pub resources: Vec<policy::resources::ResourceSnapshot>,
+    /// The config's budgets.
+    pub budgets: Vec<policy::budgets::BudgetSnapshot>,
+}
+
 impl EngineCore {
     /// An empty core for one leadership term.
     pub fn new(cfg: CoreConfig) -> Self {
@@ -554,8 +575,8 @@ impl EngineCore {
 
     /// What `/metrics` reports of this leader's state: pending runs per
     /// agent, connected runners and their slots, breakers.
-    pub fn gauges(&self, now: DateTime<Utc>) -> crate::metrics::EngineGauges {
-        let mut g = crate::metrics::EngineGauges {
+    pub fn gauges(&self, now: DateTime<Utc>) -> EngineGauges {
+        let mut g = EngineGauges {
             active_runs: self.runs.len() as u64,
             resources: self.resources(now),
             budgets: self.budgets(now),

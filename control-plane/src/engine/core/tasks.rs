@@ -233,7 +233,7 @@ impl EngineCore {
         }
         let scheds = schedules(&e.record);
         if let Some(range) = count_slots(&scheds, e.baseline(), resumed_at) {
-            let kind = scheds.first().map_or(TriggerKind::Cron, Schedule::kind);
+            let kind = scheds.first().map_or(TriggerKind::Cron, |s| s.kind().into());
             let rec = e.record.clone();
             let why = format!("{} slot(s) due while the task was paused", range.0);
             self.skip_record(now, &rec, kind, SkipReason::Paused, range, why);
@@ -350,7 +350,7 @@ impl EngineCore {
             if lag > chrono::Duration::seconds(1) {
                 tracing::info!(task_id, slot = %slot, lag_ms = lag.num_milliseconds(), "slot runs late, within misfire_grace_seconds: this leader was busy");
             }
-            self.admit_slot(now, def, slot, sched.kind(), &HashSet::new());
+            self.admit_slot(now, def, slot, sched.kind().into(), &HashSet::new());
             *budget -= 1;
             last = Some(slot);
         }
@@ -392,7 +392,7 @@ impl EngineCore {
         let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
         let scheds = schedules(def);
         let plan = plan_due_slots(&scheds, SlotWindow { after: e.baseline(), now: until }, policy, grace, *budget);
-        let kind = scheds.first().map_or(TriggerKind::Cron, Schedule::kind);
+        let kind = scheds.first().map_or(TriggerKind::Cron, |s| s.kind().into());
         if let Some(range) = plan.skipped {
             let why = match policy {
                 MisfirePolicy::Skip => format!("{} slot(s) missed ({cause}): misfire_policy skip", range.0),
@@ -410,7 +410,7 @@ impl EngineCore {
         let catchup = plan.run.len() > 1 || plan.more || self.tasks.get(task_id).is_some_and(|e| !e.catchup.is_empty());
         let mut batch = self.tasks.get(task_id).map(|e| e.catchup.clone()).unwrap_or_default();
         for (slot, kind) in &plan.run {
-            if let Some(run_id) = self.admit_slot(now, def, *slot, *kind, &batch)
+            if let Some(run_id) = self.admit_slot(now, def, *slot, (*kind).into(), &batch)
                 && catchup
             {
                 batch.insert(run_id);
