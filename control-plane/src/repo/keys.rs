@@ -58,6 +58,32 @@ impl Keys {
     pub fn active_run(&self, run_id: &str) -> String {
         format!("{}active/{run_id}", self.prefix)
     }
+    /// `{prefix}hist/`: every run by its slot (the time index).
+    pub fn history(&self) -> String {
+        format!("{}hist/", self.prefix)
+    }
+    /// `{prefix}hist/{slot}.{run_id}`, the slot as 20 digits of
+    /// nanoseconds since 1970 (UTC), so key order is slot order: written
+    /// with each write of the run (a run's slot never changes).
+    pub fn history_entry(&self, scheduled_at: chrono::DateTime<chrono::Utc>, run_id: &str) -> String {
+        format!("{}hist/{:020}.{run_id}", self.prefix, slot_nanos(scheduled_at))
+    }
+    /// `{prefix}hist-task/{task_id}/`: one task's runs by slot.
+    pub fn task_history(&self, task_id: &str) -> String {
+        format!("{}hist-task/{task_id}/", self.prefix)
+    }
+    /// `{prefix}hist-task/{task_id}/{slot}.{run_id}`: as
+    /// [`Keys::history_entry`], under the task.
+    pub fn task_history_entry(&self, task_id: &str, scheduled_at: chrono::DateTime<chrono::Utc>, run_id: &str) -> String {
+        format!("{}hist-task/{task_id}/{:020}.{run_id}", self.prefix, slot_nanos(scheduled_at))
+    }
+    /// The slot and the run of a time index key's suffix (after
+    /// [`Keys::history`] or [`Keys::task_history`]).
+    pub fn history_parts(suffix: &str) -> Option<(chrono::DateTime<chrono::Utc>, &str)> {
+        let (nanos, run_id) = suffix.split_once('.')?;
+        let n: i64 = nanos.parse().ok()?;
+        Some((chrono::DateTime::from_timestamp_nanos(n), run_id))
+    }
     /// `{prefix}events/{run_id}`: the body of the event that started a
     /// run, when too large for its record (raw bytes as received).
     pub fn event_body(&self, run_id: &str) -> String {
@@ -170,4 +196,9 @@ impl Keys {
     pub fn id_after<'a>(&self, collection: &str, key: &'a str) -> Option<&'a str> {
         key.strip_prefix(collection)
     }
+}
+
+/// Nanoseconds since 1970 of a slot, at least 0 (slots are after 1970).
+fn slot_nanos(t: chrono::DateTime<chrono::Utc>) -> u64 {
+    u64::try_from(t.timestamp_nanos_opt().unwrap_or(i64::MAX)).unwrap_or(0)
 }

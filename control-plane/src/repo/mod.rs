@@ -584,6 +584,59 @@ impl Repo {
         Ok((runs, next))
     }
 
+    /// Up to `q.limit` runs whose slot is in `[q.from, q.to)` (of one task
+    /// when `q.task_id` is not empty; of `q.status` when given), oldest slot
+    /// first, read through the time index (`hist/`, `hist-task/`) a page
+    /// at a time, after the index key `q.after` (`""`: from the first);
+    /// and the key to continue after (`None`: none are left). Runs the
+    /// index names that are gone (pruned) are passed over.
+    pub async fn history_page(&self, q: &HistoryQuery) -> Result<(Vec<RunRecord>, Option<String>)> {
+        const INDEX_PAGE: usize = 256;
+        let prefix = if q.task_id.is_empty() { self.keys.history() } else { self.keys.task_history(&q.task_id) };
+        let limit = q.limit.max(1);
+        let mut after = if !q.after.is_empty() {
+            q.after.clone()
+        } else if let Some(from) = q.from {
+            // Just below `from`'s first key: `{from - 1 ns}/` sorts after
+            // every `{from - 1 ns}.{run}` and before `{from}.{run}`.
+            let below = self.keys.history_entry(from - chrono::Duration::nanoseconds(1), "");
+            format!("{}/", below.trim_end_matches('.'))
+        } else {
+            String::new()
+        };
+        let mut out = Vec::new();
+        loop {
+            let page = self.store.range_page(&prefix, &after, INDEX_PAGE, true).await?;
+            let full = page.len() == INDEX_PAGE;
+            let mut ids = Vec::new();
+            let mut ended = false;
+            for kv in &page {
+                let Some((slot, run_id)) = kv.key.strip_prefix(&prefix).and_then(Keys::history_parts) else { continue };
+                if q.to.is_some_and(|to| slot >= to) {
+                    ended = true;
+                    break;
+                }
+                ids.push((kv.key.clone(), run_id.to_string()));
+            }
+            let refs: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
+            let mut found: HashMap<String, RunRecord> = self.get_runs(&refs).await?.into_iter().map(|r| (r.run_id.clone(), r)).collect();
+            for (key, id) in &ids {
+                after.clone_from(key);
+                if let Some(run) = found.remove(id).filter(|r| q.status.is_none_or(|s| r.status == s)) {
+                    out.push(run);
+                    if out.len() == limit {
+                        let last_here = ids.last().is_some_and(|(k, _)| k == key);
+                        let more = !last_here || (full && !ended);
+                        return Ok((out, more.then_some(after)));
+                    }
+                }
+            }
+            if ended || !full {
+                return Ok((out, None));
+            }
+        }
+    }
+
     /// Every run of one task (`task_id` non-empty) or of all tasks, in key
     /// order, and the revision read at.
     pub async fn list_runs(&self, task_id: &str) -> Result<(Vec<RunRecord>, Revision)> {
@@ -676,9 +729,14 @@ impl Repo {
                 // or holding an agent its runner has not confirmed gone.
                 let index =
                     if run.status.is_terminal() && !run.holds_agent() { TxnOp::delete(active) } else { TxnOp::put(active, Vec::new()) };
-                let puts = vec![TxnOp::put(&key, encode_run(run)?), index];
+                let mut puts = vec![TxnOp::put(&key, encode_run(run)?), index];
                 match op {
-                    StoreOp::CreateRun(_) => (vec![Compare::absent(&key)], puts, vec![TxnOp::get(key)]),
+                    StoreOp::CreateRun(_) => {
+                        // The time index, once: a run's slot never changes.
+                        puts.push(TxnOp::put(self.keys.history_entry(run.scheduled_at, &run.run_id), Vec::new()));
+                        puts.push(TxnOp::put(self.keys.task_history_entry(&run.task_id, run.scheduled_at, &run.run_id), Vec::new()));
+                        (vec![Compare::absent(&key)], puts, vec![TxnOp::get(key)])
+                    }
                     _ => (Vec::new(), puts, Vec::new()),
                 }
             }
@@ -813,6 +871,23 @@ impl Repo {
             Err(e) => Err(e),
         }
     }
+}
+
+/// What [`Repo::history_page`] reads.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryQuery {
+    /// One task's runs; all tasks' when empty.
+    pub task_id: String,
+    /// Slots from (inclusive).
+    pub from: Option<DateTime<Utc>>,
+    /// Slots until (exclusive).
+    pub to: Option<DateTime<Utc>>,
+    /// Runs in this state only.
+    pub status: Option<crate::model::RunStatus>,
+    /// The index key to continue after (a previous page's).
+    pub after: String,
+    /// Runs at most (at least 1).
+    pub limit: usize,
 }
 
 /// Part of a transaction being packed.
@@ -1092,13 +1167,67 @@ mod tests {
         assert_eq!((exact.len(), after), (10, None), "a page that ends with the last task says so");
     }
 
+    /// Issue 35: runs read by slot through the time index, a page at a
+    /// time, within a window, of one task or all, pruned ones passed over.
+    #[tokio::test]
+    async fn runs_are_paged_by_slot_through_the_time_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(EmbeddedStore::open(dir.path()).await.expect("open"));
+        let repo = Repo::new(store.clone(), Keys::default());
+        let lead = Leadership { token: 1, fence: Vec::new() };
+        let t0: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().expect("t");
+        // Run ids do not sort by slot (an event's): the index does.
+        let mut made = Vec::new();
+        for i in 0..10i64 {
+            let task = if i % 2 == 0 { "even" } else { "odd" };
+            let at = t0 + chrono::Duration::seconds(i);
+            let mut r = RunRecord::pending(format!("{task}.{}", 99 - i), task, "a", TriggerKind::Manual, at, at);
+            r.scheduled_at = at;
+            made.push(r.clone());
+            repo.commit(&lead, vec![vec![StoreOp::CreateRun(Box::new(r))]]).await.expect("commit");
+        }
+        let read_all = |q: HistoryQuery| {
+            let repo = repo.clone();
+            async move {
+                let (mut q, mut all, mut pages) = (q, Vec::new(), 0);
+                loop {
+                    let (runs, next) = repo.history_page(&q).await.expect("page");
+                    pages += 1;
+                    all.extend(runs.into_iter().map(|r| r.run_id));
+                    match next {
+                        Some(n) => q.after = n,
+                        None => return (all, pages),
+                    }
+                }
+            }
+        };
+        let ids = |rs: &[RunRecord]| rs.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>();
+        let (all, pages) = read_all(HistoryQuery { limit: 3, ..Default::default() }).await;
+        assert_eq!((all, pages), (ids(&made), 4));
+        let (window, _) = read_all(HistoryQuery {
+            from: Some(t0 + chrono::Duration::seconds(2)),
+            to: Some(t0 + chrono::Duration::seconds(7)),
+            limit: 2,
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(window, ids(&made[2..7]));
+        let (odd, _) = read_all(HistoryQuery { task_id: "odd".into(), limit: 100, ..Default::default() }).await;
+        assert_eq!(odd, ids(&made.iter().filter(|r| r.task_id == "odd").cloned().collect::<Vec<_>>()));
+        // A run pruned since: passed over.
+        store.txn(Txn { success: vec![TxnOp::delete(repo.keys.run(&made[0].run_id))], ..Default::default() }).await.expect("delete");
+        let (after_prune, _) = read_all(HistoryQuery { limit: 4, ..Default::default() }).await;
+        assert_eq!(after_prune, ids(&made[1..]));
+    }
+
     #[tokio::test]
     async fn commit_packs_groups_within_the_store_limits_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(Limited(EmbeddedStore::open(dir.path()).await.expect("open"), 10));
+        let store = Arc::new(Limited(EmbeddedStore::open(dir.path()).await.expect("open"), 18));
         let repo = Repo::new(store.clone(), Keys::default());
         let lead = Leadership { token: 1, fence: Vec::new() };
-        // 3 groups of 2 creates (4 writes each: 2 records, 2 index entries): 2 groups fit a transaction.
+        // 3 groups of 2 creates (8 writes each: 2 records, their active and
+        // two time index entries): 2 groups fit a transaction.
         let groups: Vec<Vec<StoreOp>> =
             (0..3).map(|g| (0..2).map(|i| StoreOp::CreateRun(Box::new(run(&format!("t.manual-{g}-{i}"))))).collect()).collect();
         let stats = repo.commit(&lead, groups).await.expect("commit");
