@@ -135,6 +135,10 @@ pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, n
         doomed.extend(delete);
     }
     let deleted = repo.delete_runs(lead, &doomed).await?;
+    if deleted > 0 {
+        let swept = repo.sweep_history_index(lead).await?;
+        tracing::debug!(swept, "time index entries of pruned runs deleted");
+    }
     kept += doomed.len() - deleted;
     Ok(PruneReport { deleted, kept, revision, note: None })
 }

@@ -1214,10 +1214,18 @@ mod tests {
         assert_eq!(window, ids(&made[2..7]));
         let (odd, _) = read_all(HistoryQuery { task_id: "odd".into(), limit: 100, ..Default::default() }).await;
         assert_eq!(odd, ids(&made.iter().filter(|r| r.task_id == "odd").cloned().collect::<Vec<_>>()));
-        // A run pruned since: passed over.
+        // A run pruned since: passed over, and its entries swept.
         store.txn(Txn { success: vec![TxnOp::delete(repo.keys.run(&made[0].run_id))], ..Default::default() }).await.expect("delete");
         let (after_prune, _) = read_all(HistoryQuery { limit: 4, ..Default::default() }).await;
         assert_eq!(after_prune, ids(&made[1..]));
+        let index_len = |prefix: String| {
+            let store = store.clone();
+            async move { store.range(&prefix).await.expect("range").0.len() }
+        };
+        assert_eq!((index_len(repo.keys.history()).await, index_len(repo.keys.task_history("even")).await), (10, 5));
+        assert_eq!(repo.sweep_history_index(&lead).await.expect("sweep"), 1);
+        assert_eq!((index_len(repo.keys.history()).await, index_len(repo.keys.task_history("even")).await), (9, 4));
+        assert_eq!(repo.sweep_history_index(&lead).await.expect("sweep"), 0);
     }
 
     #[tokio::test]

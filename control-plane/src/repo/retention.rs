@@ -135,6 +135,57 @@ impl Repo {
         Ok(deleted)
     }
 
+    /// Deletes the time index entries (`hist/` and `hist-task/`) of runs
+    /// that are gone (pruned), under the leader's fence, each only while
+    /// its run is still absent, in as few transactions as fit. Returns how
+    /// many runs' entries were deleted.
+    ///
+    /// Errors: [`crate::Error::Fenced`]; store errors.
+    pub async fn sweep_history_index(&self, lead: &Leadership) -> Result<usize> {
+        const PAGE: usize = 512;
+        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
+        let prefix = self.keys.history();
+        let (mut after, mut swept) = (String::new(), 0);
+        loop {
+            let page = self.store.range_page(&prefix, &after, PAGE, true).await?;
+            let full = page.len() == PAGE;
+            let entries: Vec<(DateTime<Utc>, String)> = page
+                .iter()
+                .filter_map(|kv| kv.key.strip_prefix(&prefix).and_then(super::Keys::history_parts).map(|(t, id)| (t, id.to_string())))
+                .collect();
+            let exist = self.runs_exist(&entries.iter().map(|(_, id)| id.clone()).collect::<Vec<_>>()).await?;
+            let mut part = Part::default();
+            let mut batch = 0;
+            for ((at, id), exists) in entries.iter().zip(exist) {
+                if exists {
+                    continue;
+                }
+                // Task ids have no `.`: a run id is `{task}.{...}`.
+                let task = id.split_once('.').map_or(id.as_str(), |(t, _)| t);
+                let add = Part::from((
+                    vec![Compare::absent(self.keys.run(id))],
+                    vec![TxnOp::delete(self.keys.history_entry(*at, id)), TxnOp::delete(self.keys.task_history_entry(task, *at, id))],
+                    Vec::new(),
+                ));
+                if batch > 0 && !limits.fits(part.size(), add.size()) {
+                    if self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?.is_ok() {
+                        swept += batch;
+                    }
+                    batch = 0;
+                }
+                part.extend(add);
+                batch += 1;
+            }
+            if batch > 0 && self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
+                swept += batch;
+            }
+            match page.last() {
+                Some(kv) if full => after = kv.key.clone(),
+                _ => return Ok(swept),
+            }
+        }
+    }
+
     /// The store's current revision.
     pub async fn current_revision(&self) -> Result<Revision> {
         Ok(self.store.txn(Txn::default()).await?.revision)
