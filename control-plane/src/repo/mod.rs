@@ -1110,6 +1110,9 @@ mod tests {
         async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<crate::store::KeyValue>> {
             self.0.range_page(prefix, after, limit, keys_only).await
         }
+        async fn range_page_rev(&self, prefix: &str, before: &str, limit: usize, keys_only: bool) -> Result<Vec<crate::store::KeyValue>> {
+            self.0.range_page_rev(prefix, before, limit, keys_only).await
+        }
         async fn txn(&self, txn: Txn) -> Result<crate::store::TxnResult> {
             assert!(txn.success.len() <= self.1 && txn.compares.len() <= self.1 && txn.failure.len() <= self.1, "over the limit");
             self.0.txn(txn).await

@@ -64,6 +64,20 @@ async fn range_pages_walk_every_key_once(s: &dyn KvStore, p: &str) {
     let keys_only = s.range_page(&prefix, "", 10, true).await.expect("range_page");
     assert_eq!(keys_only.len(), 5);
     assert!(keys_only.iter().all(|kv| kv.value.is_empty() && kv.mod_revision > 0), "range_page: keys only, with revisions");
+    // Backwards: the same keys, last first.
+    let (mut back, mut before) = (Vec::new(), String::new());
+    loop {
+        let page = s.range_page_rev(&prefix, &before, 2, false).await.expect("range_page_rev");
+        assert!(page.len() <= 2, "range_page_rev: at most limit keys");
+        let Some(last) = page.last() else { break };
+        before = last.key.clone();
+        back.extend(page.iter().map(|kv| (kv.key.trim_start_matches(p).to_string(), kv.value.clone())));
+    }
+    let mut want_back = want.clone();
+    want_back.reverse();
+    assert_eq!(back, want_back, "range_page_rev: every key under the prefix once, last first, with values");
+    let keys_only = s.range_page_rev(&prefix, "", 10, true).await.expect("range_page_rev");
+    assert!(keys_only.len() == 5 && keys_only.iter().all(|kv| kv.value.is_empty()), "range_page_rev: keys only");
 }
 
 async fn txn_create_if_absent(s: &dyn KvStore, p: &str) {

@@ -436,6 +436,42 @@ impl KvStore for EmbeddedStore {
         .await
     }
 
+    async fn range_page_rev(&self, prefix: &str, before: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        let s = self.clone();
+        let (prefix, before) = (prefix.to_string(), before.to_string());
+        self.blocking(move || {
+            let r = s.db()?.begin_read().map_err(store_err)?;
+            let kv = r.open_table(KV).map_err(store_err)?;
+            let mut out = Vec::new();
+            // Keys are text: the prefix's end is the prefix with its last
+            // character one higher.
+            let end = match before.as_str() {
+                b if !b.is_empty() && b.starts_with(prefix.as_str()) => b.to_string(),
+                _ => {
+                    let mut e = prefix.clone();
+                    match e.pop().and_then(|c| char::from_u32(u32::from(c) + 1)) {
+                        Some(c) => e.push(c),
+                        None => e.push(char::MAX),
+                    }
+                    e
+                }
+            };
+            for item in kv.range(prefix.as_str()..end.as_str()).map_err(store_err)?.rev() {
+                let (k, v) = item.map_err(store_err)?;
+                if out.len() >= limit {
+                    break;
+                }
+                let mut entry = decode(k.value(), v.value())?;
+                if keys_only {
+                    entry.value = Vec::new();
+                }
+                out.push(entry);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         let s = self.clone();
         self.blocking(move || s.txn_blocking(txn)).await

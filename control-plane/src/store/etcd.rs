@@ -254,6 +254,20 @@ impl KvStore for EtcdStore {
         Ok(self.page(prefix, after, limit, keys_only, 0).await?.0)
     }
 
+    async fn range_page_rev(&self, prefix: &str, before: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        let end: Vec<u8> =
+            if !before.is_empty() && before.starts_with(prefix) { before.as_bytes().to_vec() } else { prefix_end(prefix.as_bytes()) };
+        let mut options = GetOptions::new()
+            .with_range(end)
+            .with_limit(limit as i64)
+            .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Descend);
+        if keys_only {
+            options = options.with_keys_only();
+        }
+        let r = self.kv().get(prefix, Some(options)).await.map_err(err)?;
+        Ok(r.kvs().iter().map(kv_of).collect())
+    }
+
     fn max_txn_ops(&self) -> usize {
         MAX_TXN_OPS
     }

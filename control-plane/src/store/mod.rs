@@ -218,6 +218,11 @@ pub trait KvStore: Send + Sync + 'static {
     /// `limit` and `keys_only` (etcd docs, "KV API: Range"), so no response
     /// grows with the number or size of the records.
     async fn range_page(&self, prefix: &str, after: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>>;
+    /// [`KvStore::range_page`] backwards: at most `limit` keys under
+    /// `prefix` strictly before `before` (`""`: from the last), in
+    /// descending key order (the newest of a time index first). On etcd a
+    /// range request sorted by key, descending.
+    async fn range_page_rev(&self, prefix: &str, before: &str, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>>;
     /// Unconditional put; returns the new revision.
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
         Ok(self.txn(Txn { success: vec![TxnOp::put(key, value)], ..Txn::default() }).await?.revision)
