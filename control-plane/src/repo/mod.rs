@@ -585,34 +585,38 @@ impl Repo {
     }
 
     /// Up to `q.limit` runs whose slot is in `[q.from, q.to)` (of one task
-    /// when `q.task_id` is not empty; of `q.status` when given), oldest slot
-    /// first, read through the time index (`hist/`, `hist-task/`) a page
-    /// at a time, after the index key `q.after` (`""`: from the first);
-    /// and the key to continue after (`None`: none are left). Runs the
-    /// index names that are gone (pruned) are passed over.
+    /// when `q.task_id` is not empty; of `q.status` when given), oldest
+    /// slot first or, with `q.newest_first`, newest first, read through the
+    /// time index (`hist/`, `hist-task/`) a page at a time from the index
+    /// key `q.after` on (`""`: from the window's edge); and the key to
+    /// continue from (`None`: none are left). Runs the index names that are
+    /// gone (pruned) are passed over.
     pub async fn history_page(&self, q: &HistoryQuery) -> Result<(Vec<RunRecord>, Option<String>)> {
         const INDEX_PAGE: usize = 256;
         let prefix = if q.task_id.is_empty() { self.keys.history() } else { self.keys.task_history(&q.task_id) };
         let limit = q.limit.max(1);
-        let mut after = if !q.after.is_empty() {
-            q.after.clone()
-        } else if let Some(from) = q.from {
-            // Just below `from`'s first key: `{from - 1 ns}/` sorts after
-            // every `{from - 1 ns}.{run}` and before `{from}.{run}`.
-            let below = self.keys.history_entry(from - chrono::Duration::nanoseconds(1), "");
-            format!("{}/", below.trim_end_matches('.'))
-        } else {
-            String::new()
+        // `{t}` sorts before every `{t}.{run}`; `{t - 1 ns}/` after every
+        // `{t - 1 ns}.{run}` and before `{t}.{run}`.
+        let edge = |t: DateTime<Utc>| self.keys.history_entry(t, "").trim_end_matches('.').to_string();
+        let mut cursor = match (q.after.is_empty(), q.newest_first) {
+            (false, _) => q.after.clone(),
+            (true, false) => q.from.map(|f| format!("{}/", edge(f - chrono::Duration::nanoseconds(1)))).unwrap_or_default(),
+            (true, true) => q.to.map(|t| edge(t)).unwrap_or_default(),
         };
         let mut out = Vec::new();
         loop {
-            let page = self.store.range_page(&prefix, &after, INDEX_PAGE, true).await?;
+            let page = if q.newest_first {
+                self.store.range_page_rev(&prefix, &cursor, INDEX_PAGE, true).await?
+            } else {
+                self.store.range_page(&prefix, &cursor, INDEX_PAGE, true).await?
+            };
             let full = page.len() == INDEX_PAGE;
             let mut ids = Vec::new();
             let mut ended = false;
             for kv in &page {
                 let Some((slot, run_id)) = kv.key.strip_prefix(&prefix).and_then(Keys::history_parts) else { continue };
-                if q.to.is_some_and(|to| slot >= to) {
+                let outside = if q.newest_first { q.from.is_some_and(|f| slot < f) } else { q.to.is_some_and(|t| slot >= t) };
+                if outside {
                     ended = true;
                     break;
                 }
@@ -621,13 +625,13 @@ impl Repo {
             let refs: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
             let mut found: HashMap<String, RunRecord> = self.get_runs(&refs).await?.into_iter().map(|r| (r.run_id.clone(), r)).collect();
             for (key, id) in &ids {
-                after.clone_from(key);
+                cursor.clone_from(key);
                 if let Some(run) = found.remove(id).filter(|r| q.status.is_none_or(|s| r.status == s)) {
                     out.push(run);
                     if out.len() == limit {
                         let last_here = ids.last().is_some_and(|(k, _)| k == key);
                         let more = !last_here || (full && !ended);
-                        return Ok((out, more.then_some(after)));
+                        return Ok((out, more.then_some(cursor)));
                     }
                 }
             }
@@ -888,6 +892,8 @@ pub struct HistoryQuery {
     pub after: String,
     /// Runs at most (at least 1).
     pub limit: usize,
+    /// Newest slot first (else oldest first).
+    pub newest_first: bool,
 }
 
 /// Part of a transaction being packed.
@@ -1207,6 +1213,17 @@ mod tests {
         let ids = |rs: &[RunRecord]| rs.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>();
         let (all, pages) = read_all(HistoryQuery { limit: 3, ..Default::default() }).await;
         assert_eq!((all, pages), (ids(&made), 4));
+        let (newest, pages) = read_all(HistoryQuery { limit: 4, newest_first: true, ..Default::default() }).await;
+        assert_eq!((newest, pages), (ids(&made).into_iter().rev().collect::<Vec<_>>(), 3));
+        let (window_back, _) = read_all(HistoryQuery {
+            from: Some(t0 + chrono::Duration::seconds(2)),
+            to: Some(t0 + chrono::Duration::seconds(7)),
+            limit: 2,
+            newest_first: true,
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(window_back, ids(&made[2..7]).into_iter().rev().collect::<Vec<_>>());
         let (window, _) = read_all(HistoryQuery {
             from: Some(t0 + chrono::Duration::seconds(2)),
             to: Some(t0 + chrono::Duration::seconds(7)),
