@@ -601,7 +601,7 @@ impl Repo {
         let mut cursor = match (q.after.is_empty(), q.newest_first) {
             (false, _) => q.after.clone(),
             (true, false) => q.from.map(|f| format!("{}/", edge(f - chrono::Duration::nanoseconds(1)))).unwrap_or_default(),
-            (true, true) => q.to.map(|t| edge(t)).unwrap_or_default(),
+            (true, true) => q.to.map(edge).unwrap_or_default(),
         };
         let mut out = Vec::new();
         loop {
