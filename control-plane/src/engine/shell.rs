@@ -137,6 +137,8 @@ pub struct Engine {
     config: tokio::sync::watch::Receiver<std::sync::Arc<crate::config::Config>>,
     /// Deletes expired runs; stops with the engine.
     _retention: crate::worker::Worker,
+    /// Builds the time index of runs written before it, once.
+    _indexer: crate::worker::Worker,
     /// Folds the budgets' ledger; stops with the engine.
     _ledger: crate::worker::Worker,
     _notifier: crate::worker::Worker,
@@ -183,6 +185,14 @@ impl Engine {
         .map_err(|e| crate::error::Error::Internal(format!("loading the engine: {e}")))?;
         let retention =
             crate::worker::Worker::spawn(super::retention::run(cfg.repo.clone(), cfg.leadership.clone(), cfg.retention, cfg.clock.clone()));
+        // Runs of a store written before the time index: indexed once, in
+        // the background (resumable by the next leader).
+        let (repo, lead) = (cfg.repo.clone(), cfg.leadership.clone());
+        let indexer = crate::worker::Worker::spawn(async move {
+            if let Err(e) = repo.build_history_index(&lead).await {
+                tracing::warn!(error = %e, "the time index of runs is not built yet (the next leader goes on)");
+            }
+        });
         let ledger = crate::worker::Worker::spawn(super::retention::fold_ledgers(
             cfg.repo.clone(),
             cfg.leadership.clone(),
@@ -206,6 +216,7 @@ impl Engine {
             transactions: 0,
             config,
             _retention: retention,
+            _indexer: indexer,
             _ledger: ledger,
             _notifier: notifier,
             _consumers: None,

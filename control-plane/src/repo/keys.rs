@@ -170,6 +170,12 @@ impl Keys {
     pub fn tasks_changed(&self) -> String {
         format!("{}meta/tasks-changed", self.prefix)
     }
+    /// `{prefix}meta/history-index`: the time index covers every run
+    /// (absent: runs written before it may be missing from it); its
+    /// value, while being built, the last run key indexed.
+    pub fn history_index_state(&self) -> String {
+        format!("{}meta/history-index", self.prefix)
+    }
     /// `{prefix}holds/`: resources held back (see [`Keys::hold`]).
     pub fn holds(&self) -> String {
         format!("{}holds/", self.prefix)

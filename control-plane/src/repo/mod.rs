@@ -1246,6 +1246,16 @@ mod tests {
         assert_eq!(repo.sweep_history_index(&lead).await.expect("sweep"), 1);
         assert_eq!((index_len(repo.keys.history()).await, index_len(repo.keys.task_history("even")).await), (9, 4));
         assert_eq!(repo.sweep_history_index(&lead).await.expect("sweep"), 0);
+        // A store written before the index: built once, then whole.
+        let (kvs, _) = store.range(&repo.keys.history()).await.expect("range");
+        let (tkvs, _) = store.range(&repo.keys.task_history("")).await.expect("range");
+        let gone: Vec<TxnOp> = kvs.iter().chain(&tkvs).map(|kv| TxnOp::delete(kv.key.clone())).collect();
+        store.txn(Txn { success: gone, ..Default::default() }).await.expect("delete");
+        assert_eq!(index_len(repo.keys.history()).await, 0);
+        assert_eq!(repo.build_history_index(&lead).await.expect("build"), 9);
+        let (rebuilt, _) = read_all(HistoryQuery { limit: 4, ..Default::default() }).await;
+        assert_eq!(rebuilt, ids(&made[1..]));
+        assert_eq!(repo.build_history_index(&lead).await.expect("build"), 0, "once");
     }
 
     #[tokio::test]

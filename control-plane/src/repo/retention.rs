@@ -186,6 +186,63 @@ impl Repo {
         }
     }
 
+    /// Puts the time index entries of runs written before the index
+    /// existed (a store of an earlier version), once: resumable (after the
+    /// last run key indexed, kept in `meta/history-index`), fenced, in as
+    /// few transactions as fit; then marks the index whole (`done`).
+    /// Returns how many runs were read (0 when already whole).
+    ///
+    /// Errors: [`crate::Error::Fenced`]; store errors.
+    pub async fn build_history_index(&self, lead: &Leadership) -> Result<u64> {
+        const DONE: &[u8] = b"done";
+        const PAGE: usize = 64;
+        let state_key = self.keys.history_index_state();
+        let mut after = match self.store.get(&state_key).await? {
+            Some(kv) if kv.value == DONE => return Ok(0),
+            Some(kv) => String::from_utf8_lossy(&kv.value).into_owned(),
+            None => String::new(),
+        };
+        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
+        let mut read = 0u64;
+        loop {
+            let (runs, next) = self.runs_page("", &after, PAGE).await?;
+            read += runs.len() as u64;
+            let mut part = Part::default();
+            for r in &runs {
+                let add = Part::from((
+                    Vec::new(),
+                    vec![
+                        TxnOp::put(self.keys.history_entry(r.scheduled_at, &r.run_id), Vec::new()),
+                        TxnOp::put(self.keys.task_history_entry(&r.task_id, r.scheduled_at, &r.run_id), Vec::new()),
+                    ],
+                    Vec::new(),
+                ));
+                if !limits.fits(part.size(), add.size()) {
+                    let _ = self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?;
+                }
+                part.extend(add);
+            }
+            let state = match &next {
+                Some(key) => key.as_bytes().to_vec(),
+                None => DONE.to_vec(),
+            };
+            // The progress goes with the page's last entries.
+            let progress = Part::from((Vec::new(), vec![TxnOp::put(&state_key, state)], Vec::new()));
+            if !limits.fits(part.size(), progress.size()) {
+                let _ = self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?;
+            }
+            part.extend(progress);
+            let _ = self.fenced_txn(lead, part.into_txn()).await?;
+            match next {
+                Some(key) => after = key,
+                None => {
+                    tracing::info!(runs = read, "time index of runs built");
+                    return Ok(read);
+                }
+            }
+        }
+    }
+
     /// The store's current revision.
     pub async fn current_revision(&self) -> Result<Revision> {
         Ok(self.store.txn(Txn::default()).await?.revision)
