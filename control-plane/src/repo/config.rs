@@ -160,7 +160,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::{TaskRecord, TaskSpec};
+    use crate::model::{Definition, TaskRecord};
     use crate::repo::Keys;
     use crate::store::embedded::EmbeddedStore;
 
@@ -169,17 +169,7 @@ mod tests {
     }
 
     fn task(now: DateTime<Utc>) -> TaskRecord {
-        let spec = TaskSpec::from_json(r#"{"task_id": "t", "agent_id": "a"}"#).expect("task");
-        TaskRecord {
-            spec,
-            applied: None,
-            paused: false,
-            paused_at: None,
-            paused_reason: String::new(),
-            resumed_at: None,
-            created_at: now,
-            updated_at: now,
-        }
+        TaskRecord::new(Definition::from_json(r#"{"task_id": "t", "agent_id": "a"}"#).expect("task"), now)
     }
 
     /// A configuration write fails when a task was written after the tasks
