@@ -49,6 +49,9 @@ pub struct Cli {
 enum Format {
     Table,
     Json,
+    /// One JSON object a line, written as it arrives (`runs list`,
+    /// `runs watch`; elsewhere the same as json).
+    Jsonl,
 }
 
 #[derive(Subcommand, Debug)]
@@ -542,21 +545,109 @@ enum TaskCmd {
     },
 }
 
+/// Which runs `runs list` and `runs export` read.
+#[derive(Args, Debug)]
+struct RunQueryArgs {
+    /// One task's runs.
+    #[arg(long, default_value = "")]
+    task: String,
+    /// Runs of tasks whose id starts with this.
+    #[arg(long, default_value = "")]
+    task_prefix: String,
+    /// PENDING, RUNNING, SUCCEEDED, FAILED, RETRYING, TIMEOUT, CANCELLED, SKIPPED.
+    #[arg(long)]
+    status: Option<String>,
+    /// cron, interval, once, manual, event, webhook, queue or after.
+    #[arg(long)]
+    trigger: Option<String>,
+    /// Only runs an event with this id started (a webhook delivery id,
+    /// a queue message id, a published event's key).
+    #[arg(long, default_value = "")]
+    event_key: String,
+    /// Runs whose slot is at most this long ago ("1h", "7d") or at or
+    /// after this time (RFC 3339).
+    #[arg(long)]
+    since: Option<String>,
+    /// Runs whose slot is more than this long ago ("10m") or before this
+    /// time (RFC 3339).
+    #[arg(long)]
+    until: Option<String>,
+    /// newest or oldest (first). Default: oldest with --since (a window
+    /// read forward), else newest.
+    #[arg(long)]
+    order: Option<String>,
+}
+
+impl RunQueryArgs {
+    /// The request of the first page, or what is wrong with a flag.
+    fn request(&self, now: chrono::DateTime<chrono::Utc>) -> Result<pb::ListRunsRequest, String> {
+        let status = match &self.status {
+            None => pb::RunStatus::Unspecified,
+            Some(s) => pb::RunStatus::from_str_name(&s.to_ascii_uppercase())
+                .filter(|s| *s != pb::RunStatus::Unspecified)
+                .ok_or_else(|| format!("--status: unknown status {s:?}"))?,
+        };
+        let trigger = match &self.trigger {
+            None => pb::TriggerKind::Unspecified,
+            Some(s) => pb::TriggerKind::from_str_name(&format!("TRIGGER_KIND_{}", s.to_ascii_uppercase()))
+                .filter(|k| *k != pb::TriggerKind::Unspecified)
+                .ok_or_else(|| {
+                    format!("--trigger: unknown trigger kind {s:?} (cron, interval, once, manual, event, webhook, queue, after)")
+                })?,
+        };
+        let at = |flag: &str, v: &Option<String>| -> Result<Option<prost_types::Timestamp>, String> {
+            let Some(v) = v else { return Ok(None) };
+            let t = match chrono::DateTime::parse_from_rfc3339(v) {
+                Ok(t) => t.with_timezone(&chrono::Utc),
+                Err(_) => {
+                    let secs = punchclock_control_plane::schedule::parse_duration(v)
+                        .map_err(|e| format!("{flag}: {e} (a duration such as 1h, or an RFC 3339 time)"))?;
+                    i64::try_from(secs)
+                        .ok()
+                        .and_then(chrono::TimeDelta::try_seconds)
+                        .and_then(|d| now.checked_sub_signed(d))
+                        .ok_or_else(|| format!("{flag}: too long ago"))?
+                }
+            };
+            Ok(Some(punchclock_proto::time::to_timestamp(t)))
+        };
+        let order = match self.order.as_deref() {
+            None if self.since.is_some() => pb::RunOrder::OldestFirst,
+            None | Some("newest") => pb::RunOrder::NewestFirst,
+            Some("oldest") => pb::RunOrder::OldestFirst,
+            Some(o) => return Err(format!("--order: {o:?} is neither newest nor oldest")),
+        };
+        Ok(pb::ListRunsRequest {
+            task_id: self.task.clone(),
+            task_prefix: self.task_prefix.clone(),
+            status: status as i32,
+            trigger_kind: trigger as i32,
+            event_key: self.event_key.clone(),
+            scheduled_from: at("--since", &self.since)?,
+            scheduled_to: at("--until", &self.until)?,
+            order: order as i32,
+            ..Default::default()
+        })
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum RunsCmd {
-    /// List runs, newest first.
+    /// List runs: the newest 100, or a window (--since, --until) read
+    /// forward in scheduled order; pages are fetched as needed (-o jsonl
+    /// prints each run as its page arrives).
     List {
-        #[arg(long, default_value = "")]
-        task: String,
-        /// PENDING, RUNNING, SUCCEEDED, FAILED, RETRYING, TIMEOUT, CANCELLED, SKIPPED.
-        #[arg(long)]
-        status: Option<String>,
-        /// Only runs an event with this id started (a webhook delivery id,
-        /// a queue message id, a published event's key).
-        #[arg(long, default_value = "")]
-        event_key: String,
+        #[command(flatten)]
+        q: RunQueryArgs,
+        /// Runs at most (0: every run of the window).
         #[arg(long, default_value_t = 100)]
-        limit: u32,
+        limit: u64,
+    },
+    /// Every run of a window as JSON lines, in scheduled order (`runs list
+    /// -o jsonl --limit 0`): `runs export --since 7d > runs.jsonl`.
+    Export {
+        #[command(flatten)]
+        q: RunQueryArgs,
     },
     /// Show one run.
     Get { run_id: String },
@@ -713,6 +804,8 @@ fn grpc(e: tonic::Status) -> String {
 /// open-files limit once raised (`None`: unlimited or unknown).
 pub async fn run(cli: Cli, open_files: Option<u64>) -> Res {
     let fmt = cli.output;
+    // JSON lines are for streams of runs; other commands print JSON.
+    let fmt = if fmt == Format::Jsonl && !matches!(cli.cmd, Cmd::Runs(_)) { Format::Json } else { fmt };
     if !cli.is_long_running() {
         cli.auth.configure()?;
     }
@@ -1513,6 +1606,47 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
     }
 }
 
+/// The columns of a run listing.
+const RUN_HEADER: [&str; 6] = ["RUN", "STATUS", "SCHEDULED_AT", "ATTEMPTS", "FINISHED_AT", "INFO"];
+
+/// Prints up to `limit` runs of `req` (0: all), fetching page after page:
+/// JSON lines as each page arrives (memory: one page), else collected
+/// into one table or array.
+async fn list_runs(rc: &mut RunServiceClient<client::Conn>, mut req: pb::ListRunsRequest, limit: u64, fmt: Format) -> Res {
+    use std::io::Write as _;
+    let mut left = if limit == 0 { u64::MAX } else { limit };
+    let mut kept = Vec::new();
+    let mut out = std::io::stdout().lock();
+    loop {
+        req.page_size = u32::try_from(left.min(1000)).unwrap_or(1000);
+        let page = rc.list_runs(req.clone()).await.map_err(grpc)?.into_inner();
+        for r in page.runs.into_iter().take(usize::try_from(left).unwrap_or(usize::MAX)) {
+            left -= 1;
+            if fmt == Format::Jsonl {
+                // A closed pipe (`| head`) ends the listing quietly.
+                if writeln!(out, "{}", run_json(&r)).is_err() {
+                    return Ok(());
+                }
+            } else {
+                kept.push(r);
+            }
+        }
+        if fmt == Format::Jsonl && out.flush().is_err() {
+            return Ok(());
+        }
+        if left == 0 || page.next_page_token.is_empty() {
+            break;
+        }
+        req.page_token = page.next_page_token;
+    }
+    match fmt {
+        Format::Jsonl => {}
+        Format::Json => print_json(&serde_json::Value::Array(kept.iter().map(run_json).collect())),
+        Format::Table => table(&RUN_HEADER, kept.iter().map(run_row).collect()),
+    }
+    Ok(())
+}
+
 async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
     let channel = if matches!(c, RunsCmd::Cancel { .. } | RunsCmd::Prune { .. }) {
         client::connect_leader(endpoint).await?
@@ -1520,27 +1654,10 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
         client::connect(endpoint).await?
     };
     let mut rc = RunServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
-    let header = ["RUN", "STATUS", "SCHEDULED_AT", "ATTEMPTS", "FINISHED_AT", "INFO"];
+    let header = RUN_HEADER;
     match c {
-        RunsCmd::List { task, status, event_key, limit } => {
-            let status = match status {
-                None => pb::RunStatus::Unspecified,
-                Some(s) => pb::RunStatus::from_str_name(&s.to_ascii_uppercase())
-                    .filter(|s| *s != pb::RunStatus::Unspecified)
-                    .ok_or_else(|| format!("--status: unknown status {s:?}"))?,
-            };
-            let r = rc
-                .list_runs(pb::ListRunsRequest { task_id: task, status: status as i32, limit, event_key })
-                .await
-                .map_err(grpc)?
-                .into_inner();
-            if fmt == Format::Json {
-                print_json(&serde_json::Value::Array(r.runs.iter().map(run_json).collect()));
-            } else {
-                table(&header, r.runs.iter().map(run_row).collect());
-            }
-            Ok(())
-        }
+        RunsCmd::List { q, limit } => list_runs(&mut rc, q.request(chrono::Utc::now())?, limit, fmt).await,
+        RunsCmd::Export { q } => list_runs(&mut rc, q.request(chrono::Utc::now())?, 0, Format::Jsonl).await,
         RunsCmd::Get { run_id } => {
             let r = rc.get_run(pb::GetRunRequest { run_id }).await.map_err(grpc)?.into_inner();
             print_json(&run_json(&r));
@@ -1591,7 +1708,7 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             }
             while let Some(r) = s.next().await {
                 let r = r.map_err(grpc)?;
-                let line = if fmt == Format::Json { run_json(&r).to_string() } else { row(run_row(&r)) };
+                let line = if fmt == Format::Table { row(run_row(&r)) } else { run_json(&r).to_string() };
                 if last.get(&r.run_id) != Some(&line) {
                     println!("{line}");
                     last.insert(r.run_id.clone(), line);

@@ -14,7 +14,8 @@ use crate::engine::core::Triggered;
 use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
 use crate::engine::{EngineHandle, EventAdmitted, RunnerSnapshot, TriggerRequest};
 use crate::error::{Error, Result};
-use crate::model::{Cursor, Definition, RunRecord, RunStatus, TaskRecord, TaskSpec};
+use crate::model::{Cursor, Definition, RunRecord, TaskRecord, TaskSpec};
+use crate::repo::history::{self, HistoryQuery, HistoryStore};
 use crate::repo::{ApplyOutcome, Repo, record_for};
 use crate::schedule::{CronSchedule, Schedule, next_slot};
 
@@ -183,6 +184,9 @@ fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Co
 pub struct Core {
     /// Typed store access.
     pub repo: Repo,
+    /// Run history (`ListRuns`, `GetRun` of a run no longer in the store,
+    /// `stats`): the store's own, or PostgreSQL's (`--history`).
+    pub history: Arc<dyn HistoryStore>,
     /// Lifecycle events of this replica: the engine's while it leads, the
     /// stored run changes otherwise.
     pub lifecycle: LifecycleBus,
@@ -725,7 +729,14 @@ impl Core {
             .ok_or_else(|| Error::invalid("since_seconds", "must be at most 100 years"))?;
         let until = self.clock.now();
         let mut c = crate::stats::Collector::new(until - since, until);
-        self.repo.scan_runs(task_id, |run| c.add(&run)).await?;
+        let window = HistoryQuery {
+            task_id: task_id.to_string(),
+            from: Some(until - since),
+            to: Some(until + chrono::Duration::nanoseconds(1)),
+            limit: MAX_RUN_LIMIT as usize,
+            ..HistoryQuery::default()
+        };
+        history::scan(self.history.as_ref(), &window, |run| c.add(&run)).await?;
         Ok(c.finish())
     }
 
@@ -779,25 +790,42 @@ impl Core {
         {
             return Ok(run);
         }
-        self.repo.get_run(run_id).await?.ok_or_else(|| Error::NotFound { kind: "run", id: run_id.to_string() })
+        if let Some(run) = self.repo.get_run(run_id).await? {
+            return Ok(run);
+        }
+        self.history.get(run_id).await?.ok_or_else(|| Error::NotFound { kind: "run", id: run_id.to_string() })
     }
 
-    /// Runs, newest slot first, filtered by task (a key range of that
-    /// task's runs), status and the id of the event that started them
-    /// (`event_key`; empty: any); at most `limit` (0: 100; capped at 1,000).
-    pub async fn list_runs(&self, task_id: &str, status: Option<RunStatus>, event_key: &str, limit: u32) -> Result<Vec<RunRecord>> {
-        let (mut runs, _) = self.repo.list_runs(task_id).await?;
-        runs.retain(|r| {
-            status.is_none_or(|s| r.status == s) && (event_key.is_empty() || r.event.as_ref().is_some_and(|e| e.key == event_key))
-        });
-        runs.sort_by(|a, b| b.scheduled_at.cmp(&a.scheduled_at).then_with(|| b.run_id.cmp(&a.run_id)));
-        runs.truncate(if limit == 0 { DEFAULT_RUN_LIMIT } else { limit.min(MAX_RUN_LIMIT) } as usize);
+    /// `ListRuns`: one page of the runs `q` selects, read from the
+    /// history ([`Core::history`]) in `q`'s order, from `page_token` on
+    /// (a previous page's; empty: the first); `q.limit` 0 is 100, more than
+    /// 1,000 is 1,000. Returns the runs (output tails left out: `GetRun`
+    /// has them) and where the next page starts (`None`: the last page).
+    ///
+    /// Errors: `InvalidArgument` on `task_id` (not a task id) or
+    /// `page_token` (malformed, or made for another query); store errors.
+    pub async fn list_runs(&self, q: HistoryQuery, page_token: &str) -> Result<(Vec<RunRecord>, Option<history::Cursor>)> {
+        if !q.task_id.is_empty() {
+            crate::model::task::validate_id("task_id", &q.task_id)?;
+        }
+        if let (Some(f), Some(t)) = (q.from, q.to)
+            && f > t
+        {
+            return Err(Error::invalid("scheduled_to", "is before scheduled_from"));
+        }
+        let mut q = q;
+        q.limit = if q.limit == 0 { DEFAULT_RUN_LIMIT as usize } else { q.limit.min(MAX_RUN_LIMIT as usize) };
+        if !page_token.is_empty() {
+            q.after = Some(history::decode_token("page_token", &q, page_token)?);
+        }
+        let page = self.history.page(&q).await?;
+        let mut runs = page.runs;
         // Listings leave out the output tails (up to 64 KiB each); GetRun has them.
         for r in &mut runs {
             r.stdout_tail.clear();
             r.stderr_tail.clear();
         }
-        Ok(runs)
+        Ok((runs, page.next))
     }
 
     /// Deletes the finished runs beyond their tasks' history now, of one

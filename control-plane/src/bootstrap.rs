@@ -183,8 +183,10 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let metrics = crate::metrics::Metrics::new();
     let bus = lifecycle::bus();
     let watchers = crate::watch::RunWatchers::start(&bus);
+    let repo = Repo::new(store.clone(), keys).with_txn_timer(metrics.store_txn_histogram());
     let core = Arc::new(Core {
-        repo: Repo::new(store.clone(), keys).with_txn_timer(metrics.store_txn_histogram()),
+        history: Arc::new(crate::repo::history::kv::KvHistory::new(repo.clone())),
+        repo,
         lifecycle: bus,
         watchers,
         traces: cfg.traces,

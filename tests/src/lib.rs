@@ -433,13 +433,20 @@ pub async fn wait_run(addr: &str, task_id: &str, within: Duration, pred: impl Fn
 
 /// Every run of a task (or all), newest first.
 pub async fn list_runs(addr: &str, task_id: &str) -> Vec<pb::Run> {
-    runs(addr)
-        .await
-        .list_runs(pb::ListRunsRequest { task_id: task_id.into(), status: 0, limit: 10_000, ..Default::default() })
-        .await
-        .expect("list runs")
-        .into_inner()
-        .runs
+    let mut client = runs(addr).await;
+    let (mut all, mut token) = (Vec::new(), String::new());
+    loop {
+        let page = client
+            .list_runs(pb::ListRunsRequest { task_id: task_id.into(), page_size: 1000, page_token: token, ..Default::default() })
+            .await
+            .expect("list runs")
+            .into_inner();
+        all.extend(page.runs);
+        if page.next_page_token.is_empty() {
+            return all;
+        }
+        token = page.next_page_token;
+    }
 }
 
 /// Whether a run reached a final state.

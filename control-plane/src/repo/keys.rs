@@ -66,7 +66,16 @@ impl Keys {
     /// nanoseconds since 1970 (UTC), so key order is slot order: written
     /// with each write of the run (a run's slot never changes).
     pub fn history_entry(&self, scheduled_at: chrono::DateTime<chrono::Utc>, run_id: &str) -> String {
-        format!("{}hist/{:020}.{run_id}", self.prefix, slot_nanos(scheduled_at))
+        Keys::history_key(&self.history(), scheduled_at, run_id)
+    }
+    /// `{index}{slot}.{run_id}` under a time index prefix ([`Keys::history`]
+    /// or [`Keys::task_history`]); with an empty `run_id`, `{index}{slot}`
+    /// (every entry of that slot sorts after it, every earlier slot's before).
+    pub fn history_key(index: &str, scheduled_at: chrono::DateTime<chrono::Utc>, run_id: &str) -> String {
+        match run_id {
+            "" => format!("{index}{:020}", slot_nanos(scheduled_at)),
+            _ => format!("{index}{:020}.{run_id}", slot_nanos(scheduled_at)),
+        }
     }
     /// `{prefix}hist-task/{task_id}/`: one task's runs by slot.
     pub fn task_history(&self, task_id: &str) -> String {
@@ -75,7 +84,7 @@ impl Keys {
     /// `{prefix}hist-task/{task_id}/{slot}.{run_id}`: as
     /// [`Keys::history_entry`], under the task.
     pub fn task_history_entry(&self, task_id: &str, scheduled_at: chrono::DateTime<chrono::Utc>, run_id: &str) -> String {
-        format!("{}hist-task/{task_id}/{:020}.{run_id}", self.prefix, slot_nanos(scheduled_at))
+        Keys::history_key(&self.task_history(task_id), scheduled_at, run_id)
     }
     /// The slot and the run of a time index key's suffix (after
     /// [`Keys::history`] or [`Keys::task_history`]).

@@ -13,6 +13,7 @@ pub mod apply;
 pub mod budgets;
 pub mod codec;
 pub mod config;
+pub mod history;
 mod keys;
 pub mod outbox;
 pub mod retention;
@@ -543,29 +544,6 @@ impl Repo {
         }
     }
 
-    /// Calls `f` with every run of one task (`task_id` non-empty) or of
-    /// all tasks, in key order, read in pages of 64 records (a page of the
-    /// largest records stays under the 64 MiB decode limit), so memory does
-    /// not grow with the number of runs. Pages are separate reads: a run
-    /// written meanwhile may or may not be seen.
-    pub async fn scan_runs(&self, task_id: &str, mut f: impl FnMut(RunRecord)) -> Result<u64> {
-        const RUN_PAGE: usize = 64;
-        let prefix = if task_id.is_empty() { self.keys.runs() } else { self.keys.runs_of(task_id) };
-        let (mut after, mut seen) = (String::new(), 0u64);
-        loop {
-            let page = self.store.range_page(&prefix, &after, RUN_PAGE, false).await?;
-            let full = page.len() == RUN_PAGE;
-            for kv in &page {
-                f(codec::decode::<RunRecord>("run", &kv.value)?);
-                seen += 1;
-            }
-            match page.into_iter().last() {
-                Some(kv) if full => after = kv.key,
-                _ => return Ok(seen),
-            }
-        }
-    }
-
     /// The runs of `ids` that exist, read a few per request (records are
     /// up to 512 KiB).
     pub async fn get_runs(&self, ids: &[&str]) -> Result<Vec<RunRecord>> {
@@ -584,61 +562,10 @@ impl Repo {
         Ok((runs, next))
     }
 
-    /// Up to `q.limit` runs whose slot is in `[q.from, q.to)` (of one task
-    /// when `q.task_id` is not empty; of `q.status` when given), oldest
-    /// slot first or, with `q.newest_first`, newest first, read through the
-    /// time index (`hist/`, `hist-task/`) a page at a time from the index
-    /// key `q.after` on (`""`: from the window's edge); and the key to
-    /// continue from (`None`: none are left). Runs the index names that are
-    /// gone (pruned) are passed over.
-    pub async fn history_page(&self, q: &HistoryQuery) -> Result<(Vec<RunRecord>, Option<String>)> {
-        const INDEX_PAGE: usize = 256;
-        let prefix = if q.task_id.is_empty() { self.keys.history() } else { self.keys.task_history(&q.task_id) };
-        let limit = q.limit.max(1);
-        // `{t}` sorts before every `{t}.{run}`; `{t - 1 ns}/` after every
-        // `{t - 1 ns}.{run}` and before `{t}.{run}`.
-        let edge = |t: DateTime<Utc>| self.keys.history_entry(t, "").trim_end_matches('.').to_string();
-        let mut cursor = match (q.after.is_empty(), q.newest_first) {
-            (false, _) => q.after.clone(),
-            (true, false) => q.from.map(|f| format!("{}/", edge(f - chrono::Duration::nanoseconds(1)))).unwrap_or_default(),
-            (true, true) => q.to.map(edge).unwrap_or_default(),
-        };
-        let mut out = Vec::new();
-        loop {
-            let page = if q.newest_first {
-                self.store.range_page_rev(&prefix, &cursor, INDEX_PAGE, true).await?
-            } else {
-                self.store.range_page(&prefix, &cursor, INDEX_PAGE, true).await?
-            };
-            let full = page.len() == INDEX_PAGE;
-            let mut ids = Vec::new();
-            let mut ended = false;
-            for kv in &page {
-                let Some((slot, run_id)) = kv.key.strip_prefix(&prefix).and_then(Keys::history_parts) else { continue };
-                let outside = if q.newest_first { q.from.is_some_and(|f| slot < f) } else { q.to.is_some_and(|t| slot >= t) };
-                if outside {
-                    ended = true;
-                    break;
-                }
-                ids.push((kv.key.clone(), run_id.to_string()));
-            }
-            let refs: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
-            let mut found: HashMap<String, RunRecord> = self.get_runs(&refs).await?.into_iter().map(|r| (r.run_id.clone(), r)).collect();
-            for (key, id) in &ids {
-                cursor.clone_from(key);
-                if let Some(run) = found.remove(id).filter(|r| q.status.is_none_or(|s| r.status == s)) {
-                    out.push(run);
-                    if out.len() == limit {
-                        let last_here = ids.last().is_some_and(|(k, _)| k == key);
-                        let more = !last_here || (full && !ended);
-                        return Ok((out, more.then_some(cursor)));
-                    }
-                }
-            }
-            if ended || !full {
-                return Ok((out, None));
-            }
-        }
+    /// Whether the time index covers every run (`meta/history-index` is
+    /// `done`: written by this version from the start, or built since).
+    pub async fn history_index_whole(&self) -> Result<bool> {
+        Ok(self.store.get(&self.keys.history_index_state()).await?.is_some_and(|kv| kv.value == retention::HISTORY_INDEX_DONE))
     }
 
     /// Every run of one task (`task_id` non-empty) or of all tasks, in key
@@ -875,25 +802,6 @@ impl Repo {
             Err(e) => Err(e),
         }
     }
-}
-
-/// What [`Repo::history_page`] reads.
-#[derive(Debug, Clone, Default)]
-pub struct HistoryQuery {
-    /// One task's runs; all tasks' when empty.
-    pub task_id: String,
-    /// Slots from (inclusive).
-    pub from: Option<DateTime<Utc>>,
-    /// Slots until (exclusive).
-    pub to: Option<DateTime<Utc>>,
-    /// Runs in this state only.
-    pub status: Option<crate::model::RunStatus>,
-    /// The index key to continue after (a previous page's).
-    pub after: String,
-    /// Runs at most (at least 1).
-    pub limit: usize,
-    /// Newest slot first (else oldest first).
-    pub newest_first: bool,
 }
 
 /// Part of a transaction being packed.
@@ -1174,88 +1082,6 @@ mod tests {
         assert!(end.is_none());
         let (exact, after) = repo.tasks_page("big09", 10).await.expect("page");
         assert_eq!((exact.len(), after), (10, None), "a page that ends with the last task says so");
-    }
-
-    /// Issue 35: runs read by slot through the time index, a page at a
-    /// time, within a window, of one task or all, pruned ones passed over.
-    #[tokio::test]
-    async fn runs_are_paged_by_slot_through_the_time_index() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(EmbeddedStore::open(dir.path()).await.expect("open"));
-        let repo = Repo::new(store.clone(), Keys::default());
-        let lead = Leadership { token: 1, fence: Vec::new() };
-        let t0: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().expect("t");
-        // Run ids do not sort by slot (an event's): the index does.
-        let mut made = Vec::new();
-        for i in 0..10i64 {
-            let task = if i % 2 == 0 { "even" } else { "odd" };
-            let at = t0 + chrono::Duration::seconds(i);
-            let mut r = RunRecord::pending(format!("{task}.{}", 99 - i), task, "a", TriggerKind::Manual, at, at);
-            r.scheduled_at = at;
-            made.push(r.clone());
-            repo.commit(&lead, vec![vec![StoreOp::CreateRun(Box::new(r))]]).await.expect("commit");
-        }
-        let read_all = |q: HistoryQuery| {
-            let repo = repo.clone();
-            async move {
-                let (mut q, mut all, mut pages) = (q, Vec::new(), 0);
-                loop {
-                    let (runs, next) = repo.history_page(&q).await.expect("page");
-                    pages += 1;
-                    all.extend(runs.into_iter().map(|r| r.run_id));
-                    match next {
-                        Some(n) => q.after = n,
-                        None => return (all, pages),
-                    }
-                }
-            }
-        };
-        let ids = |rs: &[RunRecord]| rs.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>();
-        let (all, pages) = read_all(HistoryQuery { limit: 3, ..Default::default() }).await;
-        assert_eq!((all, pages), (ids(&made), 4));
-        let (newest, pages) = read_all(HistoryQuery { limit: 4, newest_first: true, ..Default::default() }).await;
-        assert_eq!((newest, pages), (ids(&made).into_iter().rev().collect::<Vec<_>>(), 3));
-        let (window_back, _) = read_all(HistoryQuery {
-            from: Some(t0 + chrono::Duration::seconds(2)),
-            to: Some(t0 + chrono::Duration::seconds(7)),
-            limit: 2,
-            newest_first: true,
-            ..Default::default()
-        })
-        .await;
-        assert_eq!(window_back, ids(&made[2..7]).into_iter().rev().collect::<Vec<_>>());
-        let (window, _) = read_all(HistoryQuery {
-            from: Some(t0 + chrono::Duration::seconds(2)),
-            to: Some(t0 + chrono::Duration::seconds(7)),
-            limit: 2,
-            ..Default::default()
-        })
-        .await;
-        assert_eq!(window, ids(&made[2..7]));
-        let (odd, _) = read_all(HistoryQuery { task_id: "odd".into(), limit: 100, ..Default::default() }).await;
-        assert_eq!(odd, ids(&made.iter().filter(|r| r.task_id == "odd").cloned().collect::<Vec<_>>()));
-        // A run pruned since: passed over, and its entries swept.
-        store.txn(Txn { success: vec![TxnOp::delete(repo.keys.run(&made[0].run_id))], ..Default::default() }).await.expect("delete");
-        let (after_prune, _) = read_all(HistoryQuery { limit: 4, ..Default::default() }).await;
-        assert_eq!(after_prune, ids(&made[1..]));
-        let index_len = |prefix: String| {
-            let store = store.clone();
-            async move { store.range(&prefix).await.expect("range").0.len() }
-        };
-        assert_eq!((index_len(repo.keys.history()).await, index_len(repo.keys.task_history("even")).await), (10, 5));
-        assert_eq!(repo.sweep_history_index(&lead).await.expect("sweep"), 1);
-        assert_eq!((index_len(repo.keys.history()).await, index_len(repo.keys.task_history("even")).await), (9, 4));
-        assert_eq!(repo.sweep_history_index(&lead).await.expect("sweep"), 0);
-        // A store written before the index: built once, then whole.
-        let (kvs, _) = store.range(&repo.keys.history()).await.expect("range");
-        let (tkvs, _) = store.range(&repo.keys.task_history("")).await.expect("range");
-        let gone: Vec<TxnOp> = kvs.iter().chain(&tkvs).map(|kv| TxnOp::delete(kv.key.clone())).collect();
-        store.txn(Txn { success: gone, ..Default::default() }).await.expect("delete");
-        assert_eq!(index_len(repo.keys.history()).await, 0);
-        assert_eq!(repo.build_history_index(&lead).await.expect("build"), 9);
-        let (rebuilt, _) = read_all(HistoryQuery { limit: 4, ..Default::default() }).await;
-        assert_eq!(rebuilt, ids(&made[1..]));
-        assert_eq!(repo.build_history_index(&lead).await.expect("build"), 0, "once");
     }
 
     #[tokio::test]

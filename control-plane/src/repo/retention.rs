@@ -15,6 +15,9 @@ use crate::model::task::HistorySpec;
 use crate::model::{RunRecord, TaskRecord};
 use crate::store::{Compare, Revision, Txn, TxnOp};
 
+/// The value of `meta/history-index` once the time index covers every run.
+pub const HISTORY_INDEX_DONE: &[u8] = b"done";
+
 /// A stored run as a key listing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunKey {
@@ -194,7 +197,7 @@ impl Repo {
     ///
     /// Errors: [`crate::Error::Fenced`]; store errors.
     pub async fn build_history_index(&self, lead: &Leadership) -> Result<u64> {
-        const DONE: &[u8] = b"done";
+        const DONE: &[u8] = HISTORY_INDEX_DONE;
         const PAGE: usize = 64;
         let state_key = self.keys.history_index_state();
         let mut after = match self.store.get(&state_key).await? {

@@ -22,6 +22,21 @@ pub fn trigger_to_pb(t: TriggerKind) -> pb::TriggerKind {
     }
 }
 
+/// API trigger kind → core (`Unspecified` reads as `Manual`: callers map
+/// it to "any" first).
+pub fn trigger_from_pb(t: pb::TriggerKind) -> TriggerKind {
+    match t {
+        pb::TriggerKind::Cron => TriggerKind::Cron,
+        pb::TriggerKind::Interval => TriggerKind::Interval,
+        pb::TriggerKind::Once => TriggerKind::Once,
+        pb::TriggerKind::Unspecified | pb::TriggerKind::Manual => TriggerKind::Manual,
+        pb::TriggerKind::Event => TriggerKind::Event,
+        pb::TriggerKind::Webhook => TriggerKind::Webhook,
+        pb::TriggerKind::Queue => TriggerKind::Queue,
+        pb::TriggerKind::After => TriggerKind::After,
+    }
+}
+
 /// Core skip reason → API enum.
 pub fn skip_to_pb(s: Option<SkipReason>) -> pb::SkipReason {
     match s {

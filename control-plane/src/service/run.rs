@@ -8,14 +8,52 @@ use punchclock_proto::v1 as pb;
 use punchclock_proto::v1::run_service_server::RunService;
 use tonic::{Request, Response, Status};
 
-use super::convert::{run_to_pb, stats_to_pb, status_from_pb};
+use super::convert::{run_to_pb, stats_to_pb, status_from_pb, trigger_from_pb};
 use super::status;
 use crate::api::Core;
 use crate::error::Error;
+use crate::repo::history::{self, HistoryQuery};
 
 /// Most bytes of runs one `ListRuns` answer carries (gRPC's default
 /// message limit is 4 MiB): the newest runs up to it.
 pub const MAX_LIST_RUNS_BYTES: usize = 3 * 1024 * 1024;
+
+/// The history query of a `ListRuns` request (its page token aside).
+///
+/// Errors: `InvalidArgument` naming `status`, `trigger_kind`, `order` (an
+/// unknown value) or `scheduled_from`/`scheduled_to` (out of range).
+pub fn list_query(r: &pb::ListRunsRequest) -> Result<HistoryQuery, Error> {
+    let status = pb::RunStatus::try_from(r.status)
+        .map_err(|_| Error::invalid("status", format!("unknown run status {}", r.status)))
+        .map(status_from_pb)?;
+    let trigger = match pb::TriggerKind::try_from(r.trigger_kind) {
+        Ok(pb::TriggerKind::Unspecified) => None,
+        Ok(k) => Some(trigger_from_pb(k)),
+        Err(_) => return Err(Error::invalid("trigger_kind", format!("unknown trigger kind {}", r.trigger_kind))),
+    };
+    let newest_first = match pb::RunOrder::try_from(r.order) {
+        Ok(pb::RunOrder::Unspecified | pb::RunOrder::NewestFirst) => true,
+        Ok(pb::RunOrder::OldestFirst) => false,
+        Err(_) => return Err(Error::invalid("order", format!("unknown order {}", r.order))),
+    };
+    let time = |field: &str, t: &Option<prost_types::Timestamp>| {
+        t.as_ref()
+            .map(|t| punchclock_proto::time::from_timestamp(t).ok_or_else(|| Error::invalid(field, "is not a time between 1970 and 2262")))
+            .transpose()
+    };
+    Ok(HistoryQuery {
+        task_id: r.task_id.clone(),
+        task_prefix: r.task_prefix.clone(),
+        from: time("scheduled_from", &r.scheduled_from)?,
+        to: time("scheduled_to", &r.scheduled_to)?,
+        status,
+        trigger,
+        event_key: r.event_key.clone(),
+        after: None,
+        limit: if r.page_size > 0 { r.page_size } else { r.limit } as usize,
+        newest_first,
+    })
+}
 
 /// `punchclock.v1.RunService`.
 pub struct RunSvc(pub Arc<Core>);
@@ -24,22 +62,24 @@ pub struct RunSvc(pub Arc<Core>);
 impl RunService for RunSvc {
     async fn list_runs(&self, req: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
         let r = req.into_inner();
-        let st = pb::RunStatus::try_from(r.status)
-            .map_err(|_| status(Error::invalid("status", format!("unknown run status {}", r.status))))
-            .map(status_from_pb)?;
-        let runs = self.0.list_runs(&r.task_id, st, &r.event_key, r.limit).await.map_err(status)?;
-        // Newest first, until the message would pass its byte budget.
+        let q = list_query(&r).map_err(status)?;
+        let (runs, next) = self.0.list_runs(q.clone(), &r.page_token).await.map_err(status)?;
+        // In order, until the message would pass its byte budget: then
+        // the next page starts after the last run given.
         let mut out = Vec::with_capacity(runs.len());
         let mut bytes = 0;
+        let mut cut = None;
         for run in &runs {
             let pb_run = run_to_pb(run);
             bytes += prost::Message::encoded_len(&pb_run);
             if bytes > MAX_LIST_RUNS_BYTES && !out.is_empty() {
+                cut = Some(history::Cursor::of(&runs[out.len() - 1]));
                 break;
             }
             out.push(pb_run);
         }
-        Ok(Response::new(pb::ListRunsResponse { runs: out }))
+        let next = cut.or(next).map(|c| history::encode_token(&q, &c)).unwrap_or_default();
+        Ok(Response::new(pb::ListRunsResponse { runs: out, next_page_token: next }))
     }
 
     async fn get_run(&self, req: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {
