@@ -71,6 +71,11 @@ pub struct EventRequest {
     /// The trigger cannot take it: recorded SKIPPED `invalid_event` with
     /// this reason.
     pub invalid: Option<String>,
+    /// How long its id deduplicates (a webhook's `dedup.ttl`): a dedup key
+    /// `dedup/{run_id}` is written with the run, and once the window ends
+    /// the same id makes a new run. `None`: the id deduplicates as long as
+    /// its run is kept.
+    pub dedup_window: Option<chrono::Duration>,
 }
 
 /// What became of one [`EventRequest`], once committed.

@@ -169,6 +169,13 @@ pub async fn run(repo: Repo, lead: Leadership, cfg: RetentionConfig, clock: Shar
                     Err(Error::Fenced(_)) => return,
                     Err(e) => tracing::warn!(error = %e, "retention: cannot prune notification records"),
                 }
+                // Event ids whose dedup window ended.
+                match repo.sweep_dedup(&lead, clock.now()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(deleted = n, "retention: expired dedup keys deleted"),
+                    Err(Error::Fenced(_)) => return,
+                    Err(e) => tracing::warn!(error = %e, "retention: cannot delete expired dedup keys"),
+                }
                 // Up to the previous pass's revision, once per revision
                 // (an idle store would be asked the same again and again).
                 if let Some(rev) = previous

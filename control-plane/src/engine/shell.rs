@@ -33,7 +33,7 @@ use futures::stream::BoxStream;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
-use super::core::{CoreConfig, Effects, EngineCore, Input, Reply, ReplyId, Triggered};
+use super::core::{CoreConfig, Effects, EngineCore, IdLookup, Input, Reply, ReplyId, StoredId, Triggered};
 use super::lifecycle::{Lifecycle, LifecycleBus};
 use super::protocol::ToRunner;
 use super::{Command, EngineHandle};
@@ -579,9 +579,9 @@ impl Engine {
                 Err(e) => tracing::error!(error = %e, task_id, "cannot pause the task"),
             }
         }
-        for (reply, run_ids) in fx.run_checks {
-            match self.repo.runs_exist(&run_ids).await {
-                Ok(exists) => self.core.handle(self.clock.read(), Input::EventsLoaded { reply, exists }),
+        for (reply, ids) in fx.run_checks {
+            match look_up_ids(&self.repo, &ids).await {
+                Ok(found) => self.core.handle(self.clock.read(), Input::EventsLoaded { reply, found }),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot look up the runs of a batch of events; the engine restarts");
                     return Err(EngineExit::Failed);
@@ -663,4 +663,28 @@ impl<T> Drop for AbortOnDrop<T> {
 struct InFlight {
     commit: futures::future::BoxFuture<'static, Result<CommitStats>>,
     rest: Effects,
+}
+
+/// What the store holds of events' ids (one batched read each of dedup
+/// keys and runs; a windowed id's run record read only when its dedup key
+/// was swept: the record's own claim then says its window ended).
+async fn look_up_ids(repo: &Repo, ids: &[IdLookup]) -> crate::error::Result<Vec<StoredId>> {
+    let run_ids: Vec<String> = ids.iter().map(|l| l.run_id.clone()).collect();
+    let exists = repo.runs_exist(&run_ids).await?;
+    let windowed: Vec<String> = ids.iter().filter(|l| l.windowed).map(|l| l.run_id.clone()).collect();
+    let mut claims = if windowed.is_empty() { Vec::new() } else { repo.dedup_claims(&windowed).await? }.into_iter();
+    let mut out = Vec::with_capacity(ids.len());
+    for (l, exists) in ids.iter().zip(exists) {
+        let claim = if l.windowed { claims.next().flatten() } else { None };
+        out.push(match (claim, exists) {
+            (Some(c), _) => StoredId::Claim(c),
+            (None, false) => StoredId::Absent,
+            (None, true) if l.windowed => match repo.get_run(&l.run_id).await?.and_then(|r| r.dedup) {
+                Some(c) => StoredId::Claim(c),
+                None => StoredId::Run,
+            },
+            (None, true) => StoredId::Run,
+        });
+    }
+    Ok(out)
 }

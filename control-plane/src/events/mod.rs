@@ -56,6 +56,7 @@ pub fn event_request(
         stored_body: stored.then(|| Arc::new(body.to_vec())),
         priority: 0,
         invalid: None,
+        dedup_window: None,
     }
 }
 

@@ -334,7 +334,8 @@ async fn hook(
         attributes.insert("forwarded_for".to_string(), f);
     }
     let run_id = event_run_id(&task_id, TriggerKind::Webhook, &path, &key);
-    let ev = super::event_request(&task_id, run_id, TriggerKind::Webhook, &path, &key, core.clock.now(), kept, attributes, &body);
+    let mut ev = super::event_request(&task_id, run_id, TriggerKind::Webhook, &path, &key, core.clock.now(), kept, attributes, &body);
+    ev.dedup_window = i64::try_from(trigger.dedup_ttl_seconds()).ok().and_then(chrono::Duration::try_seconds);
     match engine.events(vec![ev]).await.map(|mut a| a.pop()) {
         Ok(Some(Ok(a))) => answer(
             StatusCode::ACCEPTED,

@@ -19,6 +19,22 @@ use super::run::{RunStatus, TriggerKind};
 /// bodies in memory.
 pub const EVENT_INLINE_BYTES: usize = 16 * 1024;
 
+/// What a dedup key (`dedup/{key}`) says: the run an event id made and
+/// until when the same id makes no other run. Written in the transaction
+/// that creates the run, apart from the run record: a webhook's `ttl`
+/// holds whatever the history keeps, and a run kept longer than its window
+/// no longer stops a new one (README "Event triggers").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupClaim {
+    /// The event's id run (`event_run_id`): the key's name.
+    pub key: String,
+    /// The run it made (the key itself for the first; a later one after
+    /// the window is `{key}-{received unix ms}`).
+    pub run_id: String,
+    /// The window's end (UTC): from then on the id makes a new run.
+    pub expires_at: DateTime<Utc>,
+}
+
 /// The event that started a run (README "Event triggers").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventInfo {

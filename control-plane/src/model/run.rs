@@ -540,6 +540,9 @@ pub struct RunRecord {
     /// (`repo::trim_run`); they still count.
     #[serde(default, skip_serializing_if = "ElidedAttempts::is_none")]
     pub elided_attempts: ElidedAttempts,
+    /// The dedup key its creation claimed (event runs with a dedup window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<super::event::DedupClaim>,
     /// Fencing token of the leader that last wrote the record.
     #[serde(default)]
     pub fencing_token: u64,
@@ -613,6 +616,7 @@ impl RunRecord {
             start_by: None,
             interruptions: 0,
             elided_attempts: ElidedAttempts::default(),
+            dedup: None,
             fencing_token: 0,
             updated_at: now,
             trace_id: String::new(),

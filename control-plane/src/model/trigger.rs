@@ -358,8 +358,9 @@ pub struct WebhookDedup {
     /// A field of the JSON body, a dotted path (`id`, `data.object.id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_field: Option<String>,
-    /// How long a delivery id finds its run at least: `"24h"` (default),
-    /// 1 minute to 30 days. Its run is kept at least as long.
+    /// How long a delivery id finds its run: `"24h"` (default), 1 second
+    /// to 30 days; afterwards the same id makes a new run (a dedup key of
+    /// its own, apart from the run: see [`crate::model::event::DedupClaim`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<String>,
 }
@@ -370,7 +371,7 @@ pub const DEFAULT_DEDUP_TTL_SECONDS: u64 = 86_400;
 fn check_ttl(field: &str, ttl: &str, p: &mut Vec<Error>) {
     match schedule::parse_duration(ttl) {
         Err(e) => p.push(Error::invalid(field, e)),
-        Ok(s) if !(60..=30 * 86_400).contains(&s) => p.push(Error::invalid(field, format!("{ttl:?}: 1m to 30d"))),
+        Ok(s) if !(1..=30 * 86_400).contains(&s) => p.push(Error::invalid(field, format!("{ttl:?}: 1s to 30d"))),
         Ok(_) => {}
     }
 }

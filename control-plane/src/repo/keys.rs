@@ -93,6 +93,15 @@ impl Keys {
         let n: i64 = nanos.parse().ok()?;
         Some((chrono::DateTime::from_timestamp_nanos(n), run_id))
     }
+    /// `{prefix}dedup/`: event ids' dedup keys.
+    pub fn dedups(&self) -> String {
+        format!("{}dedup/", self.prefix)
+    }
+    /// `{prefix}dedup/{key}`: a [`crate::model::event::DedupClaim`]; `key`
+    /// is the event's id run (`{task}.{kind}-{digest of scope and id}`).
+    pub fn dedup(&self, key: &str) -> String {
+        format!("{}dedup/{key}", self.prefix)
+    }
     /// `{prefix}events/{run_id}`: the body of the event that started a
     /// run, when too large for its record (raw bytes as received).
     pub fn event_body(&self, run_id: &str) -> String {

@@ -599,6 +599,13 @@ impl Repo {
         Ok(kvs.into_iter().map(|kv| kv.map(|kv| kv.value)).collect())
     }
 
+    /// The dedup keys of `keys` (event id runs), in order (`None`: none
+    /// stored), one read per 128.
+    pub async fn dedup_claims(&self, keys: &[String]) -> Result<Vec<Option<crate::model::event::DedupClaim>>> {
+        let kvs = self.get_many(keys.iter().map(|k| self.keys.dedup(k)), 128).await?;
+        kvs.into_iter().map(|kv| kv.map(|kv| codec::decode("dedup claim", &kv.value)).transpose()).collect()
+    }
+
     /// Which of `run_ids` exist, in order (one read per 128 runs).
     pub async fn runs_exist(&self, run_ids: &[String]) -> Result<Vec<bool>> {
         let kvs = self.get_many(run_ids.iter().map(|id| self.keys.run(id)), 128).await?;
@@ -666,6 +673,10 @@ impl Repo {
                         // The time index, once: a run's slot never changes.
                         puts.push(TxnOp::put(self.keys.history_entry(run.scheduled_at, &run.run_id), Vec::new()));
                         puts.push(TxnOp::put(self.keys.task_history_entry(&run.task_id, run.scheduled_at, &run.run_id), Vec::new()));
+                        // The event id's dedup key, with the run it names.
+                        if let Some(claim) = &run.dedup {
+                            puts.push(TxnOp::put(self.keys.dedup(&claim.key), codec::encode(claim)?));
+                        }
                         (vec![Compare::absent(&key)], puts, vec![TxnOp::get(key)])
                     }
                     _ => (Vec::new(), puts, Vec::new()),

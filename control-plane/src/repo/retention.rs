@@ -189,6 +189,47 @@ impl Repo {
         }
     }
 
+    /// Deletes the dedup keys (`dedup/`) whose window ended before `now`,
+    /// each only while unchanged, under the leader's fence, in as few
+    /// transactions as fit. Returns how many were deleted.
+    ///
+    /// Errors: [`crate::Error::Fenced`]; store errors.
+    pub async fn sweep_dedup(&self, lead: &Leadership, now: DateTime<Utc>) -> Result<usize> {
+        const PAGE: usize = 256;
+        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
+        let prefix = self.keys.dedups();
+        let (mut after, mut swept) = (String::new(), 0);
+        loop {
+            let page = self.store.range_page(&prefix, &after, PAGE, false).await?;
+            let full = page.len() == PAGE;
+            let mut part = Part::default();
+            let mut batch = 0;
+            for kv in &page {
+                // An unreadable key is left to be looked at.
+                let expired = codec::decode::<crate::model::event::DedupClaim>("dedup claim", &kv.value).is_ok_and(|c| c.expires_at <= now);
+                if !expired {
+                    continue;
+                }
+                let add = Part::from((vec![Compare::mod_revision(&kv.key, kv.mod_revision)], vec![TxnOp::delete(&kv.key)], Vec::new()));
+                if batch > 0 && !limits.fits(part.size(), add.size()) {
+                    if self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?.is_ok() {
+                        swept += batch;
+                    }
+                    batch = 0;
+                }
+                part.extend(add);
+                batch += 1;
+            }
+            if batch > 0 && self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
+                swept += batch;
+            }
+            match page.last() {
+                Some(kv) if full => after = kv.key.clone(),
+                _ => return Ok(swept),
+            }
+        }
+    }
+
     /// Puts the time index entries of runs written before the index
     /// existed (a store of an earlier version), once: resumable (after the
     /// last run key indexed, kept in `meta/history-index`), fenced, in as

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use super::{EngineCore, Reply, ReplyId};
+use super::{EngineCore, IdLookup, Reply, ReplyId, StoredId};
 use crate::clock::Now;
 use crate::engine::lifecycle::Lifecycle;
 use crate::engine::{EventAdmitted, EventRequest};
@@ -110,6 +110,9 @@ pub(super) struct PendingEvents {
     looked_up: Vec<usize>,
 }
 
+/// Claims kept in memory before expired ones are dropped.
+const CLAIMS_KEPT: usize = 4096;
+
 impl EngineCore {
     /// A batch of events arrived: duplicates in memory are answered, the
     /// rest are looked up in the store ([`super::Effects::run_checks`]).
@@ -119,8 +122,8 @@ impl EngineCore {
         for (i, ev) in events.iter().enumerate() {
             if self.tasks.get(&ev.task_id).is_none_or(|e| e.deleted) {
                 answers.push(Some(Err(Error::NotFound { kind: "task", id: ev.task_id.clone() })));
-            } else if self.runs.contains_key(&ev.run_id) {
-                answers.push(Some(Ok(self.duplicate(&ev.run_id))));
+            } else if let Some(Some(run_id)) = self.known(now, ev) {
+                answers.push(Some(Ok(self.duplicate(&run_id))));
             } else {
                 answers.push(None);
                 looked_up.push(i);
@@ -130,33 +133,62 @@ impl EngineCore {
             self.events_checked(now, reply, PendingEvents { events, answers, looked_up }, Vec::new());
             return;
         }
-        let ids = looked_up.iter().map(|i| events[*i].run_id.clone()).collect();
+        let ids =
+            looked_up.iter().map(|i| IdLookup { run_id: events[*i].run_id.clone(), windowed: events[*i].dedup_window.is_some() }).collect();
         self.fx.run_checks.push((reply, ids));
         self.pending_events.insert(reply, PendingEvents { events, answers, looked_up });
     }
 
-    /// The store's answer for a batch: which of its runs exist.
-    pub(super) fn events_loaded(&mut self, now: Now, reply: ReplyId, exists: Vec<bool>) {
+    /// What memory says of an event's id: `Some(Some(run))` a duplicate of
+    /// that run, `Some(None)` new (its claim expired), `None` not known.
+    fn known(&self, now: Now, ev: &EventRequest) -> Option<Option<String>> {
+        if ev.dedup_window.is_some() {
+            // A windowed id is decided by its claim alone: its first run
+            // may still be active past the window.
+            return self.claims.get(&ev.run_id).map(|c| (now.wall < c.expires_at).then(|| c.run_id.clone()));
+        }
+        self.runs.contains_key(&ev.run_id).then(|| Some(ev.run_id.clone()))
+    }
+
+    /// The store's answer for a batch: what it holds of each id.
+    pub(super) fn events_loaded(&mut self, now: Now, reply: ReplyId, found: Vec<StoredId>) {
         let Some(batch) = self.pending_events.remove(&reply) else {
             tracing::error!(reply, "a store lookup for no batch of events");
             return;
         };
-        self.events_checked(now, reply, batch, exists);
+        self.events_checked(now, reply, batch, found);
     }
 
-    fn events_checked(&mut self, now: Now, reply: ReplyId, batch: PendingEvents, exists: Vec<bool>) {
+    fn events_checked(&mut self, now: Now, reply: ReplyId, batch: PendingEvents, found: Vec<StoredId>) {
         let PendingEvents { events, mut answers, looked_up } = batch;
-        let stored: HashSet<usize> = looked_up.iter().zip(exists).filter(|(_, e)| *e).map(|(i, _)| *i).collect();
+        let stored: HashMap<usize, StoredId> = looked_up.into_iter().zip(found).collect();
         let mut waiting: HashMap<String, u64> = HashMap::new();
         for (i, ev) in events.into_iter().enumerate() {
             let source = ev.info.source;
             let a = match answers[i].take() {
                 // Answered before the lookup (a duplicate in memory, a task gone).
                 Some(a) => a,
-                // In memory since the lookup (an earlier event of this batch,
-                // or of one answered meanwhile): a duplicate too.
-                None if stored.contains(&i) || self.runs.contains_key(&ev.run_id) => Ok(self.duplicate(&ev.run_id)),
-                None => self.admit_event(now, ev),
+                None => {
+                    // Memory first (an earlier event of this batch, or of
+                    // one answered meanwhile), then the store.
+                    let verdict = self.known(now, &ev).or_else(|| match stored.get(&i) {
+                        Some(StoredId::Claim(c)) => Some((now.wall < c.expires_at).then(|| c.run_id.clone())),
+                        Some(StoredId::Run) => Some(Some(ev.run_id.clone())),
+                        Some(StoredId::Absent) | None => None,
+                    });
+                    match verdict {
+                        Some(Some(run_id)) => Ok(self.duplicate(&run_id)),
+                        // A claim that expired: a new run of its own id.
+                        Some(None) => {
+                            let run_id = format!("{}-{}", ev.run_id, now.wall.timestamp_millis());
+                            self.admit_event(now, ev, run_id)
+                        }
+                        None => {
+                            let run_id = ev.run_id.clone();
+                            self.admit_event(now, ev, run_id)
+                        }
+                    }
+                }
             };
             if let Ok(a) = &a {
                 let result = match (a.created, a.skipped) {
@@ -179,19 +211,39 @@ impl EngineCore {
         self.fx.replies.push((reply, Reply::Events(out)));
     }
 
+    /// Remembers a claim (dropping expired ones when many are kept).
+    fn claim(&mut self, now: Now, claim: crate::model::event::DedupClaim) {
+        if self.claims.len() >= CLAIMS_KEPT {
+            self.claims.retain(|_, c| c.expires_at > now.wall);
+        }
+        self.claims.insert(claim.key.clone(), claim);
+    }
+
     fn duplicate(&self, run_id: &str) -> EventAdmitted {
         EventAdmitted { run_id: run_id.to_string(), created: false, skipped: None, waiting: 0 }
     }
 
     /// Creates an event's record: a run through the policies, or SKIPPED
     /// (`invalid_event`, `paused`) without them.
-    fn admit_event(&mut self, now: Now, ev: EventRequest) -> Result<EventAdmitted> {
+    ///
+    /// `run_id` is the event id's run (`ev.run_id`), or a later run of an
+    /// id whose dedup window ended; a windowed id's claim goes with it.
+    fn admit_event(&mut self, now: Now, ev: EventRequest, run_id: String) -> Result<EventAdmitted> {
         let e =
             self.tasks.get(&ev.task_id).filter(|e| !e.deleted).ok_or_else(|| Error::NotFound { kind: "task", id: ev.task_id.clone() })?;
         let spec = e.record.spec.clone();
         let paused = e.record.paused;
         let kind = ev.info.source;
-        let mut run = RunRecord::pending(ev.run_id.clone(), &ev.task_id, &spec.agent_id, kind, now.wall, now.wall);
+        let mut run = RunRecord::pending(run_id, &ev.task_id, &spec.agent_id, kind, now.wall, now.wall);
+        if let Some(window) = ev.dedup_window {
+            let claim = crate::model::event::DedupClaim {
+                key: ev.run_id.clone(),
+                run_id: run.run_id.clone(),
+                expires_at: now.wall.checked_add_signed(window).unwrap_or(now.wall),
+            };
+            run.dedup = Some(claim.clone());
+            self.claim(now, claim);
+        }
         run.params = spec.params();
         run.priority = spec.execution.priority.saturating_add(ev.priority).clamp(*PRIORITY_RANGE.start(), *PRIORITY_RANGE.end());
         let name = ev.info.name.clone();

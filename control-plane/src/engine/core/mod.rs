@@ -220,12 +220,12 @@ pub enum Input {
         /// The events, each for one task.
         events: Vec<EventRequest>,
     },
-    /// Which runs of a batch of events exist in the store ([`Effects::run_checks`]).
+    /// What the store holds of a batch of events' ids ([`Effects::run_checks`]).
     EventsLoaded {
         /// The batch's reply.
         reply: ReplyId,
-        /// One per run id asked, in order.
-        exists: Vec<bool>,
+        /// One per id asked, in order.
+        found: Vec<StoredId>,
     },
     /// A run the core asked for ([`Effects::reads`]).
     RunLoaded {
@@ -249,6 +249,28 @@ pub struct Outbound {
     pub msg: ToRunner,
 }
 
+/// An event's id to look up in the store ([`Effects::run_checks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdLookup {
+    /// The id's run (`event_run_id`, `published_run_id`).
+    pub run_id: String,
+    /// The id deduplicates within a window: its dedup key `dedup/{run_id}`
+    /// says, or, once that is swept, the claim in its run's record.
+    pub windowed: bool,
+}
+
+/// What the store holds of an [`IdLookup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredId {
+    /// Nothing: the id is new.
+    Absent,
+    /// Its run, with no dedup claim (an id without a window, or a run
+    /// written before dedup keys): a duplicate while the run is kept.
+    Run,
+    /// Its dedup claim: a duplicate of the claim's run until it expires.
+    Claim(crate::model::event::DedupClaim),
+}
+
 /// What the shell must do after a turn, in this order: commit `writes`
 /// (each inner group atomically, groups in order), close `disconnects`,
 /// send `sends`, publish `events`, deliver `replies`, write `pauses`, then
@@ -268,9 +290,9 @@ pub struct Effects {
     pub replies: Vec<(ReplyId, Reply)>,
     /// Runs to read from the store: `(run_id, purpose)`.
     pub reads: Vec<(String, ReadPurpose)>,
-    /// Runs of a batch of events whose existence the store must tell
-    /// (one read per batch): `(reply, run ids)`.
-    pub run_checks: Vec<(ReplyId, Vec<String>)>,
+    /// Ids of a batch of events the store must tell about (one read per
+    /// batch): `(reply, ids)`, answered as [`StoredId`]s.
+    pub run_checks: Vec<(ReplyId, Vec<IdLookup>)>,
     /// Tasks to pause, with why (a policy asked): the shell writes their
     /// definitions as a user's pause does, after this turn's writes.
     pub pauses: Vec<(String, String)>,
@@ -341,6 +363,9 @@ pub struct EngineCore {
     fx: Effects,
     /// Batches of events waiting for their store lookup.
     pending_events: HashMap<ReplyId, events::PendingEvents>,
+    /// Dedup claims this leader made or read, by key (expired ones are
+    /// dropped as more come).
+    claims: HashMap<String, crate::model::event::DedupClaim>,
     /// Where events find their tasks.
     routes: events::Routes,
     /// Each task's runs holding slots, waiting, alive: counted as they change.
@@ -425,6 +450,7 @@ impl EngineCore {
             writes: WriteSet::default(),
             fx: Effects::default(),
             pending_events: HashMap::new(),
+            claims: HashMap::new(),
             routes: events::Routes::default(),
             counts: counts::Counts::default(),
         }
@@ -477,7 +503,7 @@ impl EngineCore {
             Input::ResetBreaker { reply, task_id } => self.reset_breaker(now, reply, &task_id),
             Input::ReleaseResource { reply, resource } => self.release_resource(now, reply, &resource),
             Input::Events { reply, events } => self.events(now, reply, events),
-            Input::EventsLoaded { reply, exists } => self.events_loaded(now, reply, exists),
+            Input::EventsLoaded { reply, found } => self.events_loaded(now, reply, found),
             Input::RunLoaded { run_id, run, purpose } => self.on_run_loaded(now, &run_id, run.map(|r| *r), purpose),
         }
         self.after_input(now);

@@ -1337,8 +1337,8 @@ impl H {
         self.core.handle(self.clocks(), Input::Events { reply: 9, events: evs });
         let mut fx = self.drain();
         if let Some((reply, ids)) = fx.run_checks.pop() {
-            let exists = ids.iter().map(|id| stored.contains(&id.as_str())).collect();
-            self.core.handle(self.clocks(), Input::EventsLoaded { reply, exists });
+            let found = ids.iter().map(|l| if stored.contains(&l.run_id.as_str()) { StoredId::Run } else { StoredId::Absent }).collect();
+            self.core.handle(self.clocks(), Input::EventsLoaded { reply, found });
             fx = self.drain();
         }
         let answers = fx
@@ -1380,6 +1380,66 @@ fn an_event_id_makes_one_run_whether_repeated_in_memory_or_in_the_store() {
     // An event for a task that is gone says so.
     let (_, answers) = h.events(vec![event("nope", "k", b"")], &[]);
     assert!(matches!(answers[0], Err(Error::NotFound { .. })));
+}
+
+/// Issue 35: a webhook id deduplicates for exactly its window, whatever
+/// the history keeps — in memory, from the store's dedup key, and from a
+/// run's own claim once the key was swept — and then makes a new run of
+/// its own, with a claim of its own written in the same group.
+#[test]
+fn a_windowed_event_id_deduplicates_for_its_window_only() {
+    let mut h = H::new();
+    h.task(event_task("w"));
+    let windowed = |key: &str| {
+        let mut ev = event("w", key, b"{}");
+        ev.dedup_window = Some(chrono::Duration::seconds(5));
+        ev
+    };
+    let (fx, answers) = h.events(vec![windowed("k"), windowed("k")], &[]);
+    let first = answers[0].as_ref().expect("ok").run_id.clone();
+    assert_eq!(first, event("w", "k", b"").run_id, "the first run keeps the id's own run id");
+    assert!(answers[0].as_ref().is_ok_and(|a| a.created) && answers[1].as_ref().is_ok_and(|a| !a.created && a.run_id == first));
+    let claim = match &fx.writes[0][..] {
+        [StoreOp::CreateRun(r), ..] => r.dedup.clone().expect("a claim"),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        (claim.key.as_str(), claim.run_id.as_str(), claim.expires_at),
+        (first.as_str(), first.as_str(), t0() + chrono::Duration::seconds(5))
+    );
+    h.advance(Duration::seconds(4));
+    let (_, answers) = h.events(vec![windowed("k")], &[]);
+    assert!(answers[0].as_ref().is_ok_and(|a| !a.created), "within the window");
+    h.advance(Duration::seconds(2));
+    let (_, answers) = h.events(vec![windowed("k")], &[]);
+    let second = answers[0].as_ref().expect("ok");
+    assert!(second.created && second.run_id != first && second.run_id.starts_with(&first), "{second:?}");
+    // A new leader (nothing in memory) asks the store: its claim decides.
+    let mut h = H::new();
+    h.task(event_task("w"));
+    let base = event("w", "k", b"").run_id;
+    for (stored, dup) in [
+        (
+            StoredId::Claim(crate::model::event::DedupClaim {
+                key: base.clone(),
+                run_id: format!("{base}-1"),
+                expires_at: t0() + chrono::Duration::seconds(1),
+            }),
+            true,
+        ),
+        (StoredId::Claim(crate::model::event::DedupClaim { key: base.clone(), run_id: base.clone(), expires_at: t0() }), false),
+    ] {
+        let mut h = H::new();
+        h.task(event_task("w"));
+        h.core.handle(h.clocks(), Input::Events { reply: 9, events: vec![windowed("k")] });
+        let fx = h.drain();
+        let (reply, ids) = fx.run_checks.last().cloned().expect("a lookup");
+        assert!(ids[0].windowed);
+        h.core.handle(h.clocks(), Input::EventsLoaded { reply, found: vec![stored] });
+        let fx = h.drain();
+        let created = fx.replies.iter().any(|(_, r)| matches!(r, Reply::Events(a) if a[0].as_ref().is_ok_and(|a| a.created)));
+        assert_eq!(created, !dup);
+    }
 }
 
 /// Issue 21: every event leaves a record — a paused task's, an invalid
