@@ -6,7 +6,7 @@
 //! agents of a task alive at once (control plane `timing.rs`).
 //!
 //! Two enforcers share one deadline:
-//! - the runner itself interrupts its executions `kill_grace` + 1 s before
+//! - the runner itself interrupts its executions `kill_grace` + the leader's `stop_lead_ms` (1 s) before
 //!   the deadline (they are reported `OUTCOME_INTERRUPTED`);
 //! - the agent shim ([`crate::shim`], reading [`punchclock_agent_shim::fence_file`]) reads the deadline from a file in the
 //!   work directory and kills its agent's group (TERM `kill_grace` before
@@ -26,8 +26,10 @@ pub use punchclock_agent_shim::fence_file::{FENCE_REASON, boottime_ns, read_dead
 
 /// Name of the deadline file in the runner's work directory.
 pub const FENCE_FILE: &str = "fence";
-// The runner stops its agents this long before the shim would.
-use punchclock_proto::fence::RUNNER_STOP_LEAD;
+/// What the runner counts on when a leader sends no `stop_lead_ms` (one
+/// before the field): it stops its agents its kill grace and this long
+/// before the fence deadline.
+pub const DEFAULT_STOP_LEAD: Duration = Duration::from_secs(1);
 
 /// The fence deadline of one runner process; cheap to clone.
 #[derive(Debug, Clone)]
@@ -41,12 +43,27 @@ struct Inner {
     kill_grace: Duration,
     /// Boottime ns by which the agents must be gone; `None`: no fence.
     deadline: Mutex<Option<u64>>,
+    /// The leader's `Welcome.stop_lead_ms`: the runner stops its agents
+    /// its kill grace and this long before the deadline.
+    stop_lead: Mutex<Duration>,
 }
 
 impl Fence {
     /// A fence with no deadline yet, writing its deadline to `path`.
     pub fn new(path: PathBuf, kill_grace: Duration) -> Self {
-        Fence { inner: Arc::new(Inner { path, kill_grace, deadline: Mutex::new(None) }) }
+        Fence { inner: Arc::new(Inner { path, kill_grace, deadline: Mutex::new(None), stop_lead: Mutex::new(DEFAULT_STOP_LEAD) }) }
+    }
+
+    /// How long beyond the kill grace the runner stops its agents before
+    /// the deadline (a Welcome's `stop_lead_ms`; 0: [`DEFAULT_STOP_LEAD`]).
+    pub fn set_stop_lead(&self, ms: u64) {
+        let lead = if ms == 0 { DEFAULT_STOP_LEAD } else { Duration::from_millis(ms) };
+        *self.inner.stop_lead.lock().unwrap_or_else(PoisonError::into_inner) = lead;
+    }
+
+    /// [`Fence::set_stop_lead`]'s value.
+    pub fn stop_lead(&self) -> Duration {
+        *self.inner.stop_lead.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The deadline file.
@@ -90,7 +107,7 @@ impl Fence {
     /// `None` without a fence.
     pub fn stop_in(&self) -> Option<Duration> {
         let d = self.deadline()?;
-        let lead = u64::try_from((self.inner.kill_grace + RUNNER_STOP_LEAD).as_nanos()).unwrap_or(u64::MAX);
+        let lead = u64::try_from((self.inner.kill_grace + self.stop_lead()).as_nanos()).unwrap_or(u64::MAX);
         Some(Duration::from_nanos(d.saturating_sub(lead).saturating_sub(boottime_ns())))
     }
 

@@ -523,11 +523,12 @@ impl Runner {
         // Only a leader at least as new as any seen renews the fence.
         if welcome.fencing_token >= self.max_token_seen {
             self.fence_after = (welcome.fence_ms > 0).then(|| Duration::from_millis(welcome.fence_ms));
+            self.fence.set_stop_lead(welcome.stop_lead_ms);
             // The runner stops its agents its kill grace and a second
             // before the fence: a grace longer than the leader's leaves
             // them less than a failover, or no time at all.
             if let Some(after) = self.fence_after
-                && after <= self.config.kill_grace + punchclock_proto::fence::RUNNER_STOP_LEAD
+                && after <= self.config.kill_grace + self.fence.stop_lead()
                 && self.grace_warned.replace(after) != Some(after)
             {
                 warn!(

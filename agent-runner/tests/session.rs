@@ -97,6 +97,7 @@ impl FakeConnection {
             leader_id: "fake-leader".into(),
             unknown,
             fence_ms: 0,
+            stop_lead_ms: 0,
         }))
         .await;
     }
@@ -391,6 +392,8 @@ async fn agents_stop_once_no_leader_acknowledged_the_runner_for_the_fence_deadli
         leader_id: "fake-leader".into(),
         unknown: vec![],
         fence_ms: u64::try_from(fence.as_millis()).expect("fits"),
+        // A leader before the field: the runner counts on 1 s.
+        stop_lead_ms: 0,
     }))
     .await;
     conn.send(Control::Assign(assignment("e-fenced", "sleeper", 1))).await;

@@ -38,7 +38,12 @@
 
 use std::time::Duration;
 
-use punchclock_proto::fence::RUNNER_STOP_LEAD;
+/// A runner with no acknowledgement starts stopping its agents this long
+/// plus its kill grace before the fence deadline (TERM, the grace, KILL,
+/// and a second to report), so they are gone by the deadline; sent in
+/// every Welcome (`stop_lead_ms`). The fence is that much longer than a
+/// failover, so agents survive a leader change.
+pub const RUNNER_STOP_LEAD: Duration = Duration::from_secs(1);
 
 /// The control plane's timing, derived from `heartbeat_interval` and `kill_grace`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -47,19 +47,6 @@ pub mod resources {
     }
 }
 
-/// The runner self-fence's arithmetic that both sides of the stream count
-/// on (`Welcome.fence_ms`; control plane `timing.rs`, runner `fence.rs`).
-pub mod fence {
-    use std::time::Duration;
-
-    /// A runner with no acknowledgement starts stopping its agents this
-    /// long plus its kill grace before the fence deadline (TERM, the
-    /// grace, KILL, and a second to report), so they are gone by the
-    /// deadline. The leader makes the fence that much longer than a
-    /// failover, so agents survive a leader change.
-    pub const RUNNER_STOP_LEAD: Duration = Duration::from_secs(1);
-}
-
 /// `google.protobuf.Timestamp` ⇄ `chrono::DateTime<Utc>`: the only place
 /// either side of the wire converts instants.
 pub mod time {

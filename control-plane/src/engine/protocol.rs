@@ -184,6 +184,9 @@ pub enum ToRunner {
         unknown: Vec<InFlightExec>,
         /// Runner self-fence deadline in milliseconds (see `timing.rs`).
         fence_ms: u64,
+        /// How long before the deadline, beyond its kill grace, the runner
+        /// starts stopping its agents ([`crate::timing::RUNNER_STOP_LEAD`]).
+        stop_lead_ms: u64,
     },
     /// Start an execution.
     Assign(Box<Assignment>),

@@ -236,13 +236,16 @@ fn in_flight_pb(f: InFlightExec) -> pb::InFlight {
 pub fn to_pb(m: ToRunner) -> pb::ControlMessage {
     use pb::control_message::Msg as Out;
     let msg = match m {
-        ToRunner::Welcome { fencing_token, heartbeat_interval_ms, leader_id, unknown, fence_ms } => Out::Welcome(pb::Welcome {
-            fencing_token,
-            heartbeat_interval_ms,
-            leader_id,
-            unknown: unknown.into_iter().map(in_flight_pb).collect(),
-            fence_ms,
-        }),
+        ToRunner::Welcome { fencing_token, heartbeat_interval_ms, leader_id, unknown, fence_ms, stop_lead_ms } => {
+            Out::Welcome(pb::Welcome {
+                fencing_token,
+                heartbeat_interval_ms,
+                leader_id,
+                unknown: unknown.into_iter().map(in_flight_pb).collect(),
+                fence_ms,
+                stop_lead_ms,
+            })
+        }
         ToRunner::Assign(a) => Out::Assign(pb::Assign {
             run_id: a.run_id,
             execution_id: a.execution_id,

@@ -151,6 +151,7 @@ impl EngineCore {
                 leader_id: self.cfg.leader_id.clone(),
                 unknown,
                 fence_ms: u64::try_from(self.timing().runner_fence().as_millis()).unwrap_or(u64::MAX),
+                stop_lead_ms: u64::try_from(crate::timing::RUNNER_STOP_LEAD.as_millis()).unwrap_or(u64::MAX),
             },
         );
         // Re-declared means started, even if the Started report was lost
