@@ -37,6 +37,7 @@ need=(
   "python3-venv|python3 -m venv --help|the deploy files test (kubernetes-validate, from PyPI, in a venv)"
   "rabbitmq-server|test -x /usr/lib/rabbitmq/bin/rabbitmq-server && test -x /usr/lib/rabbitmq/bin/rabbitmqctl|the queue trigger tests (a real RabbitMQ node on free ports)"
   "nats-server|nats-server --version|the queue trigger tests (a real NATS server with JetStream)"
+  "postgresql|ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1|the history archive tests (initdb and a real PostgreSQL server on a free port)"
 )
 if [ "$bench" = 1 ]; then
   need+=(

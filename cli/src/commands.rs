@@ -404,6 +404,43 @@ struct DevArgs {
     connections: ConnArgs,
 }
 
+/// Where finished runs go (`server`): README "Run history".
+#[derive(Args, Debug)]
+struct HistoryArgs {
+    /// Keep finished runs in PostgreSQL: `postgres://USER@HOST:PORT/DB`
+    /// (libpq's URL; `?sslmode=require` for TLS). They move there from
+    /// the store once finished; the store keeps open runs only.
+    #[arg(long)]
+    history: Option<String>,
+    /// A file whose first line is the PostgreSQL password.
+    #[arg(long)]
+    history_password_file: Option<PathBuf>,
+    /// PEM CA certificates to verify PostgreSQL's certificate (default:
+    /// the web PKI's roots).
+    #[arg(long)]
+    history_ca_file: Option<PathBuf>,
+}
+
+impl HistoryArgs {
+    /// The archive's spec, or what is wrong with a flag.
+    fn spec(&self) -> Result<Option<punchclock_control_plane::repo::history::postgres::PgSpec>, String> {
+        let Some(url) = &self.history else {
+            if self.history_password_file.is_some() || self.history_ca_file.is_some() {
+                return Err("--history-password-file and --history-ca-file need --history postgres://...".into());
+            }
+            return Ok(None);
+        };
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(format!("--history {url:?}: give postgres://USER@HOST:PORT/DB"));
+        }
+        Ok(Some(punchclock_control_plane::repo::history::postgres::PgSpec {
+            url: url.clone(),
+            password_file: self.history_password_file.clone(),
+            ca_file: self.history_ca_file.clone(),
+        }))
+    }
+}
+
 #[derive(Args, Debug)]
 struct ServerArgs {
     /// `embedded:DIR` (single node) or `etcd://host:port[,host:port...]`.
@@ -441,6 +478,8 @@ struct ServerArgs {
     config: ConfigArgs,
     #[command(flatten)]
     connections: ConnArgs,
+    #[command(flatten)]
+    history: HistoryArgs,
 }
 
 #[derive(Args, Debug)]
@@ -1181,6 +1220,7 @@ async fn dev(a: DevArgs, open_files: Option<u64>) -> Res {
         tls: None,
         etcd: Default::default(),
         connections: a.connections.limits(open_files)?,
+        history: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut srv_stop = stop_rx.clone();
@@ -1274,6 +1314,7 @@ async fn server(a: ServerArgs, open_files: Option<u64>) -> Res {
         tls: security.tls,
         etcd: security.etcd,
         connections: a.connections.limits(open_files)?,
+        history: a.history.spec()?,
     };
     if cfg.advertise.is_none() && cfg.listen.ip().is_unspecified() && matches!(cfg.store, StoreSpec::Etcd(_)) {
         tracing::warn!(listen = %cfg.listen, "no --advertise: runners and clients redirected to this replica would be sent to an unspecified address; give --advertise https://HOST:PORT");

@@ -216,6 +216,8 @@ pub struct Core {
     pub auth: Arc<crate::auth::Auth>,
     /// How this leader's queue consumers are (`/readyz`, `/metrics`).
     pub consumers: Arc<crate::events::consumers::ConsumerHealth>,
+    /// The history archive (`--history postgres://`) and how its mover is.
+    pub archive: Option<(Arc<dyn HistoryStore>, Arc<crate::engine::archive::ArchiveStatus>)>,
 }
 
 impl Core {

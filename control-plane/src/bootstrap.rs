@@ -102,6 +102,9 @@ pub struct ServerConfig {
     /// Connection caps and timeouts of both ports, and the open-files
     /// limit their default caps are shares of.
     pub connections: crate::conns::ConnectionLimits,
+    /// Where finished runs go (`--history postgres://…`); `None`: they
+    /// stay in the store (README "Run history").
+    pub history: Option<crate::repo::history::postgres::PgSpec>,
 }
 
 /// The gRPC port's certificate and key (PEM) and, for mTLS, the CA that
@@ -183,9 +186,20 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
     let metrics = crate::metrics::Metrics::new();
     let bus = lifecycle::bus();
     let watchers = crate::watch::RunWatchers::start(&bus);
-    let repo = Repo::new(store.clone(), keys).with_txn_timer(metrics.store_txn_histogram());
+    let mut repo = Repo::new(store.clone(), keys).with_txn_timer(metrics.store_txn_histogram());
+    let live = crate::repo::history::kv::KvHistory::new(repo.clone());
+    let (history, archive): (Arc<dyn crate::repo::history::HistoryStore>, _) = match &cfg.history {
+        None => (Arc::new(live), None),
+        Some(spec) => {
+            let pg: Arc<dyn crate::repo::history::HistoryStore> = Arc::new(crate::repo::history::postgres::PgHistory::connect(spec).await?);
+            repo = repo.with_archive();
+            let status = Arc::new(crate::engine::archive::ArchiveStatus::default());
+            (Arc::new(crate::repo::history::tiered::TieredHistory::new(live, pg.clone())), Some((pg, status)))
+        }
+    };
     let core = Arc::new(Core {
-        history: Arc::new(crate::repo::history::kv::KvHistory::new(repo.clone())),
+        history,
+        archive,
         repo,
         lifecycle: bus,
         watchers,
@@ -379,6 +393,7 @@ async fn follow_leadership(
                     bus: core.lifecycle.clone(),
                     config: core.config.clone(),
                     consumer_health: core.consumers.clone(),
+                    archive: core.archive.clone(),
                     notifier: crate::notify::deliver::Notifier {
                         repo: core.repo.clone(),
                         config: core.config.clone(),

@@ -27,12 +27,13 @@ async fn readyz(State(core): State<Arc<Core>>) -> (StatusCode, Json<serde_json::
     let reasons = core.readiness().await;
     let ready = reasons.is_empty();
     // Not a reason to stop serving: the rest of the control plane goes on.
-    let degraded: Vec<String> = core
+    let mut degraded: Vec<String> = core
         .consumers
         .snapshot()
         .into_iter()
         .filter_map(|(name, s)| s.error.map(|e| format!("queue consumer {name} (broker {}): {e}; retrying", s.broker)))
         .collect();
+    degraded.extend(core.archive.as_ref().and_then(|(_, status)| status.problem()));
     let body = serde_json::json!({
         "status": if ready { "ok" } else { "not_ready" },
         "live": true,

@@ -171,6 +171,8 @@ pub struct Metrics {
     store_txn: Family<OpLabel, Histogram>,
     events: Family<EventLabels, Counter>,
     consumer_up: Family<ConsumerLabels, Gauge>,
+    history_outbox: Gauge,
+    history_up: Gauge,
     resource_in_use: Family<ResourceLabel, Gauge>,
     resource_limit: Family<ResourceLabel, Gauge>,
     resource_waiting: Family<ResourceLabel, Gauge>,
@@ -240,6 +242,8 @@ impl Metrics {
             store_txn,
             events: Family::default(),
             consumer_up: Family::default(),
+            history_outbox: Gauge::default(),
+            history_up: Gauge::default(),
             resource_in_use: Family::default(),
             resource_limit: Family::default(),
             resource_waiting: Family::default(),
@@ -317,6 +321,16 @@ impl Metrics {
             "events",
             "Events admitted (webhook requests, queue messages, published events), by source and result",
             m.events.clone(),
+        );
+        r.register(
+            "history_outbox_runs",
+            "Finished runs waiting in the store to move to the history archive (PostgreSQL; leader only)",
+            m.history_outbox.clone(),
+        );
+        r.register(
+            "history_archive_up",
+            "1 while the leader reaches the history archive (PostgreSQL), 0 while it cannot (runs wait in the store)",
+            m.history_up.clone(),
         );
         r.register(
             "queue_consumer_up",
@@ -559,6 +573,13 @@ impl Metrics {
                 self.breaker_state.get_or_create(&BreakerLabels { task_id: task_id.clone(), state: state.into() }).set(v);
             }
         }
+    }
+
+    /// Sets the history archive's gauges: runs waiting, and whether the
+    /// archive answered last.
+    pub fn set_history_archive(&self, waiting: u64, up: bool) {
+        self.history_outbox.set(i64::try_from(waiting).unwrap_or(i64::MAX));
+        self.history_up.set(i64::from(up));
     }
 
     /// Sets each queue consumer's gauge (none on a follower).

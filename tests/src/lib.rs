@@ -5,6 +5,7 @@
 pub mod brokers;
 pub mod etcd;
 pub mod pki;
+pub mod postgres;
 pub mod receiver;
 pub mod storm;
 
@@ -622,6 +623,7 @@ pub async fn in_process_server(
         tls: None,
         etcd: Default::default(),
         connections: Default::default(),
+        history: None,
     };
     let clock = std::sync::Arc::new(clock);
     // A server stopped in this process a moment ago may still have a

@@ -54,7 +54,11 @@ async fn a_new_leader_loads_twenty_thousand_big_tasks_and_fires_on_time() {
         run.stdout_tail = tail.clone();
         run.stderr_tail = tail.clone();
         ops.push(TxnOp::put(keys.run(&run.run_id), encode_run(&run).expect("encode")));
-        if ops.len() == 6 {
+        // Its time index entries, as a run of this version has (the
+        // leader marked the index whole when the store was new).
+        ops.push(TxnOp::put(keys.history_entry(slot, &run.run_id), Vec::new()));
+        ops.push(TxnOp::put(keys.task_history_entry(&task, slot, &run.run_id), Vec::new()));
+        if ops.len() == 18 {
             store.txn(Txn { success: std::mem::take(&mut ops), ..Txn::default() }).await.expect("seed runs");
         }
     }

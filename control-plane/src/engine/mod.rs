@@ -16,6 +16,7 @@
 //!   (a [`lifecycle::LifecycleBus`]) — no change here;
 //! - a new store: `store/` (a `KvStore` impl) — the engine never sees it.
 
+pub mod archive;
 pub mod core;
 pub mod lifecycle;
 pub mod protocol;

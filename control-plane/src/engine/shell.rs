@@ -102,6 +102,10 @@ pub struct EngineConfig {
     pub config: crate::config::ConfigHandle,
     /// Where this leader's queue consumers say how they are.
     pub consumer_health: std::sync::Arc<crate::events::consumers::ConsumerHealth>,
+    /// The history archive (`--history postgres://`): finished runs move
+    /// there ([`super::archive`]), and event ids gone from the store are
+    /// looked up there.
+    pub archive: Option<(std::sync::Arc<dyn crate::repo::history::HistoryStore>, std::sync::Arc<super::archive::ArchiveStatus>)>,
 }
 
 struct Link {
@@ -139,6 +143,10 @@ pub struct Engine {
     _retention: crate::worker::Worker,
     /// Builds the time index of runs written before it, once.
     _indexer: crate::worker::Worker,
+    /// Moves finished runs to the archive, when there is one.
+    _mover: Option<crate::worker::Worker>,
+    /// The history archive (event ids' lookups).
+    archive: Option<std::sync::Arc<dyn crate::repo::history::HistoryStore>>,
     /// Folds the budgets' ledger; stops with the engine.
     _ledger: crate::worker::Worker,
     _notifier: crate::worker::Worker,
@@ -189,9 +197,19 @@ impl Engine {
         // the background (resumable by the next leader).
         let (repo, lead) = (cfg.repo.clone(), cfg.leadership.clone());
         let indexer = crate::worker::Worker::spawn(async move {
-            if let Err(e) = repo.build_history_index(&lead).await {
+            if let Err(e) = repo.build_history_index(&lead, INDEX_BUILD_PAUSE).await {
                 tracing::warn!(error = %e, "the time index of runs is not built yet (the next leader goes on)");
             }
+        });
+        let mover = cfg.archive.as_ref().map(|(archive, status)| {
+            crate::worker::Worker::spawn(super::archive::run(
+                cfg.repo.clone(),
+                cfg.leadership.clone(),
+                archive.clone(),
+                status.clone(),
+                cfg.notifier.metrics.clone(),
+                cfg.retention.max_age,
+            ))
         });
         let ledger = crate::worker::Worker::spawn(super::retention::fold_ledgers(
             cfg.repo.clone(),
@@ -217,6 +235,8 @@ impl Engine {
             config,
             _retention: retention,
             _indexer: indexer,
+            _mover: mover,
+            archive: cfg.archive.map(|(a, _)| a),
             _ledger: ledger,
             _notifier: notifier,
             _consumers: None,
@@ -580,7 +600,7 @@ impl Engine {
             }
         }
         for (reply, ids) in fx.run_checks {
-            match look_up_ids(&self.repo, &ids).await {
+            match look_up_ids(&self.repo, self.archive.as_deref(), &ids).await {
                 Ok(found) => self.core.handle(self.clock.read(), Input::EventsLoaded { reply, found }),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot look up the runs of a batch of events; the engine restarts");
@@ -589,7 +609,15 @@ impl Engine {
             }
         }
         for (run_id, purpose) in fx.reads {
-            match self.repo.get_run(&run_id).await {
+            let read = match (self.repo.get_run(&run_id).await, &self.archive) {
+                // A run gone from the store may be in the archive.
+                (Ok(None), Some(archive)) => archive.get(&run_id).await.or_else(|e| {
+                    tracing::warn!(error = %e, run_id, "the history archive does not answer; the run reads as absent");
+                    Ok(None)
+                }),
+                (other, _) => other,
+            };
+            match read {
                 Ok(run) => self.core.handle(self.clock.read(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
                 Err(e) => {
                     tracing::error!(error = %e, run_id, "cannot read a run; the engine restarts");
@@ -665,12 +693,41 @@ struct InFlight {
     rest: Effects,
 }
 
+/// The pause between pages of a one-time time index build: the engine's
+/// own writes go between them (35,000 runs of an earlier version slowed a
+/// live burst enough to miss a test's minute).
+const INDEX_BUILD_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// What the store holds of events' ids (one batched read each of dedup
 /// keys and runs; a windowed id's run record read only when its dedup key
 /// was swept: the record's own claim then says its window ended).
-async fn look_up_ids(repo: &Repo, ids: &[IdLookup]) -> crate::error::Result<Vec<StoredId>> {
+///
+/// With an archive, ids whose runs are not in the store are looked up
+/// there too; an archive that does not answer makes those ids
+/// [`StoredId::Unavailable`] (their events are refused, to come again),
+/// never absent.
+async fn look_up_ids(
+    repo: &Repo,
+    archive: Option<&dyn crate::repo::history::HistoryStore>,
+    ids: &[IdLookup],
+) -> crate::error::Result<Vec<StoredId>> {
     let run_ids: Vec<String> = ids.iter().map(|l| l.run_id.clone()).collect();
-    let exists = repo.runs_exist(&run_ids).await?;
+    let mut exists = repo.runs_exist(&run_ids).await?;
+    let mut unavailable = None;
+    if let Some(archive) = archive {
+        let gone: Vec<String> = run_ids.iter().zip(&exists).filter(|(_, e)| !**e).map(|(id, _)| id.clone()).collect();
+        if !gone.is_empty() {
+            match archive.contains(&gone).await {
+                Ok(found) => {
+                    let found: std::collections::HashSet<&String> = gone.iter().zip(found).filter(|(_, f)| *f).map(|(id, _)| id).collect();
+                    for (id, e) in run_ids.iter().zip(exists.iter_mut()) {
+                        *e = *e || found.contains(id);
+                    }
+                }
+                Err(e) => unavailable = Some(e.to_string()),
+            }
+        }
+    }
     let windowed: Vec<String> = ids.iter().filter(|l| l.windowed).map(|l| l.run_id.clone()).collect();
     let mut claims = if windowed.is_empty() { Vec::new() } else { repo.dedup_claims(&windowed).await? }.into_iter();
     let mut out = Vec::with_capacity(ids.len());
@@ -678,6 +735,7 @@ async fn look_up_ids(repo: &Repo, ids: &[IdLookup]) -> crate::error::Result<Vec<
         let claim = if l.windowed { claims.next().flatten() } else { None };
         out.push(match (claim, exists) {
             (Some(c), _) => StoredId::Claim(c),
+            (None, false) if unavailable.is_some() => StoredId::Unavailable(unavailable.clone().unwrap_or_default()),
             (None, false) => StoredId::Absent,
             (None, true) if l.windowed => match repo.get_run(&l.run_id).await?.and_then(|r| r.dedup) {
                 Some(c) => StoredId::Claim(c),

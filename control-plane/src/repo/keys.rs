@@ -93,6 +93,15 @@ impl Keys {
         let n: i64 = nanos.parse().ok()?;
         Some((chrono::DateTime::from_timestamp_nanos(n), run_id))
     }
+    /// `{prefix}hist-out/`: finished runs waiting to move to the archive.
+    pub fn archive_out(&self) -> String {
+        format!("{}hist-out/", self.prefix)
+    }
+    /// `{prefix}hist-out/{run_id}`: written with a run's final record when
+    /// the history is PostgreSQL; deleted with the run once archived.
+    pub fn archive_out_item(&self, run_id: &str) -> String {
+        format!("{}hist-out/{run_id}", self.prefix)
+    }
     /// `{prefix}dedup/`: event ids' dedup keys.
     pub fn dedups(&self) -> String {
         format!("{}dedup/", self.prefix)

@@ -278,12 +278,21 @@ pub struct Repo {
     apply_lock: Arc<tokio::sync::Mutex<()>>,
     /// Times the leader's fenced transactions (`/metrics`).
     txn_timer: Option<prometheus_client::metrics::histogram::Histogram>,
+    /// Finished runs move to an archive (`--history postgres://`): each
+    /// run's final write also puts `hist-out/{run_id}`.
+    archived: bool,
 }
 
 impl Repo {
     /// The repository over `store`, keys under `keys`' prefix.
     pub fn new(store: Arc<dyn KvStore>, keys: Keys) -> Self {
-        Repo { store, keys, apply_lock: Arc::default(), txn_timer: None }
+        Repo { store, keys, apply_lock: Arc::default(), txn_timer: None, archived: false }
+    }
+
+    /// The same, with finished runs queued for an archive (`hist-out/`).
+    pub fn with_archive(mut self) -> Self {
+        self.archived = true;
+        self
     }
 
     /// The same, observing each fenced transaction's latency (seconds) in `h`.
@@ -668,6 +677,10 @@ impl Repo {
                 let index =
                     if run.status.is_terminal() && !run.holds_agent() { TxnOp::delete(active) } else { TxnOp::put(active, Vec::new()) };
                 let mut puts = vec![TxnOp::put(&key, encode_run(run)?), index];
+                // A finished run goes to the archive (the mover takes it).
+                if self.archived && run.status.is_terminal() && !run.holds_agent() {
+                    puts.push(TxnOp::put(self.keys.archive_out_item(&run.run_id), Vec::new()));
+                }
                 match op {
                     StoreOp::CreateRun(_) => {
                         // The time index, once: a run's slot never changes.

@@ -189,6 +189,82 @@ impl Repo {
         }
     }
 
+    /// Up to `limit` runs waiting for the archive (`hist-out/`, in key
+    /// order), each with the revision it was read at; queue entries whose
+    /// run is gone are deleted on the way (fenced).
+    ///
+    /// Errors: [`crate::Error::Fenced`]; store errors.
+    pub async fn archive_batch(&self, lead: &Leadership, limit: usize) -> Result<Vec<(RunRecord, Revision)>> {
+        let prefix = self.keys.archive_out();
+        let page = self.store.range_page(&prefix, "", limit, true).await?;
+        let ids: Vec<String> = page.iter().filter_map(|kv| kv.key.strip_prefix(&prefix).map(str::to_string)).collect();
+        let kvs = self.get_many(ids.iter().map(|id| self.keys.run(id)), 8).await?;
+        let mut out = Vec::with_capacity(ids.len());
+        let mut stale = Vec::new();
+        for (id, kv) in ids.iter().zip(kvs) {
+            match kv {
+                Some(kv) => out.push((codec::decode::<RunRecord>("run", &kv.value)?, kv.mod_revision)),
+                None => stale.push(TxnOp::delete(self.keys.archive_out_item(id))),
+            }
+        }
+        if !stale.is_empty() {
+            let _ = self.fenced_txn(lead, Txn { success: stale, ..Txn::default() }).await?;
+        }
+        Ok(out)
+    }
+
+    /// Deletes from the store the runs the archive now holds — each with
+    /// its queue entry, time index entries and stored event body — only
+    /// while unchanged since read (`rev`), under the leader's fence, in as
+    /// few transactions as fit. Returns how many were deleted (a run
+    /// written since stays, queued again by that write).
+    ///
+    /// Errors: [`crate::Error::Fenced`]; store errors.
+    pub async fn forget_archived(&self, lead: &Leadership, runs: &[(RunRecord, Revision)]) -> Result<usize> {
+        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
+        let (mut part, mut batch, mut done) = (Part::default(), 0, 0);
+        for (r, rev) in runs {
+            let add = Part::from((
+                vec![Compare::mod_revision(self.keys.run(&r.run_id), *rev)],
+                vec![
+                    TxnOp::delete(self.keys.run(&r.run_id)),
+                    TxnOp::delete(self.keys.archive_out_item(&r.run_id)),
+                    TxnOp::delete(self.keys.history_entry(r.scheduled_at, &r.run_id)),
+                    TxnOp::delete(self.keys.task_history_entry(&r.task_id, r.scheduled_at, &r.run_id)),
+                    TxnOp::delete(self.keys.event_body(&r.run_id)),
+                ],
+                Vec::new(),
+            ));
+            if batch > 0 && !limits.fits(part.size(), add.size()) {
+                if self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?.is_ok() {
+                    done += batch;
+                }
+                batch = 0;
+            }
+            part.extend(add);
+            batch += 1;
+        }
+        if batch > 0 && self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
+            done += batch;
+        }
+        Ok(done)
+    }
+
+    /// How many runs wait for the archive (a keys-only count of `hist-out/`).
+    pub async fn archive_pending(&self) -> Result<u64> {
+        const PAGE: usize = 1000;
+        let prefix = self.keys.archive_out();
+        let (mut after, mut n) = (String::new(), 0u64);
+        loop {
+            let page = self.store.range_page(&prefix, &after, PAGE, true).await?;
+            n += page.len() as u64;
+            match page.last() {
+                Some(kv) if page.len() == PAGE => after = kv.key.clone(),
+                _ => return Ok(n),
+            }
+        }
+    }
+
     /// Deletes the dedup keys (`dedup/`) whose window ended before `now`,
     /// each only while unchanged, under the leader's fence, in as few
     /// transactions as fit. Returns how many were deleted.
@@ -234,10 +310,12 @@ impl Repo {
     /// existed (a store of an earlier version), once: resumable (after the
     /// last run key indexed, kept in `meta/history-index`), fenced, in as
     /// few transactions as fit; then marks the index whole (`done`).
-    /// Returns how many runs were read (0 when already whole).
+    /// Returns how many runs were read (0 when already whole). It pauses
+    /// `pause` between pages of 64 runs, so the leader's own writes go
+    /// between them.
     ///
     /// Errors: [`crate::Error::Fenced`]; store errors.
-    pub async fn build_history_index(&self, lead: &Leadership) -> Result<u64> {
+    pub async fn build_history_index(&self, lead: &Leadership, pause: std::time::Duration) -> Result<u64> {
         const DONE: &[u8] = HISTORY_INDEX_DONE;
         const PAGE: usize = 64;
         let state_key = self.keys.history_index_state();
@@ -278,7 +356,10 @@ impl Repo {
             part.extend(progress);
             let _ = self.fenced_txn(lead, part.into_txn()).await?;
             match next {
-                Some(key) => after = key,
+                Some(key) => {
+                    after = key;
+                    tokio::time::sleep(pause).await;
+                }
                 None => {
                     tracing::info!(runs = read, "time index of runs built");
                     return Ok(read);

@@ -174,9 +174,17 @@ impl EngineCore {
                     let verdict = self.known(now, &ev).or_else(|| match stored.get(&i) {
                         Some(StoredId::Claim(c)) => Some((now.wall < c.expires_at).then(|| c.run_id.clone())),
                         Some(StoredId::Run) => Some(Some(ev.run_id.clone())),
-                        Some(StoredId::Absent) | None => None,
+                        Some(StoredId::Absent | StoredId::Unavailable(_)) | None => None,
                     });
+                    let unavailable = match stored.get(&i) {
+                        Some(StoredId::Unavailable(why)) if verdict.is_none() => Some(why.clone()),
+                        _ => None,
+                    };
                     match verdict {
+                        _ if unavailable.is_some() => Err(Error::Unavailable {
+                            reason: format!("cannot tell whether event {} made a run: {}", ev.info.key, unavailable.unwrap_or_default()),
+                            leader: None,
+                        }),
                         Some(Some(run_id)) => Ok(self.duplicate(&run_id)),
                         // A claim that expired: a new run of its own id.
                         Some(None) => {

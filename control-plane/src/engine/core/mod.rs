@@ -269,6 +269,9 @@ pub enum StoredId {
     Run,
     /// Its dedup claim: a duplicate of the claim's run until it expires.
     Claim(crate::model::event::DedupClaim),
+    /// Not in the store, and the history archive did not answer (why): the
+    /// event is refused (`Unavailable`) rather than risk a second run.
+    Unavailable(String),
 }
 
 /// What the shell must do after a turn, in this order: commit `writes`

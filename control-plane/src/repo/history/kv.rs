@@ -224,7 +224,11 @@ mod tests {
         let store = Arc::new(EmbeddedStore::open(dir.path()).await.expect("open"));
         let repo = Repo::new(store.clone(), Keys::default());
         let lead = Leadership { token: 1, fence: Vec::new() };
-        assert_eq!(repo.build_history_index(&lead).await.expect("build"), 0, "a new store's index is whole at once");
+        assert_eq!(
+            repo.build_history_index(&lead, std::time::Duration::ZERO).await.expect("build"),
+            0,
+            "a new store's index is whole at once"
+        );
         let t0: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().expect("t");
         let secs = |s: i64| t0 + chrono::Duration::seconds(s);
         // Run ids do not sort by slot (an event's): the index does.
@@ -331,8 +335,8 @@ mod tests {
         );
         assert_eq!(read_all(HistoryQuery { limit: 4, ..Default::default() }).await, ids(made_now), "scan path");
         assert_eq!(read_all(HistoryQuery { limit: 3, newest_first: true, ..window("odd", 0, false) }).await, vec!["odd.94", "odd.96"]);
-        assert_eq!(repo.build_history_index(&lead).await.expect("build"), 9);
+        assert_eq!(repo.build_history_index(&lead, std::time::Duration::ZERO).await.expect("build"), 9);
         assert_eq!(read_all(HistoryQuery { limit: 4, ..Default::default() }).await, ids(made_now), "index path");
-        assert_eq!(repo.build_history_index(&lead).await.expect("build"), 0, "once");
+        assert_eq!(repo.build_history_index(&lead, std::time::Duration::ZERO).await.expect("build"), 0, "once");
     }
 }

@@ -7,13 +7,17 @@
 //!   [`Cursor`], page tokens ([`encode_token`], [`decode_token`]), [`scan`];
 //! - [`kv`]: the history kept in the cluster's own store (embedded or
 //!   etcd) through the time index `hist/` written in each run's
-//!   creating transaction.
+//!   creating transaction;
+//! - [`postgres`]: finished runs in PostgreSQL, partitioned by month;
+//! - [`tiered`]: the store's runs and an archive's read as one.
 //!
 //! Order is the keyset `(scheduled_at, run_id)`: a cursor names the last
 //! run a page gave, so a page is found without an offset and runs written
 //! meanwhile neither repeat nor shift a page.
 
 pub mod kv;
+pub mod postgres;
+pub mod tiered;
 
 use async_trait::async_trait;
 use base64::Engine as _;
@@ -138,6 +142,21 @@ pub trait HistoryStore: Send + Sync + 'static {
     async fn page(&self, q: &HistoryQuery) -> Result<HistoryPage>;
     /// How many runs `q` selects (its cursor and limit ignored).
     async fn count(&self, q: &HistoryQuery) -> Result<Count>;
+    /// Drops what it holds of slots before `cutoff` where that is cheap (a
+    /// whole partition); returns how many parts went. The store's own
+    /// history is pruned by the retention pass instead (0).
+    async fn expire_before(&self, _cutoff: DateTime<Utc>) -> Result<u64> {
+        Ok(0)
+    }
+    /// Which of `run_ids` it holds, in order (event ids' dedup once their
+    /// runs left the store).
+    async fn contains(&self, run_ids: &[String]) -> Result<Vec<bool>> {
+        let mut out = Vec::with_capacity(run_ids.len());
+        for id in run_ids {
+            out.push(self.get(id).await?.is_some());
+        }
+        Ok(out)
+    }
 }
 
 /// Every run `q` selects, page by page, handed to `f` in order (an export,
