@@ -89,6 +89,16 @@ fn expired(
 /// Errors: [`Error::Fenced`]; store errors.
 pub async fn prune(repo: &Repo, lead: &Leadership, defaults: &RetentionConfig, now: DateTime<Utc>, task_id: &str) -> Result<PruneReport> {
     let revision = repo.current_revision().await?;
+    // With an archive, a finished run leaves the store only once the
+    // archive has it (the mover): pruning here could lose one that waits.
+    if repo.archived() {
+        return Ok(PruneReport {
+            deleted: 0,
+            kept: 0,
+            revision,
+            note: Some("the history is kept in PostgreSQL (--history): finished runs leave the store once archived, and old months are dropped there".into()),
+        });
+    }
     let keys = repo.run_keys(task_id).await?;
     let active = repo.active_run_ids().await?;
     let mut by_task: HashMap<String, Vec<RunKey>> = HashMap::new();

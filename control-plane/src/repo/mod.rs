@@ -295,6 +295,11 @@ impl Repo {
         self
     }
 
+    /// Whether finished runs go to an archive ([`Repo::with_archive`]).
+    pub fn archived(&self) -> bool {
+        self.archived
+    }
+
     /// The same, observing each fenced transaction's latency (seconds) in `h`.
     pub fn with_txn_timer(mut self, h: prometheus_client::metrics::histogram::Histogram) -> Self {
         self.txn_timer = Some(h);
