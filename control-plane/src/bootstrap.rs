@@ -486,7 +486,11 @@ async fn follow_leadership(
                         } else {
                             failures += 1;
                         }
-                        core.set_engine_problem(Some("leading, but the engine stopped (see the log); restarting it".into()));
+                        let why = match &ended {
+                            Ok(EngineExit::Failed(why)) => format!(": {why}"),
+                            _ => " (see the log)".into(),
+                        };
+                        core.set_engine_problem(Some(format!("leading, but the engine stopped{why}; restarting it")));
                         step_down_if_failing(&core, token, &mut failures, timing).await;
                         match ended {
                             Err(e) if e.is_panic() => tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "engine panicked; restarting it"),

@@ -64,7 +64,7 @@ pub const MAX_TIMERS_PER_TURN: usize = 1024;
 const COMMAND_QUEUE: usize = 1024;
 
 /// Why the engine task ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineExit {
     /// Every handle was dropped.
     Stopped,
@@ -74,9 +74,9 @@ pub enum EngineExit {
     /// leader exists, and this replica must step down
     /// ([`crate::election::Election::deposed`]).
     Fenced,
-    /// A store read or write failed, or the task watch ended: the next
-    /// engine starts from the store.
-    Failed,
+    /// A store read or write failed, or the task watch ended (why): the
+    /// next engine starts from the store.
+    Failed(String),
 }
 
 /// Options for [`Engine::start`].
@@ -301,7 +301,7 @@ impl Engine {
                     Some(Ok(change)) => {
                         if let Err(e) = self.task_change(change).await {
                             tracing::error!(error = %e, "cannot read a task's cursor; the engine restarts");
-                            break EngineExit::Failed;
+                            break EngineExit::Failed(format!("cannot read a task's cursor: {e}"));
                         }
                     }
                     Some(Err(e)) => {
@@ -310,13 +310,13 @@ impl Engine {
                             Ok(w) => watch = w,
                             Err(e) => {
                                 tracing::error!(error = %e, "cannot read tasks again; the engine restarts");
-                                break EngineExit::Failed;
+                                break EngineExit::Failed(format!("cannot read tasks again: {e}"));
                             }
                         }
                     }
                     None => {
                         tracing::error!("task watch ended; the engine restarts");
-                        break EngineExit::Failed;
+                        break EngineExit::Failed("the task watch ended".to_string());
                     }
                 },
                 changed = self.config.changed(), if config_open => {
@@ -531,11 +531,11 @@ impl Engine {
                 {
                     tracing::error!(error = %e, task_id, "cannot move the cursor past the existing run");
                 }
-                return Err(EngineExit::Failed);
+                return Err(EngineExit::Failed("a slot's run exists already (cursor moved past it)".to_string()));
             }
             Err(e) => {
                 tracing::error!(error = %e, "store write failed; the engine restarts from the store");
-                return Err(EngineExit::Failed);
+                return Err(EngineExit::Failed(format!("store write failed: {e}")));
             }
         }
         self.after_commit(rest).await
@@ -604,7 +604,7 @@ impl Engine {
                 Ok(found) => self.core.handle(self.clock.read(), Input::EventsLoaded { reply, found }),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot look up the runs of a batch of events; the engine restarts");
-                    return Err(EngineExit::Failed);
+                    return Err(EngineExit::Failed(format!("cannot look up the runs of a batch of events: {e}")));
                 }
             }
         }
@@ -621,7 +621,7 @@ impl Engine {
                 Ok(run) => self.core.handle(self.clock.read(), Input::RunLoaded { run_id, run: run.map(Box::new), purpose }),
                 Err(e) => {
                     tracing::error!(error = %e, run_id, "cannot read a run; the engine restarts");
-                    return Err(EngineExit::Failed);
+                    return Err(EngineExit::Failed(format!("cannot read a run: {e}")));
                 }
             }
         }
@@ -655,7 +655,7 @@ impl Engine {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read stored event bodies; the engine restarts");
-                return Err(EngineExit::Failed);
+                return Err(EngineExit::Failed(format!("cannot read stored event bodies: {e}")));
             }
         };
         for (i, body) in want.into_iter().zip(bodies) {
