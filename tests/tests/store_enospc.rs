@@ -94,6 +94,7 @@ async fn a_full_disk_makes_dev_unready_and_writes_resume_when_space_returns() {
         assert!(accepted.len() < 200, "200 applies accepted on a full disk");
     };
     println!("{} applies accepted before the full disk refused one", accepted.len());
+    assert!(refused.message().contains("space"), "the API says why: {}", refused.message());
     let before: Vec<String> =
         list_runs(&dev.addr, "tick").await.iter().filter(|r| status(r) == pb::RunStatus::Succeeded).map(|r| r.run_id.clone()).collect();
 
