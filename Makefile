@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-core bench-engine bench-load bench-chain bench-http peers-venv bench-events bench-spawn bench-apply shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-core bench-engine bench-load bench-chain bench-http peers-venv bench-events bench-spawn bench-apply bench-history shim-static fmt clippy clean
 
 all: build
 
@@ -45,7 +45,13 @@ demo: deps-demo build
 
 # Benches that print figures (not part of `make test`): idle cost, engine
 # transactions per run and throughput against the pre-issue-6 build.
-bench: bench-idle bench-core bench-engine bench-load bench-chain bench-events bench-spawn bench-apply
+bench: bench-idle bench-core bench-engine bench-load bench-chain bench-events bench-spawn bench-apply bench-history
+
+# Issue 35: run history at a million runs (`ARGS=N` for another count):
+# listing pages p50/p99 and export runs/s on the embedded store beside the
+# listing main answered before the issue, and on PostgreSQL (started here).
+bench-history: deps
+	$(CARGO) run --release -q -p punchclock-tests --bin bench-history -- $(ARGS)
 
 # Issue 22: the decision core alone (no store, one thread): CPU per run from
 # a slot to its dispatch, and of the runner's reports, beside a revision.
