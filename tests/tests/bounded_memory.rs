@@ -77,6 +77,9 @@ async fn stalled_watchers_hold_bounded_memory() {
     apply(&dev.addr, json!({"task_id": "live", "agent_id": "true_agent", "execution": {"concurrency_limit": 100}})).await;
     // A watcher that reads: it must see every change, attack or not.
     let mut reader = punchclock_tests::watch_runs(&dev.addr, "live").await;
+    // The seeded store is one of an earlier version: the leader indexes
+    // its runs once (issue 35) before "idle" means idle.
+    assert!(punchclock_tests::wait_log(&dev, "time index of runs built", Duration::from_secs(120)).await, "the time index was never built");
     let idle = peak_rss(dev.pid(), Duration::from_secs(3)).await;
 
     // 100 watchers of every run, each on its own connection, never reading.
