@@ -94,7 +94,6 @@ impl Repo {
     ///
     /// Errors: [`crate::Error::Fenced`]; store errors.
     pub async fn delete_runs(&self, lead: &Leadership, runs: &[RunKey]) -> Result<usize> {
-        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
         let part_of = |r: &RunKey| {
             let key = self.keys.run(&r.run_id);
             let mut deletes = vec![TxnOp::delete(key.clone())];
@@ -107,35 +106,44 @@ impl Repo {
                 Vec::new(),
             ))
         };
-        let mut deleted = 0;
-        let mut batch: Vec<&RunKey> = Vec::new();
-        let mut part = Part::default();
-        for r in runs {
-            let add = part_of(r);
-            if !batch.is_empty() && !limits.fits(part.size(), add.size()) {
-                deleted += self.delete_batch(lead, std::mem::take(&mut part), &batch, &part_of).await?;
-                batch.clear();
-            }
-            part.extend(add);
-            batch.push(r);
-        }
-        if !batch.is_empty() {
-            deleted += self.delete_batch(lead, part, &batch, &part_of).await?;
-        }
-        Ok(deleted)
+        self.commit_parts(lead, runs.iter().map(part_of).collect()).await
     }
 
-    async fn delete_batch(&self, lead: &Leadership, part: Part, batch: &[&RunKey], part_of: &impl Fn(&RunKey) -> Part) -> Result<usize> {
-        if self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
+    /// Commits `parts` under the leader's fence, packed into as few
+    /// transactions as the store allows; a transaction whose compares fail
+    /// is tried again part by part, so one changed key does not hold up the
+    /// others. Returns how many parts committed.
+    ///
+    /// Errors: [`crate::Error::Fenced`]; store errors.
+    async fn commit_parts(&self, lead: &Leadership, parts: Vec<Part>) -> Result<usize> {
+        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
+        let (mut done, mut batch, mut packed) = (0, Vec::new(), Part::default());
+        for p in parts {
+            if !batch.is_empty() && !limits.fits(packed.size(), p.size()) {
+                done += self.commit_batch(lead, std::mem::take(&mut packed), std::mem::take(&mut batch)).await?;
+            }
+            packed.extend(p.clone());
+            batch.push(p);
+        }
+        if !batch.is_empty() {
+            done += self.commit_batch(lead, packed, batch).await?;
+        }
+        Ok(done)
+    }
+
+    async fn commit_batch(&self, lead: &Leadership, packed: Part, batch: Vec<Part>) -> Result<usize> {
+        if self.fenced_txn(lead, packed.into_txn()).await?.is_ok() {
             return Ok(batch.len());
         }
-        let mut deleted = 0;
-        for r in batch {
-            if self.fenced_txn(lead, part_of(r).into_txn()).await?.is_ok() {
-                deleted += 1;
+        let mut done = 0;
+        if batch.len() > 1 {
+            for p in batch {
+                if self.fenced_txn(lead, p.into_txn()).await?.is_ok() {
+                    done += 1;
+                }
             }
         }
-        Ok(deleted)
+        Ok(done)
     }
 
     /// Deletes the time index entries (`hist/` and `hist-task/`) of runs
@@ -146,7 +154,6 @@ impl Repo {
     /// Errors: [`crate::Error::Fenced`]; store errors.
     pub async fn sweep_history_index(&self, lead: &Leadership) -> Result<usize> {
         const PAGE: usize = 512;
-        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
         let prefix = self.keys.history();
         let (mut after, mut swept) = (String::new(), 0);
         loop {
@@ -157,31 +164,21 @@ impl Repo {
                 .filter_map(|kv| kv.key.strip_prefix(&prefix).and_then(super::Keys::history_parts).map(|(t, id)| (t, id.to_string())))
                 .collect();
             let exist = self.runs_exist(&entries.iter().map(|(_, id)| id.clone()).collect::<Vec<_>>()).await?;
-            let mut part = Part::default();
-            let mut batch = 0;
-            for ((at, id), exists) in entries.iter().zip(exist) {
-                if exists {
-                    continue;
-                }
-                // Task ids have no `.`: a run id is `{task}.{...}`.
-                let task = id.split_once('.').map_or(id.as_str(), |(t, _)| t);
-                let add = Part::from((
-                    vec![Compare::absent(self.keys.run(id))],
-                    vec![TxnOp::delete(self.keys.history_entry(*at, id)), TxnOp::delete(self.keys.task_history_entry(task, *at, id))],
-                    Vec::new(),
-                ));
-                if batch > 0 && !limits.fits(part.size(), add.size()) {
-                    if self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?.is_ok() {
-                        swept += batch;
-                    }
-                    batch = 0;
-                }
-                part.extend(add);
-                batch += 1;
-            }
-            if batch > 0 && self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
-                swept += batch;
-            }
+            let parts = entries
+                .iter()
+                .zip(exist)
+                .filter(|(_, exists)| !exists)
+                .map(|((at, id), _)| {
+                    // Task ids have no `.`: a run id is `{task}.{...}`.
+                    let task = id.split_once('.').map_or(id.as_str(), |(t, _)| t);
+                    Part::from((
+                        vec![Compare::absent(self.keys.run(id))],
+                        vec![TxnOp::delete(self.keys.history_entry(*at, id)), TxnOp::delete(self.keys.task_history_entry(task, *at, id))],
+                        Vec::new(),
+                    ))
+                })
+                .collect();
+            swept += self.commit_parts(lead, parts).await?;
             match page.last() {
                 Some(kv) if full => after = kv.key.clone(),
                 _ => return Ok(swept),
@@ -221,33 +218,23 @@ impl Repo {
     ///
     /// Errors: [`crate::Error::Fenced`]; store errors.
     pub async fn forget_archived(&self, lead: &Leadership, runs: &[(RunRecord, Revision)]) -> Result<usize> {
-        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
-        let (mut part, mut batch, mut done) = (Part::default(), 0, 0);
-        for (r, rev) in runs {
-            let add = Part::from((
-                vec![Compare::mod_revision(self.keys.run(&r.run_id), *rev)],
-                vec![
-                    TxnOp::delete(self.keys.run(&r.run_id)),
-                    TxnOp::delete(self.keys.archive_out_item(&r.run_id)),
-                    TxnOp::delete(self.keys.history_entry(r.scheduled_at, &r.run_id)),
-                    TxnOp::delete(self.keys.task_history_entry(&r.task_id, r.scheduled_at, &r.run_id)),
-                    TxnOp::delete(self.keys.event_body(&r.run_id)),
-                ],
-                Vec::new(),
-            ));
-            if batch > 0 && !limits.fits(part.size(), add.size()) {
-                if self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?.is_ok() {
-                    done += batch;
-                }
-                batch = 0;
-            }
-            part.extend(add);
-            batch += 1;
-        }
-        if batch > 0 && self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
-            done += batch;
-        }
-        Ok(done)
+        let parts = runs
+            .iter()
+            .map(|(r, rev)| {
+                Part::from((
+                    vec![Compare::mod_revision(self.keys.run(&r.run_id), *rev)],
+                    vec![
+                        TxnOp::delete(self.keys.run(&r.run_id)),
+                        TxnOp::delete(self.keys.archive_out_item(&r.run_id)),
+                        TxnOp::delete(self.keys.history_entry(r.scheduled_at, &r.run_id)),
+                        TxnOp::delete(self.keys.task_history_entry(&r.task_id, r.scheduled_at, &r.run_id)),
+                        TxnOp::delete(self.keys.event_body(&r.run_id)),
+                    ],
+                    Vec::new(),
+                ))
+            })
+            .collect();
+        self.commit_parts(lead, parts).await
     }
 
     /// How many runs wait for the archive (a keys-only count of `hist-out/`).
@@ -272,33 +259,18 @@ impl Repo {
     /// Errors: [`crate::Error::Fenced`]; store errors.
     pub async fn sweep_dedup(&self, lead: &Leadership, now: DateTime<Utc>) -> Result<usize> {
         const PAGE: usize = 256;
-        let limits = Limits { ops: self.store.max_txn_ops(), bytes: self.store.max_txn_bytes(), fence: lead.fence.len() };
         let prefix = self.keys.dedups();
         let (mut after, mut swept) = (String::new(), 0);
         loop {
             let page = self.store.range_page(&prefix, &after, PAGE, false).await?;
             let full = page.len() == PAGE;
-            let mut part = Part::default();
-            let mut batch = 0;
-            for kv in &page {
+            let parts = page
+                .iter()
                 // An unreadable key is left to be looked at.
-                let expired = codec::decode::<crate::model::event::DedupClaim>("dedup claim", &kv.value).is_ok_and(|c| c.expires_at <= now);
-                if !expired {
-                    continue;
-                }
-                let add = Part::from((vec![Compare::mod_revision(&kv.key, kv.mod_revision)], vec![TxnOp::delete(&kv.key)], Vec::new()));
-                if batch > 0 && !limits.fits(part.size(), add.size()) {
-                    if self.fenced_txn(lead, std::mem::take(&mut part).into_txn()).await?.is_ok() {
-                        swept += batch;
-                    }
-                    batch = 0;
-                }
-                part.extend(add);
-                batch += 1;
-            }
-            if batch > 0 && self.fenced_txn(lead, part.into_txn()).await?.is_ok() {
-                swept += batch;
-            }
+                .filter(|kv| codec::decode::<crate::model::event::DedupClaim>("dedup claim", &kv.value).is_ok_and(|c| c.expires_at <= now))
+                .map(|kv| Part::from((vec![Compare::mod_revision(&kv.key, kv.mod_revision)], vec![TxnOp::delete(&kv.key)], Vec::new())))
+                .collect();
+            swept += self.commit_parts(lead, parts).await?;
             match page.last() {
                 Some(kv) if full => after = kv.key.clone(),
                 _ => return Ok(swept),
