@@ -737,12 +737,78 @@ async fn look_up_ids(
             (Some(c), _) => StoredId::Claim(c),
             (None, false) if unavailable.is_some() => StoredId::Unavailable(unavailable.clone().unwrap_or_default()),
             (None, false) => StoredId::Absent,
-            (None, true) if l.windowed => match repo.get_run(&l.run_id).await?.and_then(|r| r.dedup) {
-                Some(c) => StoredId::Claim(c),
-                None => StoredId::Run,
-            },
+            // The run's own claim, wherever the run is (an archived one's
+            // too): without one the id deduplicates as long as it is kept.
+            (None, true) if l.windowed => {
+                let run = match (repo.get_run(&l.run_id).await?, archive) {
+                    (Some(r), _) => Some(r),
+                    (None, Some(a)) => a.get(&l.run_id).await.ok().flatten(),
+                    (None, None) => None,
+                };
+                match run.and_then(|r| r.dedup) {
+                    Some(c) => StoredId::Claim(c),
+                    None => StoredId::Run,
+                }
+            }
             (None, true) => StoredId::Run,
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::model::event::DedupClaim;
+    use crate::model::run::TriggerKind;
+    use crate::repo::Keys;
+    use crate::repo::history::{Count, HistoryPage, HistoryQuery, HistoryStore};
+    use crate::store::embedded::EmbeddedStore;
+
+    /// An archive holding some runs (a fake inside this unit's test).
+    struct Held(Vec<RunRecord>);
+
+    #[async_trait]
+    impl HistoryStore for Held {
+        fn kind(&self) -> &'static str {
+            "held"
+        }
+        async fn record(&self, _: &[RunRecord]) -> Result<()> {
+            Ok(())
+        }
+        async fn get(&self, run_id: &str) -> Result<Option<RunRecord>> {
+            Ok(self.0.iter().find(|r| r.run_id == run_id).cloned())
+        }
+        async fn page(&self, _: &HistoryQuery) -> Result<HistoryPage> {
+            Ok(HistoryPage::default())
+        }
+        async fn count(&self, _: &HistoryQuery) -> Result<Count> {
+            Ok(Count { runs: 0, exact: true })
+        }
+    }
+
+    /// Issue 35: a webhook id whose run moved to the archive and whose
+    /// dedup key was swept (its window ended) makes a new run: the archived
+    /// run's own claim says the window ended. Before, the archived run read
+    /// as a run without a window: a duplicate for as long as it was kept.
+    #[tokio::test]
+    async fn an_archived_runs_expired_claim_lets_its_id_run_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repo::new(Arc::new(EmbeddedStore::open(dir.path()).await.expect("open")), Keys::default());
+        let at = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("t");
+        let id = "w.webhook-0123".to_string();
+        let mut run = RunRecord::pending(id.clone(), "w", "a", TriggerKind::Webhook, at, at);
+        let claim = DedupClaim { key: id.clone(), run_id: id.clone(), expires_at: at };
+        run.dedup = Some(claim.clone());
+        let archive = Held(vec![run]);
+        let found = look_up_ids(&repo, Some(&archive), &[IdLookup { run_id: id.clone(), windowed: true }]).await.expect("look up");
+        assert_eq!(found, vec![StoredId::Claim(claim)]);
+        // Without a window the archived run is a duplicate, as before.
+        let found = look_up_ids(&repo, Some(&archive), &[IdLookup { run_id: id, windowed: false }]).await.expect("look up");
+        assert_eq!(found, vec![StoredId::Run]);
+    }
 }
