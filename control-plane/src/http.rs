@@ -43,6 +43,8 @@ async fn readyz(State(core): State<Arc<Core>>) -> (StatusCode, Json<serde_json::
         "leader": leading,
         "leader_address": leader,
         "store": core.repo.store().describe(),
+        // Where finished runs are kept: "kv" (the store's own) or "postgres".
+        "history": core.history.kind(),
     });
     (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body))
 }
