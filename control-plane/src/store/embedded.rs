@@ -68,6 +68,16 @@ fn decode(key: &str, b: &[u8]) -> Result<KeyValue> {
     Ok(KeyValue { key: key.to_string(), create_revision, mod_revision, version, lease, value: b[HEADER..].to_vec() })
 }
 
+/// An entry of a range page: without its value when `keys_only` (the
+/// value is not copied).
+fn decode_page_entry(key: &str, b: &[u8], keys_only: bool) -> Result<KeyValue> {
+    if keys_only {
+        let [create_revision, mod_revision, version, lease] = decode_header(key, b)?;
+        return Ok(KeyValue { key: key.to_string(), create_revision, mod_revision, version, lease, value: Vec::new() });
+    }
+    decode(key, b)
+}
+
 struct Lease {
     ttl: Duration,
     deadline: Instant,
@@ -425,11 +435,7 @@ impl KvStore for EmbeddedStore {
                 if k.value() == after {
                     continue;
                 }
-                let mut entry = decode(k.value(), v.value())?;
-                if keys_only {
-                    entry.value = Vec::new();
-                }
-                out.push(entry);
+                out.push(decode_page_entry(k.value(), v.value(), keys_only)?);
             }
             Ok(out)
         })
@@ -461,11 +467,7 @@ impl KvStore for EmbeddedStore {
                 if out.len() >= limit {
                     break;
                 }
-                let mut entry = decode(k.value(), v.value())?;
-                if keys_only {
-                    entry.value = Vec::new();
-                }
-                out.push(entry);
+                out.push(decode_page_entry(k.value(), v.value(), keys_only)?);
             }
             Ok(out)
         })
