@@ -546,7 +546,14 @@ enum TaskCmd {
         dry_run: bool,
     },
     /// List tasks.
-    List,
+    List {
+        /// Show each task's last N slots from the run history, newest
+        /// first (a SLOTS column: ✓ succeeded, ✗ failed, ⏱ timed out,
+        /// ⊘ cancelled, · skipped, ▶ running, … waiting; `-o json` has
+        /// each cell's status, reason and run id). 0 to 50.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=50))]
+        slots: u32,
+    },
     /// Show one task.
     Get { task_id: String },
     /// Delete a task (its runs are kept).
@@ -1529,11 +1536,15 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             }
             Ok(())
         }
-        TaskCmd::List => {
+        TaskCmd::List { slots } => {
             let mut all = Vec::new();
             let mut token = String::new();
             loop {
-                let r = tc.list_tasks(pb::ListTasksRequest { page_size: 0, page_token: token }).await.map_err(grpc)?.into_inner();
+                let r = tc
+                    .list_tasks(pb::ListTasksRequest { page_size: 0, page_token: token, recent_slots: slots })
+                    .await
+                    .map_err(grpc)?
+                    .into_inner();
                 all.extend(r.tasks);
                 if r.next_page_token.is_empty() {
                     break;
@@ -1544,20 +1555,28 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
             } else {
+                let mut head = vec!["TASK", "AGENT", "PAUSED", "BREAKER", "NEXT_FIRE_AT", "LAST_SLOT_AT"];
+                if slots > 0 {
+                    head.push("SLOTS");
+                }
                 table(
-                    &["TASK", "AGENT", "PAUSED", "BREAKER", "NEXT_FIRE_AT", "LAST_SLOT_AT"],
+                    &head,
                     r.tasks
                         .iter()
                         .map(|t| {
                             let j = task_json(t);
-                            vec![
+                            let mut row = vec![
                                 t.task_id.clone(),
                                 t.agent_id.clone(),
                                 t.paused.to_string(),
                                 t.breaker.as_ref().map_or("-".into(), |b| b.phase.clone()),
                                 j["next_fire_at"].as_str().unwrap_or("-").into(),
                                 j["last_slot_at"].as_str().unwrap_or("-").into(),
-                            ]
+                            ];
+                            if slots > 0 {
+                                row.push(crate::output::slot_strip(&t.recent_slots));
+                            }
+                            row
                         })
                         .collect(),
                 );

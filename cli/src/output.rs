@@ -153,7 +153,46 @@ pub fn task_json(tk: &pb::Task) -> Value {
     if !tk.effective_json.is_empty() {
         v["effective"] = json_field(&tk.effective_json);
     }
+    if !tk.recent_slots.is_empty() {
+        v["recent_slots"] = tk
+            .recent_slots
+            .iter()
+            .map(|c| {
+                json!({
+                    "run_id": c.run_id,
+                    "scheduled_at": t(&c.scheduled_at),
+                    "status": status_name(c.status),
+                    "reason": opt_str(&c.reason),
+                    "slots": c.slots,
+                    "label": c.label,
+                    "start_lag_ms": c.start_lag_ms,
+                })
+            })
+            .collect();
+    }
     v
+}
+
+/// A task's recent slots as one character each, newest first: `✓`
+/// succeeded, `✗` failed, `⏱` timed out, `⊘` cancelled, `·` skipped, `▶`
+/// running, `…` waiting; `-` when there are none.
+pub fn slot_strip(cells: &[pb::SlotCell]) -> String {
+    if cells.is_empty() {
+        return "-".into();
+    }
+    cells
+        .iter()
+        .map(|c| match pb::RunStatus::try_from(c.status).unwrap_or(pb::RunStatus::Unspecified) {
+            pb::RunStatus::Succeeded => '✓',
+            pb::RunStatus::Failed => '✗',
+            pb::RunStatus::Timeout => '⏱',
+            pb::RunStatus::Cancelled => '⊘',
+            pb::RunStatus::Skipped => '·',
+            pb::RunStatus::Running => '▶',
+            pb::RunStatus::Pending | pb::RunStatus::Retrying => '…',
+            pb::RunStatus::Unspecified => '?',
+        })
+        .collect()
 }
 
 /// A runner as JSON.

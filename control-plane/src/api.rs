@@ -12,12 +12,13 @@ use crate::clock::SharedClock;
 use crate::election::{Election, LeaderInfo};
 use crate::engine::core::Triggered;
 use crate::engine::lifecycle::{Lifecycle, LifecycleBus};
-use crate::engine::{EngineHandle, EventAdmitted, RunnerSnapshot, TriggerRequest};
+use crate::engine::{EngineHandle, EventAdmitted, TriggerRequest};
 use crate::error::{Error, Result};
 use crate::model::{Cursor, Definition, RunRecord, TaskRecord, TaskSpec};
 use crate::repo::history::{self, HistoryQuery, HistoryStore};
 use crate::repo::{ApplyOutcome, Repo, record_for};
 use crate::schedule::{CronSchedule, Schedule, next_slot};
+use crate::views::{RunSummary, RunnerView, SlotCell, TaskSummary};
 
 /// Most fire times one preview returns.
 pub const MAX_PREVIEW: u32 = 1000;
@@ -618,6 +619,52 @@ impl Core {
         Ok((page.into_iter().map(|(rec, cursor)| self.view(rec, cursor)).collect(), next.unwrap_or_default()))
     }
 
+    /// `ListTasks` with the tasks' last `slots` slots from the history
+    /// (newest first; 0 = none): the tasks list's rows ([`TaskSummary`]).
+    /// One history page per task, a few at a time; runs this replica's
+    /// engine holds are shown as it knows them (ahead of the store).
+    ///
+    /// Errors: `InvalidArgument` on `recent_slots` (more than
+    /// [`crate::views::MAX_SLOT_CELLS`]); store and history errors.
+    pub async fn task_summaries(&self, page_token: &str, limit: u32, slots: u32) -> Result<(Vec<TaskSummary>, String)> {
+        if slots > crate::views::MAX_SLOT_CELLS {
+            return Err(Error::invalid("recent_slots", format!("at most {} (got {slots})", crate::views::MAX_SLOT_CELLS)));
+        }
+        let (tasks, next) = self.list_tasks_page(page_token, limit).await?;
+        if slots == 0 {
+            return Ok((tasks.into_iter().map(|task| TaskSummary { task, slots: Vec::new() }).collect(), next));
+        }
+        let mut reads = Vec::with_capacity(tasks.len());
+        for t in &tasks {
+            reads.push(self.recent_slots(&t.record.spec.task_id, slots));
+        }
+        let cells = futures::stream::iter(reads).buffered(8).collect::<Vec<_>>().await;
+        let mut out = Vec::with_capacity(tasks.len());
+        for (task, cells) in tasks.into_iter().zip(cells) {
+            out.push(TaskSummary { task, slots: cells? });
+        }
+        Ok((out, next))
+    }
+
+    /// A task's last `n` slots from the history, newest first, live runs
+    /// as this replica's engine knows them.
+    async fn recent_slots(&self, task_id: &str, n: u32) -> Result<Vec<SlotCell>> {
+        let q = HistoryQuery { task_id: task_id.to_string(), limit: n as usize, newest_first: true, ..Default::default() };
+        let mut runs = self.history.page(&q).await?.runs;
+        let live: Vec<String> = runs.iter().filter(|r| !r.status.is_terminal()).map(|r| r.run_id.clone()).collect();
+        if !live.is_empty()
+            && let Some(engine) = self.engine.read().ok().and_then(|g| g.clone())
+            && let Ok(active) = engine.active_runs_among(live).await
+        {
+            for a in active {
+                if let Some(r) = runs.iter_mut().find(|r| r.run_id == a.run_id) {
+                    *r = a;
+                }
+            }
+        }
+        Ok(runs.iter().map(|r| SlotCell { summary: RunSummary::of(r) }).collect())
+    }
+
     /// Fire times of `expr` in `tz` strictly after `after`, or of a task's triggers.
     pub async fn preview(
         &self,
@@ -906,9 +953,34 @@ impl Core {
         Ok(stream.boxed())
     }
 
+    /// The cluster as this replica sees it: replicas (by id), the leader
+    /// and whether it answers, the store, the running config's version.
+    pub async fn cluster_view(&self) -> crate::views::ClusterView {
+        let l = self.leader().await.unwrap_or_default();
+        let mut members: Vec<crate::views::MemberView> = self
+            .election
+            .members()
+            .await
+            .into_iter()
+            .map(|(id, advertise_address)| crate::views::MemberView { is_leader: id == l.leader_id, id, advertise_address })
+            .collect();
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        let leader_unresponsive = self.leader_unresponsive(&l).await;
+        crate::views::ClusterView {
+            members,
+            leader_id: l.leader_id,
+            leader_address: l.advertise_address,
+            fencing_token: l.token,
+            leader_unresponsive,
+            store: self.repo.store().describe(),
+            answered_by: self.election.id(),
+            config_version: self.config.current().version,
+        }
+    }
+
     /// The config's shared resources as the leader holds them (leader).
-    pub async fn list_resources(&self) -> Result<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> {
-        self.engine().await?.list_resources().await
+    pub async fn list_resources(&self) -> Result<Vec<crate::views::ResourceView>> {
+        self.engine().await?.query(|c, now| c.policy_views(now).resources).await
     }
 
     /// `ReleaseResource`: ends a resource's hold-back now (an agent's
@@ -916,20 +988,20 @@ impl Core {
     ///
     /// Errors: `NotFound` (not a resource of the config); `Unavailable`
     /// when this replica is not the leader.
-    pub async fn release_resource(&self, name: &str) -> Result<crate::engine::core::policy::resources::ResourceSnapshot> {
+    pub async fn release_resource(&self, name: &str) -> Result<crate::views::ResourceView> {
         self.engine().await?.release_resource(name.to_string()).await
     }
 
     /// The config's budgets as the leader holds them now.
     ///
     /// Errors: `Unavailable` when this replica is not the leader.
-    pub async fn list_budgets(&self) -> Result<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> {
-        self.engine().await?.list_budgets().await
+    pub async fn list_budgets(&self) -> Result<Vec<crate::views::BudgetView>> {
+        self.engine().await?.query(|c, now| c.policy_views(now).budgets).await
     }
 
     /// Connected runners (leader).
-    pub async fn list_runners(&self) -> Result<Vec<RunnerSnapshot>> {
-        self.engine().await?.list_runners().await
+    pub async fn list_runners(&self) -> Result<Vec<RunnerView>> {
+        self.engine().await?.query(|c, _| c.runner_views()).await
     }
 }
 

@@ -25,5 +25,6 @@ pub mod service;
 pub mod stats;
 pub mod telemetry;
 pub mod timing;
+pub mod views;
 pub mod watch;
 pub mod worker;

@@ -66,7 +66,7 @@ async fn kill_9_mid_run_then_restart_loses_nothing_and_bursts_nothing() {
     // Every task and every run is back.
     let task_ids: HashSet<String> = tasks(&b.addr)
         .await
-        .list_tasks(pb::ListTasksRequest { page_size: 1000, page_token: String::new() })
+        .list_tasks(pb::ListTasksRequest { page_size: 1000, ..Default::default() })
         .await
         .expect("list")
         .into_inner()

@@ -120,7 +120,7 @@ async fn every_invalid_cron_case_is_rejected_naming_the_problem() {
     }
     let listed = tasks(&addr)
         .await
-        .list_tasks(pb::ListTasksRequest { page_size: 1000, page_token: String::new() })
+        .list_tasks(pb::ListTasksRequest { page_size: 1000, ..Default::default() })
         .await
         .expect("list")
         .into_inner()

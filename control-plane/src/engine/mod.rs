@@ -103,54 +103,70 @@ pub struct CallerTrace {
     pub trace_state: String,
 }
 
-/// A runner as listed by `ClusterService.ListRunners`.
-#[derive(Debug, Clone)]
-pub struct RunnerSnapshot {
-    /// Id.
-    pub runner_id: String,
-    /// Agents served.
-    pub agents: Vec<String>,
-    /// Slots.
-    pub slots: u32,
-    /// Busy slots (open attempts and agents not yet confirmed gone).
-    pub busy: u32,
-    /// Labels.
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// Version.
-    pub version: String,
-    /// Its stream is open.
-    pub connected: bool,
-    /// Stream opened (UTC).
-    pub connected_at: DateTime<Utc>,
-    /// Last message (UTC).
-    pub last_seen: DateTime<Utc>,
-    /// Run ids holding its slots.
-    pub running: Vec<String>,
-}
-
 /// Requests to the engine's shell.
 #[derive(Debug)]
 pub(crate) enum Command {
-    RunnerHello { hello: RunnerHello, tx: mpsc::Sender<ToRunner>, kill: oneshot::Sender<()>, reply: oneshot::Sender<Result<u64>> },
-    RunnerMessage { runner_id: String, session: u64, received_at: crate::clock::Now, msg: FromRunner },
-    RunnerGone { runner_id: String, session: u64 },
-    Trigger { req: TriggerRequest, reply: oneshot::Sender<Result<self::core::Triggered>> },
-    CancelRun { run_id: String, reason: String, reply: oneshot::Sender<Result<RunRecord>> },
-    ResetBreaker { task_id: String, reply: oneshot::Sender<Result<crate::model::breaker::Breaker>> },
-    ReleaseResource { resource: String, reply: oneshot::Sender<Result<crate::engine::core::policy::resources::ResourceSnapshot>> },
-    ListRunners { reply: oneshot::Sender<Vec<RunnerSnapshot>> },
-    ListResources { reply: oneshot::Sender<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> },
-    ListBudgets { reply: oneshot::Sender<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> },
-    TopicTasks { topic: String, reply: oneshot::Sender<Vec<String>> },
-    Events { events: Vec<EventRequest>, reply: oneshot::Sender<Vec<Result<EventAdmitted>>> },
-    Waiting { task_id: String, reply: oneshot::Sender<u64> },
-    Webhook { path: String, reply: oneshot::Sender<Option<(String, crate::model::trigger::WebhookTrigger)>> },
-    Gauges { reply: oneshot::Sender<core::EngineGauges> },
-    ActiveRun { run_id: String, reply: oneshot::Sender<Option<RunRecord>> },
-    ActiveRuns { task_id: String, reply: oneshot::Sender<Vec<RunRecord>> },
-    ActiveRunsAmong { run_ids: Vec<String>, reply: oneshot::Sender<Vec<RunRecord>> },
-    ServesAgent { agent_id: String, selector: std::collections::BTreeMap<String, String>, reply: oneshot::Sender<bool> },
-    Stop { reply: oneshot::Sender<()> },
+    RunnerHello {
+        hello: RunnerHello,
+        tx: mpsc::Sender<ToRunner>,
+        kill: oneshot::Sender<()>,
+        reply: oneshot::Sender<Result<u64>>,
+    },
+    RunnerMessage {
+        runner_id: String,
+        session: u64,
+        received_at: crate::clock::Now,
+        msg: FromRunner,
+    },
+    RunnerGone {
+        runner_id: String,
+        session: u64,
+    },
+    Trigger {
+        req: TriggerRequest,
+        reply: oneshot::Sender<Result<self::core::Triggered>>,
+    },
+    CancelRun {
+        run_id: String,
+        reason: String,
+        reply: oneshot::Sender<Result<RunRecord>>,
+    },
+    ResetBreaker {
+        task_id: String,
+        reply: oneshot::Sender<Result<crate::model::breaker::Breaker>>,
+    },
+    ReleaseResource {
+        resource: String,
+        reply: oneshot::Sender<Result<crate::views::ResourceView>>,
+    },
+    Events {
+        events: Vec<EventRequest>,
+        reply: oneshot::Sender<Vec<Result<EventAdmitted>>>,
+    },
+    /// A read of the core's state (see [`EngineHandle::query`]).
+    Query(Query),
+    Stop {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A read of the core with the wall clock's now (UTC).
+type Read = Box<dyn FnOnce(&core::EngineCore, DateTime<Utc>) + Send>;
+
+/// A read of the core, run in the engine's turn with the wall clock's now.
+pub(crate) struct Query(Read);
+
+impl Query {
+    /// Runs the read.
+    pub(crate) fn answer(self, core: &core::EngineCore, now: DateTime<Utc>) {
+        (self.0)(core, now)
+    }
+}
+
+impl std::fmt::Debug for Query {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Query")
+    }
 }
 
 /// Cheap handle for talking to a running engine.
@@ -195,6 +211,23 @@ impl EngineHandle {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx)).await?;
         rx.await.map_err(|_| gone())
+    }
+
+    /// Reads the core's state in the engine's turn, between two inputs:
+    /// `read` gets the core and the wall clock's now (UTC) and its answer
+    /// comes back. The one door for views of the leader's live state
+    /// (runners, resources, budgets, active runs, gauges): a new view is a
+    /// core method read here, not a command of its own. `read` must be
+    /// quick: the engine waits for it.
+    ///
+    /// Errors: `Unavailable` when the engine stopped.
+    pub async fn query<T: Send + 'static>(&self, read: impl FnOnce(&core::EngineCore, DateTime<Utc>) -> T + Send + 'static) -> Result<T> {
+        self.ask(|reply| {
+            Command::Query(Query(Box::new(move |c, now| {
+                let _ = reply.send(read(c, now));
+            })))
+        })
+        .await
     }
 
     /// A handle that does not keep the engine alive.
@@ -243,28 +276,18 @@ impl EngineHandle {
     /// hold's deletion is committed.
     ///
     /// Errors: `NotFound` (no such resource in the config).
-    pub async fn release_resource(&self, resource: String) -> Result<crate::engine::core::policy::resources::ResourceSnapshot> {
+    pub async fn release_resource(&self, resource: String) -> Result<crate::views::ResourceView> {
         self.ask(|reply| Command::ReleaseResource { resource, reply }).await?
     }
 
     /// The engine's state for `/metrics`.
     pub async fn gauges(&self) -> Result<core::EngineGauges> {
-        self.ask(|reply| Command::Gauges { reply }).await
-    }
-
-    /// Runner registry snapshot.
-    pub async fn list_runners(&self) -> Result<Vec<RunnerSnapshot>> {
-        self.ask(|reply| Command::ListRunners { reply }).await
-    }
-
-    /// The config's shared resources as the leader holds them now.
-    pub async fn list_resources(&self) -> Result<Vec<crate::engine::core::policy::resources::ResourceSnapshot>> {
-        self.ask(|reply| Command::ListResources { reply }).await
+        self.query(|c, now| c.gauges(now)).await
     }
 
     /// The tasks with an event trigger on `topic` (not deleted), by id.
     pub async fn topic_tasks(&self, topic: String) -> Result<Vec<String>> {
-        self.ask(|reply| Command::TopicTasks { topic, reply }).await
+        self.query(move |c, _| c.topic_tasks(&topic)).await
     }
 
     /// Admits a batch of events: answers, in order, once every record they
@@ -275,40 +298,34 @@ impl EngineHandle {
 
     /// The task and trigger a webhook path belongs to, if any.
     pub async fn webhook(&self, path: String) -> Result<Option<(String, crate::model::trigger::WebhookTrigger)>> {
-        self.ask(|reply| Command::Webhook { path, reply }).await
+        self.query(move |c, _| c.webhook(&path)).await
     }
 
     /// The task's runs waiting for dispatch (PENDING, RETRYING).
     pub async fn waiting(&self, task_id: String) -> Result<u64> {
-        self.ask(|reply| Command::Waiting { task_id, reply }).await
-    }
-
-    /// The config's budgets, their current windows' spend as the leader
-    /// holds it now (settled and reserved).
-    pub async fn list_budgets(&self) -> Result<Vec<crate::engine::core::policy::budgets::BudgetSnapshot>> {
-        self.ask(|reply| Command::ListBudgets { reply }).await
+        self.query(move |c, _| c.waiting(&task_id)).await
     }
 
     /// A run as the leader knows it now, if it is active (its memory may be
     /// ahead of the store for lazily written changes: start, progress).
     pub async fn active_run(&self, run_id: String) -> Result<Option<RunRecord>> {
-        self.ask(|reply| Command::ActiveRun { run_id, reply }).await
+        self.query(move |c, _| c.active_run(&run_id)).await
     }
 
     /// The runs in the leader's memory (all, or of one task), as it knows
     /// them now.
     pub async fn active_runs(&self, task_id: String) -> Result<Vec<RunRecord>> {
-        self.ask(|reply| Command::ActiveRuns { task_id, reply }).await
+        self.query(move |c, _| c.active_runs(&task_id)).await
     }
 
     /// Those of `run_ids` in the leader's memory, as it knows them now.
     pub async fn active_runs_among(&self, run_ids: Vec<String>) -> Result<Vec<RunRecord>> {
-        self.ask(|reply| Command::ActiveRunsAmong { run_ids, reply }).await
+        self.query(move |c, _| run_ids.iter().filter_map(|id| c.active_run(id)).collect()).await
     }
 
     /// Whether a connected runner serves `agent_id` with the labels of `selector`.
     pub async fn serves_agent(&self, agent_id: String, selector: std::collections::BTreeMap<String, String>) -> Result<bool> {
-        self.ask(|reply| Command::ServesAgent { agent_id, selector, reply }).await
+        self.query(move |c, _| c.serves_agent(&agent_id, &selector)).await
     }
 
     /// Writes what is persisted lazily, then stops the engine (a graceful

@@ -119,7 +119,7 @@ enum Pending {
     Trigger(oneshot::Sender<Result<Triggered>>),
     Cancel(oneshot::Sender<Result<RunRecord>>),
     ResetBreaker(oneshot::Sender<Result<crate::model::breaker::Breaker>>),
-    ReleaseResource(oneshot::Sender<Result<crate::engine::core::policy::resources::ResourceSnapshot>>),
+    ReleaseResource(oneshot::Sender<Result<crate::views::ResourceView>>),
     Events(oneshot::Sender<Vec<Result<super::EventAdmitted>>>),
 }
 
@@ -435,43 +435,11 @@ impl Engine {
                 let id = self.reply_id(Pending::ReleaseResource(reply));
                 self.core.handle(now, Input::ReleaseResource { reply: id, resource });
             }
-            Command::Gauges { reply } => {
-                let _ = reply.send(self.core.gauges(now.wall));
-            }
-            Command::ListResources { reply } => {
-                let _ = reply.send(self.core.resources(now.wall));
-            }
-            Command::ListBudgets { reply } => {
-                let _ = reply.send(self.core.budgets(now.wall));
-            }
-            Command::TopicTasks { topic, reply } => {
-                let _ = reply.send(self.core.topic_tasks(&topic));
-            }
             Command::Events { events, reply } => {
                 let id = self.reply_id(Pending::Events(reply));
                 self.core.handle(now, Input::Events { reply: id, events });
             }
-            Command::Waiting { task_id, reply } => {
-                let _ = reply.send(self.core.waiting(&task_id));
-            }
-            Command::Webhook { path, reply } => {
-                let _ = reply.send(self.core.webhook(&path));
-            }
-            Command::ListRunners { reply } => {
-                let _ = reply.send(self.core.runner_snapshots());
-            }
-            Command::ActiveRun { run_id, reply } => {
-                let _ = reply.send(self.core.active_run(&run_id));
-            }
-            Command::ActiveRuns { task_id, reply } => {
-                let _ = reply.send(self.core.active_runs(&task_id));
-            }
-            Command::ActiveRunsAmong { run_ids, reply } => {
-                let _ = reply.send(run_ids.iter().filter_map(|id| self.core.active_run(id)).collect());
-            }
-            Command::ServesAgent { agent_id, selector, reply } => {
-                let _ = reply.send(self.core.serves_agent(&agent_id, &selector));
-            }
+            Command::Query(q) => q.answer(&self.core, now.wall),
             Command::Stop { reply } => {
                 self.core.flush();
                 self.stop_reply = Some(reply);

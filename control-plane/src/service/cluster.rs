@@ -6,7 +6,7 @@ use punchclock_proto::v1 as pb;
 use punchclock_proto::v1::cluster_service_server::ClusterService;
 use tonic::{Request, Response, Status};
 
-use super::convert::runner_to_pb;
+use super::convert::{budget_to_pb, resource_to_pb, runner_to_pb};
 use super::status;
 use crate::api::Core;
 
@@ -28,26 +28,20 @@ impl ClusterService for ClusterSvc {
     }
 
     async fn get_cluster_status(&self, _req: Request<pb::GetClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        let l = self.0.leader().await.unwrap_or_default();
-        let mut members: Vec<pb::Member> = self
-            .0
-            .election
-            .members()
-            .await
-            .into_iter()
-            .map(|(id, advertise_address)| pb::Member { is_leader: id == l.leader_id, id, advertise_address })
-            .collect();
-        members.sort_by(|a, b| a.id.cmp(&b.id));
-        let leader_unresponsive = self.0.leader_unresponsive(&l).await;
+        let v = self.0.cluster_view().await;
         Ok(Response::new(pb::ClusterStatus {
-            members,
-            leader_id: l.leader_id,
-            leader_address: l.advertise_address,
-            fencing_token: l.token,
-            store: self.0.repo.store().describe(),
-            answered_by: self.0.election.id(),
-            config_version: self.0.config.current().version,
-            leader_unresponsive,
+            members: v
+                .members
+                .into_iter()
+                .map(|m| pb::Member { id: m.id, advertise_address: m.advertise_address, is_leader: m.is_leader })
+                .collect(),
+            leader_id: v.leader_id,
+            leader_address: v.leader_address,
+            fencing_token: v.fencing_token,
+            store: v.store,
+            answered_by: v.answered_by,
+            config_version: v.config_version,
+            leader_unresponsive: v.leader_unresponsive,
         }))
     }
 
@@ -71,50 +65,6 @@ impl ClusterService for ClusterSvc {
 
     async fn list_budgets(&self, _req: Request<pb::ListBudgetsRequest>) -> Result<Response<pb::ListBudgetsResponse>, Status> {
         let budgets = self.0.list_budgets().await.map_err(status)?;
-        let amount = |a: crate::model::budget::Amount| pb::BudgetAmount {
-            cost: Some(a.cost),
-            input_tokens: Some(a.input_tokens),
-            output_tokens: Some(a.output_tokens),
-            runs: Some(a.runs),
-        };
-        Ok(Response::new(pb::ListBudgetsResponse {
-            budgets: budgets
-                .into_iter()
-                .map(|b| pb::Budget {
-                    name: b.name,
-                    scope: b.scope,
-                    window: b.window.into(),
-                    window_start: Some(punchclock_proto::time::to_timestamp(b.window_start)),
-                    window_end: Some(punchclock_proto::time::to_timestamp(b.window_end)),
-                    used: Some(amount(b.used)),
-                    reserved: Some(amount(b.reserved)),
-                    limits: Some(pb::BudgetAmount {
-                        cost: b.limits.cost,
-                        input_tokens: b.limits.input_tokens,
-                        output_tokens: b.limits.output_tokens,
-                        runs: b.limits.runs,
-                    }),
-                    soft_percent: b.soft_percent,
-                    on_exceeded: b.on_exceeded.into(),
-                    state: b.state.into(),
-                    timezone: b.timezone,
-                })
-                .collect(),
-        }))
-    }
-}
-
-fn resource_to_pb(r: crate::engine::core::policy::resources::ResourceSnapshot) -> pb::Resource {
-    pb::Resource {
-        name: r.name,
-        concurrency: r.limits.concurrency,
-        requests_per_minute: r.limits.requests_per_minute,
-        tokens_per_minute: r.limits.tokens_per_minute,
-        in_use: r.in_use,
-        waiting: r.waiting,
-        requests_available: r.requests_available,
-        tokens_available: r.tokens_available,
-        held_until: r.held_until.map(punchclock_proto::time::to_timestamp),
-        held_why: r.held_why,
+        Ok(Response::new(pb::ListBudgetsResponse { budgets: budgets.into_iter().map(budget_to_pb).collect() }))
     }
 }

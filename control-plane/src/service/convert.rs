@@ -4,9 +4,9 @@ use punchclock_proto::time::{to_timestamp as ts, to_timestamp_opt as ots};
 use punchclock_proto::v1 as pb;
 
 use crate::api::TaskView;
-use crate::engine::RunnerSnapshot;
 use crate::model::run::{Outcome, SkipReason, TriggerKind};
 use crate::model::{RunRecord, RunStatus};
+use crate::views::RunnerView;
 
 /// Core trigger kind → API enum.
 pub fn trigger_to_pb(t: TriggerKind) -> pb::TriggerKind {
@@ -207,6 +207,7 @@ pub fn task_to_pb(v: &TaskView, effective: Option<&crate::engine::retention::Ret
         definition: Some(applied_definition(&v.record.spec, &v.record.written_fields())),
         effective_json: effective.as_ref().map(|e| typed_json(e).to_string()).unwrap_or_default(),
         effective,
+        recent_slots: Vec::new(),
         paused: v.record.paused,
         paused_reason: v.record.paused_reason.clone(),
         created_at: Some(ts(v.record.created_at)),
@@ -227,8 +228,75 @@ pub fn task_to_pb(v: &TaskView, effective: Option<&crate::engine::retention::Ret
     }
 }
 
+/// A task with its recent slots as `ListTasks` shows it (no effective
+/// definition: pages stay small).
+pub fn task_summary_to_pb(v: &crate::views::TaskSummary) -> pb::Task {
+    let mut t = task_to_pb(&v.task, None);
+    t.recent_slots = v.slots.iter().map(slot_to_pb).collect();
+    t
+}
+
+/// A slot cell as the API shows it.
+pub fn slot_to_pb(c: &crate::views::SlotCell) -> pb::SlotCell {
+    let s = &c.summary;
+    pb::SlotCell {
+        run_id: s.run_id.clone(),
+        scheduled_at: Some(ts(s.scheduled_at)),
+        status: status_to_pb(s.status) as i32,
+        reason: s.reason.clone(),
+        slots: s.slots,
+        label: c.label(),
+        start_lag_ms: s.start_lag_ms,
+    }
+}
+
+/// A budget's current window as the API shows it.
+pub fn budget_to_pb(b: crate::views::BudgetView) -> pb::Budget {
+    let amount = |a: crate::model::budget::Amount| pb::BudgetAmount {
+        cost: Some(a.cost),
+        input_tokens: Some(a.input_tokens),
+        output_tokens: Some(a.output_tokens),
+        runs: Some(a.runs),
+    };
+    pb::Budget {
+        name: b.name,
+        scope: b.scope,
+        window: b.window.into(),
+        window_start: Some(ts(b.window_start)),
+        window_end: Some(ts(b.window_end)),
+        used: Some(amount(b.used)),
+        reserved: Some(amount(b.reserved)),
+        limits: Some(pb::BudgetAmount {
+            cost: b.limits.cost,
+            input_tokens: b.limits.input_tokens,
+            output_tokens: b.limits.output_tokens,
+            runs: b.limits.runs,
+        }),
+        soft_percent: b.soft_percent,
+        on_exceeded: b.on_exceeded.into(),
+        state: b.state.into(),
+        timezone: b.timezone,
+    }
+}
+
+/// A resource as the API shows it.
+pub fn resource_to_pb(r: crate::views::ResourceView) -> pb::Resource {
+    pb::Resource {
+        name: r.name,
+        concurrency: r.limits.concurrency,
+        requests_per_minute: r.limits.requests_per_minute,
+        tokens_per_minute: r.limits.tokens_per_minute,
+        in_use: r.in_use,
+        waiting: r.waiting,
+        requests_available: r.requests_available,
+        tokens_available: r.tokens_available,
+        held_until: r.held_until.map(ts),
+        held_why: r.held_why,
+    }
+}
+
 /// A runner as the API shows it.
-pub fn runner_to_pb(r: &RunnerSnapshot) -> pb::Runner {
+pub fn runner_to_pb(r: &RunnerView) -> pb::Runner {
     pb::Runner {
         runner_id: r.runner_id.clone(),
         agents: r.agents.clone(),

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 
 use punchclock_proto::time::{from_timestamp, to_timestamp};
 
-use super::convert::task_to_pb;
+use super::convert::{task_summary_to_pb, task_to_pb};
 use super::definition::definition_json;
 use super::status;
 use crate::api::{Core, TaskView};
@@ -111,8 +111,8 @@ impl TaskService for TaskSvc {
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
         let r = req.into_inner();
-        let (tasks, next_page_token) = self.0.list_tasks_page(&r.page_token, r.page_size).await.map_err(status)?;
-        Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(|t| task_to_pb(t, None)).collect(), next_page_token }))
+        let (tasks, next_page_token) = self.0.task_summaries(&r.page_token, r.page_size, r.recent_slots).await.map_err(status)?;
+        Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(task_summary_to_pb).collect(), next_page_token }))
     }
 
     async fn delete_task(&self, req: Request<pb::DeleteTaskRequest>) -> Result<Response<pb::DeleteTaskResponse>, Status> {

@@ -59,7 +59,12 @@ async fn main() {
     let mut listed = 0;
     let mut token = String::new();
     loop {
-        let page = client.clone().list_tasks(pb::ListTasksRequest { page_size: 1000, page_token: token }).await.expect("list").into_inner();
+        let page = client
+            .clone()
+            .list_tasks(pb::ListTasksRequest { page_size: 1000, page_token: token, ..Default::default() })
+            .await
+            .expect("list")
+            .into_inner();
         listed += page.tasks.len();
         if page.next_page_token.is_empty() {
             break;

@@ -44,7 +44,7 @@ use chrono::{DateTime, Utc};
 
 use super::lifecycle::Lifecycle;
 use super::protocol::{FinishedReport, FromRunner, ToRunner};
-use super::{EventAdmitted, EventRequest, RunnerSnapshot, TriggerRequest};
+use super::{EventAdmitted, EventRequest, TriggerRequest};
 use crate::clock::{Mono, Now};
 use crate::dispatch::queue::AgentQueues;
 use crate::dispatch::registry::Registry;
@@ -52,6 +52,7 @@ use crate::error::Result;
 use crate::model::{Cursor, RunRecord, TaskRecord};
 use crate::repo::StoreOp;
 use crate::timing::Timing;
+use crate::views::RunnerView;
 use timers::{Timer, Timers};
 use writes::{Urgency, WriteSet};
 
@@ -101,7 +102,7 @@ pub enum Reply {
     ResetBreaker(Result<crate::model::breaker::Breaker>),
     /// To [`Input::ReleaseResource`]: the resource now, once its hold-back's
     /// deletion is committed.
-    ReleaseResource(Result<policy::resources::ResourceSnapshot>),
+    ReleaseResource(Result<crate::views::ResourceView>),
     /// To [`Input::Events`]: one answer per event, in order.
     Events(Vec<Result<EventAdmitted>>),
 }
@@ -428,9 +429,9 @@ pub struct EngineGauges {
     /// Runs in the engine's memory (not yet final, or final and not yet written).
     pub active_runs: u64,
     /// The config's shared resources.
-    pub resources: Vec<policy::resources::ResourceSnapshot>,
+    pub resources: Vec<crate::views::ResourceView>,
     /// The config's budgets.
-    pub budgets: Vec<policy::budgets::BudgetSnapshot>,
+    pub budgets: Vec<crate::views::BudgetView>,
 }
 
 impl EngineCore {
@@ -575,8 +576,8 @@ impl EngineCore {
     }
 
     /// The registry as `ListRunners` shows it.
-    pub fn runner_snapshots(&self) -> Vec<RunnerSnapshot> {
-        let mut v: Vec<RunnerSnapshot> = self
+    pub fn runner_views(&self) -> Vec<RunnerView> {
+        let mut v: Vec<RunnerView> = self
             .registry
             .iter()
             .map(|r| {
@@ -584,7 +585,7 @@ impl EngineCore {
                 agents.sort();
                 let mut running: Vec<String> = r.running.values().cloned().collect();
                 running.sort();
-                RunnerSnapshot {
+                RunnerView {
                     runner_id: r.runner_id.clone(),
                     agents,
                     slots: r.slots,
@@ -605,12 +606,9 @@ impl EngineCore {
     /// What `/metrics` reports of this leader's state: pending runs per
     /// agent, connected runners and their slots, breakers.
     pub fn gauges(&self, now: DateTime<Utc>) -> EngineGauges {
-        let mut g = EngineGauges {
-            active_runs: self.runs.len() as u64,
-            resources: self.resources(now),
-            budgets: self.budgets(now),
-            ..Default::default()
-        };
+        let views = self.policy_views(now);
+        let mut g =
+            EngineGauges { active_runs: self.runs.len() as u64, resources: views.resources, budgets: views.budgets, ..Default::default() };
         for run in self.runs.values() {
             if !run.status.is_terminal() && run.current_attempt().is_none() {
                 *g.pending.entry(run.agent_id.clone()).or_default() += 1;
@@ -631,16 +629,11 @@ impl EngineCore {
         g
     }
 
-    /// Every resource of the running config: in use, waiting, what its
-    /// rates allow now, held back until when (`punchclock resources list`).
-    pub fn resources(&self, now: DateTime<Utc>) -> Vec<policy::resources::ResourceSnapshot> {
-        self.policies.resources.snapshot(now)
-    }
-
-    /// Every budget of the running config, its current window's spend and
-    /// reservations (`punchclock budgets list`).
-    pub fn budgets(&self, now: DateTime<Utc>) -> Vec<policy::budgets::BudgetSnapshot> {
-        self.policies.budgets.snapshot(now)
+    /// Each policy's state at `now`: every resource of the running config
+    /// (in use, waiting, what its rates allow now, held back until when),
+    /// every budget's current window (spend and reservations).
+    pub fn policy_views(&self, now: DateTime<Utc>) -> crate::views::PolicyViews {
+        self.policies.snapshot(now)
     }
 
     /// The tasks (not deleted) with an event trigger on `topic`, by id.
@@ -665,7 +658,7 @@ impl EngineCore {
         let r = self.policies.resources.release_hold(resource, now.wall).map(|_| {
             self.writes.alone(vec![StoreOp::DeleteHoldBack { resource: resource.to_string() }]);
             self.dispatch_needed = true;
-            self.policies.resources.snapshot(now.wall).into_iter().find(|s| s.name == resource)
+            self.policies.resources.views(now.wall).into_iter().find(|s| s.name == resource)
         });
         let r = r.and_then(|s| s.ok_or_else(|| crate::error::Error::NotFound { kind: "resource", id: resource.to_string() }));
         self.fx.replies.push((reply, Reply::ReleaseResource(r)));

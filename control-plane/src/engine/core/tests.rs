@@ -563,7 +563,7 @@ fn reports_about_another_runners_execution_change_nothing() {
     let (_, fx) = h.hello_with("r2", &["a"], 1, "r2-instance", vec![InFlightExec::new(&a.run_id, &a.execution_id, 1)]);
     let unknown = fx.sends.iter().find_map(|o| if let ToRunner::Welcome { unknown, .. } = &o.msg { Some(unknown.clone()) } else { None });
     assert_eq!(unknown.map(|u| u.len()), Some(1));
-    assert_eq!(h.core.runner_snapshots().iter().find(|r| r.runner_id == "r2").map(|r| r.busy), Some(0));
+    assert_eq!(h.core.runner_views().iter().find(|r| r.runner_id == "r2").map(|r| r.busy), Some(0));
     // The owner still finishes it.
     h.finished("r1", s1, &a, ReportedOutcome::Succeeded);
     assert_eq!(h.stored(&a.run_id).map(|r| r.status), Some(RunStatus::Succeeded));

@@ -41,40 +41,10 @@ use crate::model::run::{SkipReason, Usage};
 use crate::model::{RunRecord, RunStatus};
 use crate::repo::StoreOp;
 use crate::repo::budgets::LedgerWindow;
+use crate::views::BudgetView;
 
 /// Finished runs per task the estimate is taken from.
 pub const ESTIMATE_RUNS: usize = 20;
-
-/// A budget's window as `budgets list` shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BudgetSnapshot {
-    /// Name.
-    pub name: String,
-    /// `task ID`, `agent ID` or `label k=v,...`.
-    pub scope: String,
-    /// `1h`, `1d`, `30d` or `month`.
-    pub window: &'static str,
-    /// The current window: `[start, end)`; `end` is when it resets.
-    pub window_start: DateTime<Utc>,
-    /// When it resets.
-    pub window_end: DateTime<Utc>,
-    /// Settled spend in it.
-    pub used: Amount,
-    /// Reserved by runs admitted and not yet ended.
-    pub reserved: Amount,
-    /// The hard limits (`None`: that measure is not limited).
-    pub limits: crate::config::budgets::LimitsSpec,
-    /// Soft limit, percent.
-    pub soft_percent: u32,
-    /// `skip` or `pause`.
-    pub on_exceeded: &'static str,
-    /// `ok`, `soft` (past the soft limit) or `exceeded` (a hard limit
-    /// reached, or the window's last admission refused: its runs are
-    /// SKIPPED `budget_exceeded`).
-    pub state: &'static str,
-    /// The budget's zone (IANA): its windows are calendar windows there.
-    pub timezone: String,
-}
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -260,7 +230,7 @@ impl Budgets {
     }
 
     /// Each budget's current window, for `budgets list` and the metrics.
-    pub fn snapshot(&self, now: DateTime<Utc>) -> Vec<BudgetSnapshot> {
+    pub fn views(&self, now: DateTime<Utc>) -> Vec<BudgetView> {
         self.defs
             .iter()
             .map(|d| {
@@ -276,7 +246,7 @@ impl Budgets {
                 } else {
                     "ok"
                 };
-                BudgetSnapshot {
+                BudgetView {
                     name: d.name.clone(),
                     scope: scope_text(&d.scope),
                     window: window_text(d.window),
@@ -327,6 +297,10 @@ impl Budgets {
 impl Policy for Budgets {
     fn name(&self) -> &'static str {
         "budgets"
+    }
+
+    fn snapshot(&self, now: DateTime<Utc>, into: &mut crate::views::PolicyViews) {
+        into.budgets = self.views(now);
     }
 
     fn configure(&mut self, config: &Config) {
@@ -625,13 +599,13 @@ mod tests {
         // 2,800 used; each new run reserves 1,000: 7 more fit, not 50.
         let admitted = (0..50).filter(|i| admit(&mut b, &format!("b{i}"), now).is_ok()).count();
         assert_eq!(admitted, 7);
-        let snap = &b.snapshot(now)[0];
+        let snap = &b.views(now)[0];
         assert_eq!((snap.used.output_tokens, snap.reserved.output_tokens, snap.reserved.runs), (2800, 7000, 7));
         // Each used 1,100: the end is within one estimate of the limit.
         for i in 0..50 {
             finish(&mut b, &format!("b{i}"), now, usage(10, 1100, 0.0));
         }
-        let snap = &b.snapshot(now)[0];
+        let snap = &b.views(now)[0];
         assert_eq!((snap.used.output_tokens, snap.used.runs, snap.reserved.runs), (2800 + 7 * 1100, 10, 0));
         assert!(snap.used.output_tokens.abs_diff(10_000) <= 1100);
         assert_eq!(snap.state, "exceeded");
@@ -663,7 +637,7 @@ mod tests {
             new.run_changed(&run);
             new.run_changed(&run);
         }
-        assert_eq!(new.snapshot(now), old.snapshot(now));
+        assert_eq!(new.views(now), old.views(now));
         admit(&mut new, "r4", now).expect("the fifth fits");
         assert!(admit(&mut new, "r5", now).is_err(), "the sixth does not");
     }
@@ -762,7 +736,7 @@ mod tests {
         for i in 1..=3 {
             finish(&mut b, &format!("r{i}"), now, usage(0, 0, 0.25));
         }
-        let snap = &b.snapshot(now)[0];
+        let snap = &b.views(now)[0];
         assert_eq!((snap.used.cost, snap.used.runs, snap.reserved.runs), (1.0, 4, 0));
         assert_eq!(snap.state, "exceeded");
     }
@@ -776,9 +750,9 @@ mod tests {
         let mut b = policy(LimitsSpec { cost: Some(1.0), ..Default::default() }, OnExceeded::Skip);
         admit(&mut b, "r0", now).expect("admitted");
         finish(&mut b, "r0", now, usage(0, 0, 0.6));
-        assert_eq!(b.snapshot(now)[0].state, "soft");
+        assert_eq!(b.views(now)[0].state, "soft");
         assert!(admit(&mut b, "r1", now).is_err(), "0.6 more does not fit");
-        let snap = &b.snapshot(now)[0];
+        let snap = &b.views(now)[0];
         assert_eq!(snap.state, "exceeded");
         assert_eq!(snap.timezone, "UTC");
     }

@@ -38,6 +38,7 @@ use crate::model::run::{Outcome, ResourceHold, SkipReason};
 use crate::model::task::TaskSpec;
 use crate::model::{RunRecord, RunStatus};
 use crate::repo::StoreOp;
+use crate::views::PolicyViews;
 
 /// A run that holds a slot of its task (for the overlap policy).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,6 +311,10 @@ pub trait Policy {
     fn finished(&mut self, _q: &FinishQuery<'_>) -> Vec<Write> {
         Vec::new()
     }
+    /// What the policy shows of its state at `now` (`resources list`,
+    /// `budgets list`, `/metrics`, the dashboard): it fills its own part
+    /// of `into` and leaves the rest.
+    fn snapshot(&self, _now: DateTime<Utc>, _into: &mut PolicyViews) {}
 }
 
 /// The registered policies, in the order they are asked.
@@ -333,6 +338,20 @@ impl Policies {
     /// Every policy, in order: the one list they are registered in.
     pub fn chain(&mut self) -> [&mut dyn Policy; 6] {
         [&mut self.breaker, &mut self.overlap, &mut self.resources, &mut self.budgets, &mut self.retry, &mut self.dependencies]
+    }
+
+    /// Every policy, in order, to read.
+    pub fn all(&self) -> [&dyn Policy; 6] {
+        [&self.breaker, &self.overlap, &self.resources, &self.budgets, &self.retry, &self.dependencies]
+    }
+
+    /// Each policy's view of its state at `now`.
+    pub fn snapshot(&self, now: DateTime<Utc>) -> PolicyViews {
+        let mut views = PolicyViews::default();
+        for p in self.all() {
+            p.snapshot(now, &mut views);
+        }
+        views
     }
 
     /// The configuration changed (or the term began): each policy takes

@@ -40,6 +40,7 @@ use crate::model::RunRecord;
 use crate::model::run::{HoldBack, Outcome, ResourceHold, SkipReason};
 use crate::model::task::{OnResourceBusy, ResourceUse, TaskSpec};
 use crate::repo::StoreOp;
+use crate::views::ResourceView;
 
 /// The largest debt a bucket carries, in minutes of its rate: usage
 /// reported beyond an estimate is charged up to this much.
@@ -120,27 +121,6 @@ pub struct ResourceState {
     pub held: Option<(DateTime<Utc>, String)>,
 }
 
-/// A resource as `punchclock resources list` and `/metrics` show it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResourceSnapshot {
-    /// Name.
-    pub name: String,
-    /// Limits.
-    pub limits: ResourceLimits,
-    /// Concurrency units held by live agents.
-    pub in_use: u32,
-    /// Runs waiting for it now.
-    pub waiting: u32,
-    /// Requests that could start now (rounded down), if it has a request rate.
-    pub requests_available: Option<f64>,
-    /// Tokens that could be reserved now, if it has a token rate.
-    pub tokens_available: Option<f64>,
-    /// Held back until (UTC), and why.
-    pub held_until: Option<DateTime<Utc>>,
-    /// Why it is held back.
-    pub held_why: String,
-}
-
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct Resources {
@@ -164,7 +144,7 @@ pub struct Resources {
 
 impl Resources {
     /// Every resource now.
-    pub fn snapshot(&self, now: DateTime<Utc>) -> Vec<ResourceSnapshot> {
+    pub fn views(&self, now: DateTime<Utc>) -> Vec<ResourceView> {
         let mut waiting: HashMap<&str, u32> = HashMap::new();
         for (name, _) in self.waiting.values() {
             *waiting.entry(name.as_str()).or_default() += 1;
@@ -179,7 +159,7 @@ impl Resources {
                     })
                 };
                 let held = s.held.clone().filter(|(t, _)| *t > now);
-                ResourceSnapshot {
+                ResourceView {
                     name: name.clone(),
                     limits: s.limits,
                     in_use: s.in_use,
@@ -289,6 +269,10 @@ impl Resources {
 impl Policy for Resources {
     fn name(&self) -> &'static str {
         "resources"
+    }
+
+    fn snapshot(&self, now: DateTime<Utc>, into: &mut crate::views::PolicyViews) {
+        into.resources = self.views(now);
     }
 
     fn configure(&mut self, config: &Config) {
@@ -585,7 +569,7 @@ mod tests {
             }
             d => panic!("{d:?}"),
         }
-        assert_eq!(p.snapshot(now)[0].waiting, 1);
+        assert_eq!(p.views(now)[0].waiting, 1);
         // Cancelled, its agent not yet gone: still held.
         a.attempts[0].awaiting_runner = true;
         end(&mut p, &mut a, now, Outcome::Cancelled, None, &AgentOutcome::default());
@@ -595,7 +579,7 @@ mod tests {
         p.run_changed(&a);
         assert_eq!(try_dispatch(&mut p, &one, &mut c, now + Duration::seconds(3)), Dispatch::Pass);
         assert_eq!(p.take_waited(), vec![("search-api".to_string(), 3.0)]);
-        assert_eq!(p.snapshot(now)[0].in_use, 3);
+        assert_eq!(p.views(now)[0].in_use, 3);
     }
 
     /// A new leader rebuilds permits from the attempts of the runs it
@@ -619,7 +603,7 @@ mod tests {
         for r in &runs {
             new.run_changed(r);
         }
-        assert_eq!(new.snapshot(now)[0].in_use, 2);
+        assert_eq!(new.views(now)[0].in_use, 2);
         // One agent ends: a permit is free, but no request is yet (the
         // window counts as full): the next one can go a second later.
         end(&mut new, &mut runs[0], now, Outcome::Succeeded, None, &AgentOutcome::default());
@@ -654,7 +638,7 @@ mod tests {
         // The first used 1000 of its 4000: 3000 come back.
         let usage = Usage { input_tokens: 600, output_tokens: 400, ..Default::default() };
         end(&mut p, &mut r1, now, Outcome::Succeeded, Some(usage), &AgentOutcome::default());
-        assert_eq!(p.snapshot(now)[0].tokens_available, Some(5000.0));
+        assert_eq!(p.views(now)[0].tokens_available, Some(5000.0));
         assert_eq!(try_dispatch(&mut p, &spec, &mut r3, now), Dispatch::Pass);
         // The second used 9000: 5000 beyond its estimate are a debt.
         let usage = Usage { input_tokens: 8000, output_tokens: 1000, ..Default::default() };
@@ -692,7 +676,7 @@ mod tests {
         assert_eq!(try_dispatch(&mut p, &other, &mut u, retry_at), Dispatch::Pass, "free at retry_at");
         let said = AgentOutcome { resource: Some("openai".into()), class: Some("insufficient_quota".into()), ..Default::default() };
         end(&mut p, &mut u, retry_at, Outcome::QuotaExhausted, None, &said);
-        let snap = &p.snapshot(retry_at)[0];
+        let snap = &p.views(retry_at)[0];
         assert_eq!(snap.held_until, Some(retry_at + Duration::minutes(10)));
         assert_eq!(snap.held_why, "quota exhausted (run u.1, insufficient_quota)");
     }
@@ -763,7 +747,7 @@ mod tests {
             &mut writes,
         );
         assert!(writes.is_empty());
-        assert!(p.snapshot(now).iter().all(|s| s.held_until.is_none()));
+        assert!(p.views(now).iter().all(|s| s.held_until.is_none()));
         // It names `search`: held for quota_backoff, and the hold is written.
         let said = AgentOutcome { resource: Some("search".into()), ..Default::default() };
         p.attempt_ended(
@@ -779,11 +763,11 @@ mod tests {
         let mut next = Resources::default();
         next.configure(&cfg);
         next.load_holds(vec![("search".into(), stored.clone()), ("gone".into(), stored)], now + Duration::minutes(1));
-        let snap = next.snapshot(now + Duration::minutes(1));
+        let snap = next.views(now + Duration::minutes(1));
         assert_eq!(snap.iter().find(|s| s.name == "search").and_then(|s| s.held_until), Some(until));
         // Released by hand: free at once.
         assert!(next.release_hold("search", now + Duration::minutes(1)).expect("defined"));
-        assert!(next.snapshot(now).iter().all(|s| s.held_until.is_none()));
+        assert!(next.views(now).iter().all(|s| s.held_until.is_none()));
         assert!(next.release_hold("nope", now).is_err());
         // A leader after the release loads the run still waiting out its
         // rate limit, and no stored hold (the release deleted it): the
@@ -798,6 +782,6 @@ mod tests {
         after.configure(&cfg);
         after.load_holds(Vec::new(), now + Duration::minutes(1));
         after.run_changed(&r);
-        assert!(after.snapshot(now + Duration::minutes(1)).iter().all(|s| s.held_until.is_none()), "the release is undone");
+        assert!(after.views(now + Duration::minutes(1)).iter().all(|s| s.held_until.is_none()), "the release is undone");
     }
 }
