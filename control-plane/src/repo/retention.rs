@@ -292,7 +292,24 @@ impl Repo {
         const PAGE: usize = 64;
         let state_key = self.keys.history_index_state();
         let mut after = match self.store.get(&state_key).await? {
-            Some(kv) if kv.value == DONE => return Ok(0),
+            Some(kv) if kv.value == DONE => {
+                // A leader of an earlier version (a rolling upgrade, or a
+                // downgrade and back) writes runs without entries and prunes
+                // runs leaving theirs: with those swept, fewer entries than
+                // runs means building again (idempotent puts).
+                self.sweep_history_index(lead).await?;
+                let runs = self.count_keys(&self.keys.runs()).await?;
+                let entries = self.count_keys(&self.keys.history()).await?;
+                if entries >= runs {
+                    return Ok(0);
+                }
+                tracing::warn!(
+                    runs,
+                    entries,
+                    "runs without time index entries (an earlier version led meanwhile): building the index again"
+                );
+                String::new()
+            }
             Some(kv) => String::from_utf8_lossy(&kv.value).into_owned(),
             None => String::new(),
         };
@@ -336,6 +353,20 @@ impl Repo {
                     tracing::info!(runs = read, "time index of runs built");
                     return Ok(read);
                 }
+            }
+        }
+    }
+
+    /// How many keys are under `prefix`, read in pages of keys only.
+    async fn count_keys(&self, prefix: &str) -> Result<u64> {
+        const KEY_PAGE: usize = 1000;
+        let (mut after, mut n) = (String::new(), 0u64);
+        loop {
+            let page = self.store.range_page(prefix, &after, KEY_PAGE, true).await?;
+            n += page.len() as u64;
+            match page.last() {
+                Some(kv) if page.len() == KEY_PAGE => after = kv.key.clone(),
+                _ => return Ok(n),
             }
         }
     }

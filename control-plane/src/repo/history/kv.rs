@@ -338,5 +338,28 @@ mod tests {
         assert_eq!(repo.build_history_index(&lead, std::time::Duration::ZERO).await.expect("build"), 9);
         assert_eq!(read_all(HistoryQuery { limit: 4, ..Default::default() }).await, ids(made_now), "index path");
         assert_eq!(repo.build_history_index(&lead, std::time::Duration::ZERO).await.expect("build"), 0, "once");
+
+        // A leader of the earlier version again (a rolling upgrade): a run
+        // written without entries, a pruned run's entries left behind. The
+        // next term's build finds the run short of its entries and indexes
+        // it; the orphans are swept.
+        let late = RunRecord::pending("odd.late".into(), "odd", "a", TriggerKind::Manual, secs(20), secs(20));
+        let pruned = &made[0];
+        store
+            .txn(Txn {
+                success: vec![
+                    TxnOp::put(repo.keys.run(&late.run_id), crate::repo::codec::encode(&late).expect("encode")),
+                    TxnOp::delete(repo.keys.run(&pruned.run_id)),
+                ],
+                ..Default::default()
+            })
+            .await
+            .expect("old leader's writes");
+        assert!(!read_all(HistoryQuery { limit: 4, ..Default::default() }).await.contains(&late.run_id), "unseen before");
+        assert_eq!(repo.build_history_index(&lead, std::time::Duration::ZERO).await.expect("build"), 9, "built again");
+        let mut want = ids(&made[1..]);
+        want.push(late.run_id.clone());
+        assert_eq!(read_all(HistoryQuery { limit: 4, ..Default::default() }).await, want, "the late run is listed");
+        assert_eq!(repo.build_history_index(&lead, std::time::Duration::ZERO).await.expect("build"), 0, "whole again");
     }
 }
