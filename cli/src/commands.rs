@@ -573,9 +573,14 @@ enum TaskCmd {
         /// Seconds to wait before the run may start.
         #[arg(long, default_value_t = 0)]
         delay: u64,
-        /// Idempotency key: the same key never makes a second run.
+        /// Idempotency key: the same key makes no second run within
+        /// --key-ttl.
         #[arg(long, default_value = "")]
         key: String,
+        /// How long --key finds its run: `90s`, `2h`, `7d` (default 24h, at
+        /// most 30d); afterwards the key makes a new run.
+        #[arg(long, default_value = "", requires = "key")]
+        key_ttl: String,
         /// W3C traceparent: the run joins this trace (default: the
         /// `TRACEPARENT` environment variable, as inside a traced agent).
         #[arg(long, env = "TRACEPARENT", default_value = "")]
@@ -746,9 +751,13 @@ enum EventCmd {
         #[arg(long, default_value = "")]
         payload: String,
         /// Idempotency key (required, 1 to 256 characters): publishing again
-        /// with it makes no new run.
+        /// with it within --key-ttl makes no new run.
         #[arg(long)]
         key: String,
+        /// How long --key finds its runs: `90s`, `2h`, `7d` (default 24h,
+        /// at most 30d).
+        #[arg(long, default_value = "")]
+        key_ttl: String,
     },
 }
 
@@ -1067,10 +1076,10 @@ pub async fn run(cli: Cli, open_files: Option<u64>) -> Res {
             }
             Ok(())
         }
-        Cmd::Event(EventCmd::Publish { topic, payload, key }) => {
+        Cmd::Event(EventCmd::Publish { topic, payload, key, key_ttl }) => {
             let mut c = TaskServiceClient::new(client::connect_leader(&cli.endpoint).await?).max_decoding_message_size(MAX_MESSAGE);
             let r = c
-                .publish_event(pb::PublishEventRequest { topic, payload_json: payload, idempotency_key: key })
+                .publish_event(pb::PublishEventRequest { topic, payload_json: payload, idempotency_key: key, idempotency_ttl: key_ttl })
                 .await
                 .map_err(grpc)?
                 .into_inner();
@@ -1621,7 +1630,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
             }
             Ok(())
         }
-        TaskCmd::Trigger { task_id, params, delay, key, traceparent, tracestate, baggage } => {
+        TaskCmd::Trigger { task_id, params, delay, key, key_ttl, traceparent, tracestate, baggage } => {
             let r = tc
                 .trigger_task(pb::TriggerTaskRequest {
                     task_id,
@@ -1632,6 +1641,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                     traceparent,
                     tracestate,
                     baggage,
+                    idempotency_ttl: key_ttl,
                 })
                 .await
                 .map_err(grpc)?

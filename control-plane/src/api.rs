@@ -709,18 +709,21 @@ impl Core {
     }
 
     /// `PublishEvent`: one run per task with an event trigger on `topic`,
-    /// per `key` (the same key again finds the same runs, `created:
-    /// false`). Each task's run goes through the event admission (every
+    /// per `key` (the same key again within `ttl` — a duration, 24 h when
+    /// empty, at most 30 days — finds the same runs, `created: false`;
+    /// afterwards it makes new ones). Each task's run goes through the event admission (every
     /// policy applies) with trigger kind `event`; the agent gets
     /// `context.event = {source: event, name: topic, key, received_at,
     /// body: the payload}`. Returns once every run is committed, in task
     /// id order, with what became of each.
     ///
-    /// Errors: `InvalidArgument` naming `topic`, `idempotency_key` or
-    /// `payload_json` (not JSON, over 64 KiB); `Unavailable` off the leader.
-    pub async fn publish_event(&self, topic: &str, payload_json: &str, key: &str) -> Result<Vec<(String, EventAdmitted)>> {
+    /// Errors: `InvalidArgument` naming `topic`, `idempotency_key`,
+    /// `idempotency_ttl` or `payload_json` (not JSON, over 64 KiB);
+    /// `Unavailable` off the leader.
+    pub async fn publish_event(&self, topic: &str, payload_json: &str, key: &str, ttl: &str) -> Result<Vec<(String, EventAdmitted)>> {
         crate::model::trigger::validate_topic("topic", topic)?;
         crate::model::event::validate_key("idempotency_key", key)?;
+        let window = crate::model::trigger::dedup_window("idempotency_ttl", ttl)?;
         if payload_json.len() > crate::model::task::MAX_PARAMS_BYTES {
             return Err(Error::invalid(
                 "payload_json",
@@ -735,7 +738,7 @@ impl Core {
         let events = tasks
             .iter()
             .map(|task_id| {
-                crate::events::event_request(
+                let mut ev = crate::events::event_request(
                     task_id,
                     crate::model::event::published_run_id(task_id, topic, key),
                     crate::model::run::TriggerKind::Event,
@@ -745,7 +748,9 @@ impl Core {
                     Default::default(),
                     Default::default(),
                     payload.as_bytes(),
-                )
+                );
+                ev.dedup_window = Some(window);
+                ev
             })
             .collect();
         let answers = engine.events(events).await?;

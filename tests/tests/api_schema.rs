@@ -158,7 +158,7 @@ fn full_files() -> Vec<serde_json::Value> {
                           "encoding": "base64", "prefix": "v1=", "timestamp_header": "X-Timestamp", "tolerance_seconds": 120}},
                  "dedup": {"header": "X-Delivery", "ttl": "2h"}, "headers": ["X-Request-Id", "User-Agent"], "max_body_bytes": 65536},
                 {"type": "queue", "broker": "rabbit", "queue": "reports", "format": "raw", "max_pending": 50, "prefetch": 10,
-                 "max_body_bytes": 4096},
+                 "max_body_bytes": 4096, "dedup": {"ttl": "7d"}},
                 {"type": "after", "task": "full_b", "status": "any"}],
             "execution": {"timeout_seconds": 600, "max_retries": 3, "concurrency_limit": 2, "overlap_policy": "queue",
                 "misfire_policy": "run_all", "misfire_grace_seconds": 120, "priority": 7, "start_timeout_seconds": 900,

@@ -63,3 +63,51 @@ async fn a_delivery_id_deduplicates_for_its_ttl_across_a_restart() {
     want.sort_unstable();
     assert_eq!(ids, want, "two runs, both kept");
 }
+
+/// `punchclock task trigger --key K --key-ttl 5s` (and `event publish
+/// --key K --key-ttl 5s`): the key finds its run within 5 s, across a kill
+/// -9, and makes a new run after it, on a task whose runs are kept 1 h.
+/// Before, a manual key and a published event's key found their runs for
+/// as long as the runs were kept, and had no window to give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_and_a_published_key_deduplicate_for_their_ttl_across_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "dedup_window_keys");
+    let data = dir.path().join("data");
+    let mut dev = Proc::dev_with(&data, 4, &dir.path().join("dev.log"), &[]);
+    apply(
+        &dev.addr,
+        json!({"task_id": "m", "agent_id": "event_agent", "triggers": [{"type": "event", "topic": "t"}],
+               "history": {"keep_last": 1000, "max_age": "1h"},
+               "execution": {"overlap_policy": "queue", "concurrency_limit": 4}}),
+    )
+    .await;
+    let trigger = |addr: &str| -> Value {
+        serde_json::from_str(&punchclock_tests::cli(addr, &["task", "trigger", "m", "--key", "k", "--key-ttl", "5s", "-o", "json"]))
+            .expect("json")
+    };
+    let publish = |addr: &str| -> Value {
+        serde_json::from_str(&punchclock_tests::cli(addr, &["event", "publish", "t", "--key", "k", "--key-ttl", "5s", "-o", "json"]))
+            .expect("json")
+    };
+    let first_at = Instant::now();
+    let (t1, p1) = (trigger(&dev.addr), publish(&dev.addr));
+    assert_eq!((t1["created"].as_bool(), p1[0]["created"].as_bool()), (Some(true), Some(true)), "{t1} {p1}");
+    dev.kill9();
+    dev = Proc::dev_with(&data, 4, &dir.path().join("dev2.log"), &[]);
+    let (t2, p2) = (trigger(&dev.addr), publish(&dev.addr));
+    assert!(first_at.elapsed() < Duration::from_secs(5), "the restart took {:?}", first_at.elapsed());
+    assert_eq!((t2["created"].as_bool(), &t2["run_id"]), (Some(false), &t1["run_id"]), "within the window: {t2}");
+    assert_eq!((p2[0]["created"].as_bool(), &p2[0]["run_id"]), (Some(false), &p1[0]["run_id"]), "{p2}");
+
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(first_at.elapsed())).await;
+    let (t3, p3) = (trigger(&dev.addr), publish(&dev.addr));
+    assert_eq!(t3["created"].as_bool(), Some(true), "after the window: {t3}");
+    assert_ne!(t3["run_id"], t1["run_id"]);
+    assert_eq!(p3[0]["created"].as_bool(), Some(true), "after the window: {p3}");
+    assert_ne!(p3[0]["run_id"], p1[0]["run_id"]);
+    // A bad window is refused, naming the field.
+    let e = punchclock_tests::cli_fails(&dev.addr, &["task", "trigger", "m", "--key", "k2", "--key-ttl", "31d"]);
+    assert!(e.contains("idempotency_ttl"), "{e}");
+    assert_eq!(list_runs(&dev.addr, "m").await.len(), 4, "two manual runs and two event runs, all kept");
+}

@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 
 async fn publish(addr: &str, topic: &str, payload: &str, key: &str) -> Vec<pb::PublishedRun> {
     let mut t = tasks(addr).await;
-    let req = pb::PublishEventRequest { topic: topic.into(), payload_json: payload.into(), idempotency_key: key.into() };
+    let req =
+        pb::PublishEventRequest { topic: topic.into(), payload_json: payload.into(), idempotency_key: key.into(), ..Default::default() };
     t.publish_event(req).await.expect("publish").into_inner().runs
 }
 

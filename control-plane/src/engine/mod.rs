@@ -46,6 +46,9 @@ pub struct TriggerRequest {
     pub delay_seconds: u64,
     /// Idempotency key; `None` = a fresh one.
     pub idempotency_key: Option<String>,
+    /// How long an explicit key finds its run (`None`: 24 h): a dedup key
+    /// is written with the run, and afterwards the key makes a new run.
+    pub idempotency_window: Option<chrono::Duration>,
     /// The caller's trace context: the run joins that trace, under that span.
     pub caller_trace: Option<CallerTrace>,
     /// The caller's W3C `baggage` (empty = none), given to the agent.
@@ -72,10 +75,12 @@ pub struct EventRequest {
     /// The trigger cannot take it: recorded SKIPPED `invalid_event` with
     /// this reason.
     pub invalid: Option<String>,
-    /// How long its id deduplicates (a webhook's `dedup.ttl`): a dedup key
-    /// `dedup/{run_id}` is written with the run, and once the window ends
-    /// the same id makes a new run. `None`: the id deduplicates as long as
-    /// its run is kept.
+    /// How long its id deduplicates (a webhook's `dedup.ttl`, a queue
+    /// trigger's `dedup.ttl`, a published event's `idempotency_ttl`; 24 h
+    /// by default): a dedup key `dedup/{run_id}` is written with the run,
+    /// and once the window ends the same id makes a new run. `None` (only
+    /// the core's unit tests): the id deduplicates as long as its run is
+    /// kept.
     pub dedup_window: Option<chrono::Duration>,
 }
 

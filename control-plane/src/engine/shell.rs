@@ -770,7 +770,7 @@ mod tests {
         let at = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("t");
         let id = "w.webhook-0123".to_string();
         let mut run = RunRecord::pending(id.clone(), "w", "a", TriggerKind::Webhook, at, at);
-        let claim = DedupClaim { key: id.clone(), run_id: id.clone(), expires_at: at };
+        let claim = DedupClaim { key: id.clone(), run_id: id.clone(), expires_at: at, scheduled_at: None };
         run.dedup = Some(claim.clone());
         let archive = Held(vec![run]);
         let found = look_up_ids(&repo, Some(&archive), &[IdLookup { run_id: id.clone(), windowed: true }]).await.expect("look up");

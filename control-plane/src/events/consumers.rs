@@ -228,6 +228,7 @@ pub(crate) fn message_request(
         if too_large { &[] } else { body },
     );
     ev.priority = priority;
+    ev.dedup_window = i64::try_from(q.dedup_ttl_seconds()).ok().and_then(chrono::Duration::try_seconds);
     if too_large {
         ev.info.body_bytes = body.len() as u64;
         ev.invalid = Some(format!("a message of {} bytes; this trigger takes at most {} (max_body_bytes)", body.len(), q.max_body()));

@@ -56,7 +56,7 @@ pub fn event_request(
         stored_body: stored.then(|| Arc::new(body.to_vec())),
         priority: 0,
         invalid: None,
-        dedup_window: None,
+        dedup_window: Some(chrono::Duration::seconds(crate::model::trigger::DEFAULT_DEDUP_TTL_SECONDS as i64)),
     }
 }
 

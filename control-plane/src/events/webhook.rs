@@ -406,12 +406,17 @@ async fn publish(
         return forward(&core, &uri, &headers, body, peer).await;
     }
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
-        return error(StatusCode::BAD_REQUEST, "Idempotency-Key header required: the same key never makes a second run of a task");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Idempotency-Key header required: the same key makes no second run of a task within its window (Idempotency-TTL, 24h by default)",
+        );
     };
     let Ok(payload) = std::str::from_utf8(&body) else {
         return error(StatusCode::BAD_REQUEST, "payload_json: not UTF-8 JSON");
     };
-    match core.publish_event(&topic, payload, key).await {
+    // `Idempotency-TTL: 2h` (optional): how long the key finds its runs.
+    let ttl = headers.get("idempotency-ttl").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    match core.publish_event(&topic, payload, key, ttl).await {
         Ok(runs) => answer(
             StatusCode::ACCEPTED,
             serde_json::json!({"runs": runs.into_iter().map(|(task_id, a)| serde_json::json!({

@@ -19,11 +19,13 @@ use super::run::{RunStatus, TriggerKind};
 /// bodies in memory.
 pub const EVENT_INLINE_BYTES: usize = 16 * 1024;
 
-/// What a dedup key (`dedup/{key}`) says: the run an event id made and
-/// until when the same id makes no other run. Written in the transaction
-/// that creates the run, apart from the run record: a webhook's `ttl`
-/// holds whatever the history keeps, and a run kept longer than its window
-/// no longer stops a new one (README "Event triggers").
+/// What a dedup key (`dedup/{key}`) says: the run an event id or a manual
+/// trigger's idempotency key made, and until when the same id makes no
+/// other run. Written in the transaction that creates the run, apart from
+/// the run record: a webhook's `ttl`, a queue trigger's `dedup.ttl` and a
+/// trigger's or published event's `idempotency_ttl` hold whatever the
+/// history keeps, and a run kept longer than its window no longer stops a
+/// new one (README "Event triggers").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupClaim {
     /// The event's id run (`event_run_id`): the key's name.
@@ -33,6 +35,9 @@ pub struct DedupClaim {
     pub run_id: String,
     /// The window's end (UTC): from then on the id makes a new run.
     pub expires_at: DateTime<Utc>,
+    /// The run's slot (UTC), what a duplicate's answer says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<DateTime<Utc>>,
 }
 
 /// The event that started a run (README "Event triggers").

@@ -407,7 +407,7 @@ pub fn check_hook_path(path: &str) -> std::result::Result<(), String> {
 // ------------------------------------------------------------ queue
 
 /// `{type: queue, broker, queue | subject + stream, format, max_pending,
-/// prefetch, max_body_bytes}`: each message starts a run. The leader
+/// prefetch, max_body_bytes, dedup}`: each message starts a run. The leader
 /// consumes; a message is acknowledged once its run record (or SKIPPED
 /// record) is committed — never when the run ends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -440,6 +440,35 @@ pub struct QueueTrigger {
     /// and most 1 MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_body_bytes: Option<u64>,
+    /// How long a message id finds its run (`{ttl: "24h"}`, the default):
+    /// a message redelivered or published again with its id within the
+    /// window makes no second run; afterwards it makes a new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<DedupWindow>,
+}
+
+/// `dedup` of a queue trigger: how long a message id is remembered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupWindow {
+    /// `"24h"` (default), 1 second to 30 days.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+}
+
+/// A dedup window given as a duration (`"2h"`; empty: the default, 24 h):
+/// 1 second to 30 days, `field` named in the error. Used by the API's
+/// `idempotency_ttl` of manual triggers and published events.
+pub fn dedup_window(field: &str, ttl: &str) -> Result<chrono::Duration, Error> {
+    if ttl.is_empty() {
+        return Ok(chrono::Duration::seconds(DEFAULT_DEDUP_TTL_SECONDS as i64));
+    }
+    let mut p = Vec::new();
+    check_ttl(field, ttl, &mut p);
+    if let Some(e) = p.pop() {
+        return Err(e);
+    }
+    Ok(chrono::Duration::seconds(schedule::parse_duration(ttl).map_err(|e| Error::invalid(field, e))? as i64))
 }
 
 fn default_max_pending() -> u32 {
@@ -480,6 +509,15 @@ impl QueueTrigger {
             (None, Some(st)) => format!("{}/{st}", self.broker),
             _ => self.broker.clone(),
         }
+    }
+
+    /// The dedup window in seconds.
+    pub fn dedup_ttl_seconds(&self) -> u64 {
+        self.dedup
+            .as_ref()
+            .and_then(|d| d.ttl.as_deref())
+            .and_then(|t| schedule::parse_duration(t).ok())
+            .unwrap_or(DEFAULT_DEDUP_TTL_SECONDS)
     }
 
     /// What it consumes, for logs and the event's `name`:
@@ -527,6 +565,9 @@ impl QueueTrigger {
             && !(1..=MAX_EVENT_BODY_BYTES).contains(&n)
         {
             p.push(Error::invalid(format!("{path}.max_body_bytes"), format!("must be in 1..={MAX_EVENT_BODY_BYTES} (1 MiB)")));
+        }
+        if let Some(ttl) = self.dedup.as_ref().and_then(|d| d.ttl.as_ref()) {
+            check_ttl(&format!("{path}.dedup.ttl"), ttl, p);
         }
     }
 }
@@ -807,6 +848,13 @@ mod tests {
             vec!["trigger.max_body_bytes"]
         );
         assert_eq!(fields(serde_json::json!({"type": "queue", "broker": "r"})), vec!["trigger"]);
+        assert_eq!(
+            fields(serde_json::json!({"type": "queue", "broker": "r", "queue": "q", "dedup": {"ttl": "31d"}})),
+            vec!["trigger.dedup.ttl"]
+        );
+        assert!(fields(serde_json::json!({"type": "queue", "broker": "r", "queue": "q", "dedup": {"ttl": "30d"}})).is_empty());
+        assert_eq!(super::dedup_window("idempotency_ttl", "").expect("default"), chrono::Duration::hours(24));
+        assert!(matches!(super::dedup_window("idempotency_ttl", "0s"), Err(Error::InvalidArgument { field, .. }) if field == "idempotency_ttl"));
         assert_eq!(
             fields(serde_json::json!({"type": "queue", "broker": "r", "queue": "q", "max_pending": 0})),
             vec!["trigger.max_pending"]

@@ -97,6 +97,9 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
                     if q.max_body_bytes > 0 {
                         v["max_body_bytes"] = q.max_body_bytes.into();
                     }
+                    if !q.dedup_ttl.is_empty() {
+                        v["dedup"] = json!({"ttl": q.dedup_ttl});
+                    }
                     v
                 }
                 Some(pb::trigger::Kind::After(a)) => {
@@ -501,6 +504,7 @@ fn typed(spec: &TaskSpec, fill: Option<&crate::engine::retention::RetentionConfi
                     max_pending: q.max_pending,
                     prefetch: if filled { q.prefetch() } else { q.prefetch.unwrap_or(0) },
                     max_body_bytes: if filled { q.max_body() } else { q.max_body_bytes.unwrap_or(0) },
+                    dedup_ttl: q.dedup.as_ref().and_then(|d| d.ttl.clone()).unwrap_or_default(),
                 }),
                 TriggerSpec::After(a) => {
                     pb::trigger::Kind::After(pb::AfterTrigger { task: a.task.clone(), status: a.status.as_str().into() })
@@ -652,7 +656,7 @@ mod tests {
                               "encoding": "base64", "prefix": "v1=", "timestamp_header": "X-Timestamp", "tolerance_seconds": 120}},
                      "dedup": {"header": "X-Delivery", "ttl": "2h"}, "headers": ["X-Request-Id", "User-Agent"], "max_body_bytes": 65536},
                     {"type": "queue", "broker": "rabbit", "queue": "reports", "format": "raw", "max_pending": 50, "prefetch": 10,
-                     "max_body_bytes": 4096},
+                     "max_body_bytes": 4096, "dedup": {"ttl": "7d"}},
                     {"type": "after", "task": "full_b", "status": "any"}],
                 "execution": {"timeout_seconds": 600, "max_retries": 3, "concurrency_limit": 2, "overlap_policy": "queue",
                     "misfire_policy": "run_all", "misfire_grace_seconds": 120, "priority": 7, "start_timeout_seconds": 900,
@@ -718,7 +722,7 @@ mod tests {
         let limits = a.execution.as_ref().and_then(|e| e.limits).expect("limits");
         assert_eq!(limits, pb::ExecutionLimits { memory_max_bytes: Some(512 << 20), cpu: Some(0.5), pids_max: Some(64) });
         let Some(pb::trigger::Kind::Queue(q)) = &a.triggers[5].kind else { panic!("queue") };
-        assert_eq!((q.max_pending, q.prefetch, q.format.as_str()), (50, 10, "raw"));
+        assert_eq!((q.max_pending, q.prefetch, q.format.as_str(), q.dedup_ttl.as_str()), (50, 10, "raw", "7d"));
         // Written fields only: nothing of the defaults.
         let bare = typed_of(&minimal());
         assert_eq!(bare, pb::TaskDefinition { task_id: "bare".into(), agent_id: "report_agent".into(), ..Default::default() });

@@ -181,6 +181,11 @@ impl TaskService for TaskSvc {
                 })?),
             },
             delay_seconds: r.delay_seconds,
+            idempotency_window: match (r.idempotency_key.is_empty(), r.idempotency_ttl.is_empty()) {
+                (true, false) => return Err(status(Error::invalid("idempotency_ttl", "needs an idempotency_key"))),
+                (true, true) => None,
+                (false, _) => Some(crate::model::trigger::dedup_window("idempotency_ttl", &r.idempotency_ttl).map_err(status)?),
+            },
             idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
             caller_trace,
             baggage,
@@ -195,7 +200,7 @@ impl TaskService for TaskSvc {
 
     async fn publish_event(&self, req: Request<pb::PublishEventRequest>) -> Result<Response<pb::PublishEventResponse>, Status> {
         let r = req.into_inner();
-        let runs = self.0.publish_event(&r.topic, &r.payload_json, &r.idempotency_key).await.map_err(status)?;
+        let runs = self.0.publish_event(&r.topic, &r.payload_json, &r.idempotency_key, &r.idempotency_ttl).await.map_err(status)?;
         Ok(Response::new(pb::PublishEventResponse {
             runs: runs.into_iter().map(|(task_id, a)| pb::PublishedRun { task_id, run_id: a.run_id, created: a.created }).collect(),
         }))

@@ -152,6 +152,10 @@ impl EngineCore {
 
     /// The store's answer for a batch: what it holds of each id.
     pub(super) fn events_loaded(&mut self, now: Now, reply: ReplyId, found: Vec<StoredId>) {
+        if let Some(req) = self.pending_triggers.remove(&reply) {
+            self.trigger_loaded(now, reply, req, found.into_iter().next().unwrap_or(StoredId::Absent));
+            return;
+        }
         let Some(batch) = self.pending_events.remove(&reply) else {
             tracing::error!(reply, "a store lookup for no batch of events");
             return;
@@ -220,7 +224,7 @@ impl EngineCore {
     }
 
     /// Remembers a claim (dropping expired ones when many are kept).
-    fn claim(&mut self, now: Now, claim: crate::model::event::DedupClaim) {
+    pub(super) fn claim(&mut self, now: Now, claim: crate::model::event::DedupClaim) {
         if self.claims.len() >= CLAIMS_KEPT {
             self.claims.retain(|_, c| c.expires_at > now.wall);
         }
@@ -248,6 +252,7 @@ impl EngineCore {
                 key: ev.run_id.clone(),
                 run_id: run.run_id.clone(),
                 expires_at: now.wall.checked_add_signed(window).unwrap_or(now.wall),
+                scheduled_at: Some(run.scheduled_at),
             };
             run.dedup = Some(claim.clone());
             self.claim(now, claim);

@@ -367,6 +367,8 @@ pub struct EngineCore {
     fx: Effects,
     /// Batches of events waiting for their store lookup.
     pending_events: HashMap<ReplyId, events::PendingEvents>,
+    /// Manual triggers with a key waiting for the store's word on it.
+    pending_triggers: HashMap<ReplyId, TriggerRequest>,
     /// Dedup claims this leader made or read, by key (expired ones are
     /// dropped as more come).
     claims: HashMap<String, crate::model::event::DedupClaim>,
@@ -454,6 +456,7 @@ impl EngineCore {
             writes: WriteSet::default(),
             fx: Effects::default(),
             pending_events: HashMap::new(),
+            pending_triggers: HashMap::new(),
             claims: HashMap::new(),
             routes: events::Routes::default(),
             counts: counts::Counts::default(),

@@ -15,7 +15,7 @@ use crate::clock::Now;
 
 use super::policy::{Admit, AdmitQuery, AfterAttempt, AgentOutcome, AttemptQuery, Dispatch, DispatchQuery, FinishQuery, Write};
 use super::writes::Home;
-use super::{EngineCore, ReadPurpose, Reply, ReplyId, Timer, Triggered, Urgency};
+use super::{EngineCore, IdLookup, ReadPurpose, Reply, ReplyId, StoredId, Timer, Triggered, Urgency};
 use crate::dispatch::queue::ReadyKey;
 use crate::engine::TriggerRequest;
 use crate::engine::lifecycle::Lifecycle;
@@ -319,9 +319,11 @@ impl EngineCore {
         }
     }
 
-    fn trigger_checked(&mut self, now: Now, reply: ReplyId, req: TriggerRequest, explicit_key: bool) -> Result<()> {
-        let e =
-            self.tasks.get(&req.task_id).filter(|e| !e.deleted).ok_or_else(|| Error::NotFound { kind: "task", id: req.task_id.clone() })?;
+    fn trigger_checked(&mut self, now: Now, reply: ReplyId, mut req: TriggerRequest, explicit_key: bool) -> Result<()> {
+        self.tasks.get(&req.task_id).filter(|e| !e.deleted).ok_or_else(|| Error::NotFound { kind: "task", id: req.task_id.clone() })?;
+        if explicit_key && req.idempotency_window.is_none() {
+            req.idempotency_window = Some(chrono::Duration::seconds(crate::model::trigger::DEFAULT_DEDUP_TTL_SECONDS as i64));
+        }
         let key = req.idempotency_key.clone().unwrap_or_default();
         crate::model::task::validate_id("idempotency_key", &key)?;
         if req.delay_seconds > MAX_DELAY_SECONDS {
@@ -338,16 +340,93 @@ impl EngineCore {
             return Err(Error::invalid("not_before", "must be at most 1 year in the past"));
         }
         let run_id = manual_run_id(&req.task_id, &key);
-        if let Some(existing) = self.runs.get(&run_id) {
-            let scheduled_at = existing.scheduled_at;
-            self.fx.replies.push((reply, Reply::Trigger(Ok(Triggered { run_id, scheduled_at, created: false }))));
-            return Ok(());
-        }
         if explicit_key {
-            // The run may exist in the store (terminal): ask for it first.
-            self.fx.reads.push((run_id, ReadPurpose::Trigger { reply, req }));
+            // A key finds its run for its window: the claim decides (in
+            // memory, else the store's, looked up as an event id's is).
+            if self.trigger_known(now, reply, &run_id, &req) {
+                return Ok(());
+            }
+            if let Some(existing) = self.runs.get(&run_id) {
+                match existing.dedup.clone() {
+                    // Its own claim, live (a new leader's memory has runs,
+                    // not claims); an expired one may have a successor: the
+                    // store's dedup key says.
+                    Some(c) if now.wall < c.expires_at => {
+                        self.trigger_claimed(now, reply, req, Some(c));
+                        return Ok(());
+                    }
+                    Some(_) => {}
+                    // A run of an earlier version, without a claim.
+                    None => {
+                        let scheduled_at = existing.scheduled_at;
+                        self.fx.replies.push((reply, Reply::Trigger(Ok(Triggered { run_id, scheduled_at, created: false }))));
+                        return Ok(());
+                    }
+                }
+            }
+            self.fx.run_checks.push((reply, vec![IdLookup { run_id, windowed: true }]));
+            self.pending_triggers.insert(reply, req);
             return Ok(());
         }
+        self.trigger_create(now, reply, req, run_id, at)
+    }
+
+    /// What memory's claim says of a manual trigger's key: answered (a
+    /// duplicate, or a new run once its window ended) or not known.
+    fn trigger_known(&mut self, now: Now, reply: ReplyId, key_run: &str, req: &TriggerRequest) -> bool {
+        let Some(c) = self.claims.get(key_run).cloned() else { return false };
+        self.trigger_claimed(now, reply, req.clone(), Some(c));
+        true
+    }
+
+    /// A manual trigger's key with its claim: a duplicate of the claim's
+    /// run within the window, else a new run `{key run}-{unix ms}` (no
+    /// claim: the key's own run).
+    fn trigger_claimed(&mut self, now: Now, reply: ReplyId, req: TriggerRequest, claim: Option<crate::model::event::DedupClaim>) {
+        let key_run = manual_run_id(&req.task_id, req.idempotency_key.as_deref().unwrap_or_default());
+        let run_id = match claim {
+            Some(c) if now.wall < c.expires_at => {
+                let scheduled_at = self.runs.get(&c.run_id).map(|r| r.scheduled_at).or(c.scheduled_at).unwrap_or(c.expires_at);
+                self.fx.replies.push((reply, Reply::Trigger(Ok(Triggered { run_id: c.run_id, scheduled_at, created: false }))));
+                return;
+            }
+            Some(_) => format!("{key_run}-{}", now.wall.timestamp_millis()),
+            None => key_run,
+        };
+        let at = req.not_before.unwrap_or_else(|| now.wall + chrono::Duration::seconds(req.delay_seconds as i64));
+        if let Err(e) = self.trigger_create(now, reply, req, run_id, at) {
+            self.fx.replies.push((reply, Reply::Trigger(Err(e))));
+        }
+    }
+
+    /// The store's word on a manual trigger's key.
+    pub(super) fn trigger_loaded(&mut self, now: Now, reply: ReplyId, req: TriggerRequest, found: StoredId) {
+        let key_run = manual_run_id(&req.task_id, req.idempotency_key.as_deref().unwrap_or_default());
+        // Memory first: a trigger of the same key answered meanwhile.
+        if self.trigger_known(now, reply, &key_run, &req) {
+            return;
+        }
+        match found {
+            StoredId::Claim(c) => self.trigger_claimed(now, reply, req, Some(c)),
+            StoredId::Absent => self.trigger_claimed(now, reply, req, None),
+            // A run of an earlier version without a claim: a duplicate
+            // while it is kept (its record says when it was).
+            StoredId::Run => self.fx.reads.push((key_run, ReadPurpose::Trigger { reply, req })),
+            StoredId::Unavailable(why) => {
+                let e = Error::Unavailable {
+                    reason: format!("cannot tell whether idempotency key {} made a run: {why}", req.idempotency_key.unwrap_or_default()),
+                    leader: None,
+                };
+                self.fx.replies.push((reply, Reply::Trigger(Err(e))));
+            }
+        }
+    }
+
+    /// Creates a manual trigger's run `run_id` due at `at`; with an
+    /// explicit key, its claim goes with it.
+    fn trigger_create(&mut self, now: Now, reply: ReplyId, req: TriggerRequest, run_id: String, at: DateTime<Utc>) -> Result<()> {
+        let e =
+            self.tasks.get(&req.task_id).filter(|e| !e.deleted).ok_or_else(|| Error::NotFound { kind: "task", id: req.task_id.clone() })?;
         let spec = e.record.spec.clone();
         let mut run = RunRecord::pending(run_id.clone(), &req.task_id, &spec.agent_id, TriggerKind::Manual, at, now.wall);
         crate::model::task::check_params_size("params", &req.params)?;
@@ -371,6 +450,17 @@ impl EngineCore {
             run.trace_state = caller.trace_state;
         }
         run.baggage = req.baggage;
+        // An explicit key's claim (its window set above); a fresh key has none.
+        if let (Some(key), Some(window)) = (&req.idempotency_key, req.idempotency_window) {
+            let claim = crate::model::event::DedupClaim {
+                key: manual_run_id(&req.task_id, key),
+                run_id: run.run_id.clone(),
+                expires_at: now.wall.checked_add_signed(window).unwrap_or(now.wall),
+                scheduled_at: Some(at),
+            };
+            run.dedup = Some(claim.clone());
+            self.claim(now, claim);
+        }
         if at > now.wall {
             run.next_attempt_at = Some(at);
             run.pending_reason = Some(format!("delayed until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));

@@ -217,6 +217,7 @@ impl H {
             not_before: None,
             delay_seconds: 0,
             idempotency_key: Some(key.into()),
+            idempotency_window: None,
             caller_trace: None,
             baggage: String::new(),
         };
@@ -724,23 +725,53 @@ fn cancel_of_a_pending_run_is_immediate_and_of_a_running_one_waits_for_the_agent
     assert!(matches!(h.drain().replies.first(), Some((11, Reply::Cancel(Err(Error::FailedPrecondition(_)))))));
 }
 
-#[test]
-fn a_trigger_with_a_known_key_reads_the_store_first() {
-    let mut h = H::new();
-    h.task(manual("m"));
-    let req = TriggerRequest {
+fn keyed(key: &str, window: Option<i64>) -> TriggerRequest {
+    TriggerRequest {
         task_id: "m".into(),
         params: Default::default(),
         not_before: None,
         delay_seconds: 0,
-        idempotency_key: Some("k".into()),
+        idempotency_key: Some(key.into()),
+        idempotency_window: window.map(Duration::seconds),
         caller_trace: None,
         baggage: String::new(),
+    }
+}
+
+/// The answer of a trigger, after the lookup the core asked for (if any)
+/// was answered with `stored`.
+fn trigger_answer(h: &mut H, reply: ReplyId, req: TriggerRequest, stored: Option<StoredId>) -> (Effects, Result<Triggered>) {
+    h.core.handle(h.clocks(), Input::Trigger { reply, req, explicit_key: true });
+    let mut fx = h.drain();
+    if let Some(stored) = stored {
+        let (r, ids) = fx.run_checks.pop().expect("a lookup");
+        assert_eq!((r, ids.len(), ids[0].windowed), (reply, 1, true));
+        h.core.handle(h.clocks(), Input::EventsLoaded { reply, found: vec![stored] });
+        fx = h.drain();
+    }
+    assert!(fx.run_checks.is_empty(), "no lookup: {:?}", fx.run_checks);
+    let i = fx.replies.iter().position(|(r, _)| *r == reply).expect("an answer");
+    let answer = match fx.replies.remove(i).1 {
+        Reply::Trigger(t) => t,
+        other => panic!("{other:?}"),
     };
-    h.core.handle(h.clocks(), Input::Trigger { reply: 1, req, explicit_key: true });
+    (fx, answer)
+}
+
+/// A key whose run was written by an earlier version (no dedup key, no
+/// claim of its own) is a duplicate while the run is kept: its record is
+/// read for the answer.
+#[test]
+fn a_trigger_with_a_known_key_reads_the_store_first() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    h.core.handle(h.clocks(), Input::Trigger { reply: 1, req: keyed("k", None), explicit_key: true });
     let fx = h.drain();
     assert!(fx.writes.is_empty() && fx.replies.is_empty());
+    h.core.handle(h.clocks(), Input::EventsLoaded { reply: 1, found: vec![StoredId::Run] });
+    let fx = h.drain();
     let (run_id, purpose) = fx.reads[0].clone();
+    assert_eq!(run_id, "m.manual-k");
     let existing = RunRecord::pending(run_id.clone(), "m", "a", TriggerKind::Manual, t0() - Duration::hours(1), t0());
     h.core.handle(h.clocks(), Input::RunLoaded { run_id: run_id.clone(), run: Some(Box::new(existing)), purpose: purpose.clone() });
     let fx = h.drain();
@@ -750,6 +781,66 @@ fn a_trigger_with_a_known_key_reads_the_store_first() {
     let fx = h.drain();
     assert!(matches!(&fx.replies[0].1, Reply::Trigger(Ok(t)) if t.created));
     assert_eq!(fx.writes.len(), 1);
+}
+
+/// Issue 35: a manual trigger's idempotency key finds its run for exactly
+/// its window (24 h unless the request says), whatever the history keeps:
+/// in memory, from the store's dedup key (a new leader), and then makes a
+/// new run with a claim of its own. Before, a key found its run for as
+/// long as the run was kept, and never again once it was pruned.
+#[test]
+fn a_manual_key_deduplicates_for_its_window_only() {
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (fx, first) = trigger_answer(&mut h, 1, keyed("k", Some(5)), Some(StoredId::Absent));
+    let first = first.expect("created");
+    assert!(first.created);
+    assert_eq!(first.run_id, "m.manual-k");
+    let claim = fx
+        .writes
+        .iter()
+        .flatten()
+        .find_map(|op| match op {
+            StoreOp::CreateRun(r) => r.dedup.clone(),
+            _ => None,
+        })
+        .expect("the claim is written with the run");
+    assert_eq!(
+        (claim.key.as_str(), claim.run_id.as_str(), claim.expires_at, claim.scheduled_at),
+        ("m.manual-k", "m.manual-k", t0() + Duration::seconds(5), Some(t0()))
+    );
+    h.advance(Duration::seconds(4));
+    let (fx, again) = trigger_answer(&mut h, 2, keyed("k", Some(5)), None);
+    let again = again.expect("duplicate");
+    assert!(!again.created && again.run_id == first.run_id && again.scheduled_at == t0(), "{again:?}");
+    assert!(fx.writes.is_empty());
+    h.advance(Duration::seconds(2));
+    let (_, later) = trigger_answer(&mut h, 3, keyed("k", Some(5)), None);
+    let later = later.expect("a new run");
+    assert!(later.created && later.run_id.starts_with("m.manual-k-"), "{later:?}");
+
+    // A new leader: the store's dedup key decides.
+    let live = crate::model::event::DedupClaim {
+        key: "m.manual-k".into(),
+        run_id: "m.manual-k-17".into(),
+        expires_at: t0() + Duration::seconds(1),
+        scheduled_at: Some(t0() - Duration::minutes(3)),
+    };
+    let expired = crate::model::event::DedupClaim { expires_at: t0(), ..live.clone() };
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (_, dup) = trigger_answer(&mut h, 4, keyed("k", None), Some(StoredId::Claim(live)));
+    let dup = dup.expect("duplicate");
+    assert!(!dup.created && dup.run_id == "m.manual-k-17" && dup.scheduled_at == t0() - Duration::minutes(3), "{dup:?}");
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (_, new) = trigger_answer(&mut h, 5, keyed("k", None), Some(StoredId::Claim(expired)));
+    assert!(new.as_ref().is_ok_and(|t| t.created && t.run_id.starts_with("m.manual-k-")), "{new:?}");
+    let mut h = H::new();
+    h.task(manual("m"));
+    let (fx, refused) = trigger_answer(&mut h, 6, keyed("k", None), Some(StoredId::Unavailable("archive down".into())));
+    assert!(matches!(refused, Err(Error::Unavailable { .. })), "{refused:?}");
+    assert!(fx.writes.is_empty(), "refused rather than risk a second run");
 }
 
 // ------------------------------------------------------- task changes
@@ -947,6 +1038,7 @@ fn trigger_params_over_the_limit_are_refused() {
             not_before: None,
             delay_seconds: 0,
             idempotency_key: Some(key.into()),
+            idempotency_window: None,
             caller_trace: None,
             baggage: String::new(),
         };
@@ -978,6 +1070,7 @@ fn not_before_is_bounded_in_the_past_too() {
             not_before: Some(at.parse().expect("t")),
             delay_seconds: 0,
             idempotency_key: Some(key.into()),
+            idempotency_window: None,
             caller_trace: None,
             baggage: String::new(),
         };
@@ -1297,6 +1390,7 @@ fn runs_carry_their_trace_and_assignments_the_attempt_span() {
         not_before: None,
         delay_seconds: 0,
         idempotency_key: Some("t1".into()),
+        idempotency_window: None,
         caller_trace: Some(crate::engine::CallerTrace {
             trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
             span_id: "00f067aa0ba902b7".into(),
@@ -1424,10 +1518,19 @@ fn a_windowed_event_id_deduplicates_for_its_window_only() {
                 key: base.clone(),
                 run_id: format!("{base}-1"),
                 expires_at: t0() + chrono::Duration::seconds(1),
+                scheduled_at: None,
             }),
             true,
         ),
-        (StoredId::Claim(crate::model::event::DedupClaim { key: base.clone(), run_id: base.clone(), expires_at: t0() }), false),
+        (
+            StoredId::Claim(crate::model::event::DedupClaim {
+                key: base.clone(),
+                run_id: base.clone(),
+                expires_at: t0(),
+                scheduled_at: None,
+            }),
+            false,
+        ),
     ] {
         let mut h = H::new();
         h.task(event_task("w"));
