@@ -114,6 +114,51 @@ impl Postgres {
         format!("postgres://punchclock@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The postmaster and its backends' pids.
+    fn pids(&self) -> Vec<i32> {
+        let Some(main) = self.child.as_ref().map(|c| c.id() as i32) else { return Vec::new() };
+        let mut pids = vec![main];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // "pid (comm) state ppid ...": the fields after the last ')'.
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Stops the server and every backend (SIGSTOP): connections stay
+    /// open and nothing answers, as with a hung host or disk.
+    pub fn pause(&self) {
+        for pid in self.pids() {
+            // SAFETY: a signal to a process this harness started.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+    }
+
+    /// Lets a [`Postgres::pause`]d server go on (SIGCONT).
+    pub fn resume(&self) {
+        for pid in self.pids() {
+            // SAFETY: as in `pause`.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        }
+    }
+
+    /// Creates the database `name` (`CREATE DATABASE name OPTIONS`, through
+    /// `psql`) and returns its URL.
+    pub fn create_database(&self, name: &str, options: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "punchclock", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c"])
+            .arg(format!("CREATE DATABASE {name} {options}"))
+            .output()
+            .expect("run psql");
+        assert!(out.status.success(), "CREATE DATABASE {name} failed: {}", String::from_utf8_lossy(&out.stderr));
+        format!("postgres://punchclock@127.0.0.1:{}/{name}", self.port)
+    }
+
     /// Waits until the server accepts connections (30 s at most).
     pub async fn wait_ready(&self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -99,3 +99,43 @@ async fn the_postgres_history_pages_filters_and_drops_by_month() {
     h.record(&[runs[0].clone()]).await.expect("record after drop");
     assert!(h.get(&runs[0].run_id).await.expect("get").is_some());
 }
+
+/// A database with a linguistic collation (ICU's en-US, as a server
+/// initialised with `en_US.UTF-8` or a managed PostgreSQL has by default):
+/// ids still page in byte order, as the store's keys and the merge of live
+/// and archived runs sort them. Before the ids' columns were `COLLATE "C"`,
+/// `Ab.*` sorted after `aa.*` here and pages that split a slot lost runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_page_in_byte_order_under_a_linguistic_collation() {
+    let Some(pg) = Postgres::start().await else {
+        punchclock_tests::skip("history_postgres", "PUNCHCLOCK_SKIP_POSTGRES_TESTS", "PostgreSQL is not installed");
+        return;
+    };
+    let url = pg.create_database("icu", "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'");
+    let h = PgHistory::connect(&PgSpec { url, password_file: None, ca_file: None }).await.expect("connect");
+    let t0: DateTime<Utc> = "2026-12-07T10:00:00Z".parse().expect("t");
+    let mut runs = Vec::new();
+    for task in ["Ab", "aa", "B-c", "b", "load", "load_x", "load.y", "a b"] {
+        for k in 0..3 {
+            let at = t0 + Duration::seconds(k);
+            let mut r = RunRecord::pending(format!("{task}.s{k}"), task, "a", TriggerKind::Interval, at, at);
+            r.status = RunStatus::Succeeded;
+            runs.push(r);
+        }
+    }
+    h.record(&runs).await.expect("record");
+    let mut want: Vec<(DateTime<Utc>, String)> = runs.iter().map(|r| (r.scheduled_at, r.run_id.clone())).collect();
+    want.sort();
+    let oldest: Vec<String> = want.iter().map(|(_, id)| id.clone()).collect();
+    let newest: Vec<String> = oldest.iter().rev().cloned().collect();
+    for limit in 1..=5 {
+        assert_eq!(read_all(&h, HistoryQuery { limit, ..Default::default() }).await, oldest, "oldest first, pages of {limit}");
+        assert_eq!(
+            read_all(&h, HistoryQuery { limit, newest_first: true, ..Default::default() }).await,
+            newest,
+            "newest first, pages of {limit}"
+        );
+    }
+    let prefixed: Vec<String> = oldest.iter().filter(|id| id.starts_with("load")).cloned().collect();
+    assert_eq!(read_all(&h, HistoryQuery { task_prefix: "load".into(), limit: 2, ..Default::default() }).await, prefixed);
+}

@@ -25,9 +25,10 @@ use crate::model::RunRecord;
 use crate::repo::codec;
 
 /// Schema migrations, in order: `(version, SQL)`. Applied once each.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE punchclock_runs (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE punchclock_runs (
         run_id text NOT NULL,
         task_id text NOT NULL,
         scheduled_at timestamptz NOT NULL,
@@ -41,7 +42,35 @@ const MIGRATIONS: &[(i32, &str)] = &[(
     CREATE INDEX punchclock_runs_task ON punchclock_runs (task_id, scheduled_at, run_id);
     CREATE INDEX punchclock_runs_status ON punchclock_runs (status, scheduled_at, run_id);
     CREATE INDEX punchclock_runs_run_id ON punchclock_runs (run_id);",
-)];
+    ),
+    (
+        // Byte order for ids, as the store's keys and the merge of the live and
+        // archived runs sort them: under a linguistic collation (a database
+        // made with en_US.UTF-8 or ICU, the usual default) `ORDER BY run_id`
+        // and the keyset's `>` disagreed with the merge, and pages lost runs
+        // that shared a slot (`Ab.x` and `aa.x`, `load.x` and `load_x.x`).
+        2,
+        "ALTER TABLE punchclock_runs
+        ALTER COLUMN run_id TYPE text COLLATE \"C\",
+        ALTER COLUMN task_id TYPE text COLLATE \"C\",
+        ALTER COLUMN status TYPE text COLLATE \"C\",
+        ALTER COLUMN trigger_kind TYPE text COLLATE \"C\",
+        ALTER COLUMN event_key TYPE text COLLATE \"C\";",
+    ),
+];
+
+/// Longest any one statement may take, measured here: a PostgreSQL that
+/// hangs (stopped, or its disk stalled) holds a connection without closing
+/// it, and the mover must see that as the archive away, not wait for ever.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `f` within [`STATEMENT_TIMEOUT`], else a store error naming `what`.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(STATEMENT_TIMEOUT, f).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Store(format!("postgres ({what}): no answer within {} s", STATEMENT_TIMEOUT.as_secs()))),
+    }
+}
 
 /// The advisory lock migrations take (any constant: "punchclock" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7075_6e63_6863_6c6b;
@@ -270,6 +299,56 @@ impl HistoryStore for PgHistory {
         if runs.is_empty() {
             return Ok(());
         }
+        within("record", self.record_now(runs)).await
+    }
+
+    async fn get(&self, run_id: &str) -> Result<Option<RunRecord>> {
+        within("get", async {
+            let c = self.pool.get().await.map_err(pool_err)?;
+            let row = c
+                .query_opt("SELECT record::text FROM punchclock_runs WHERE run_id = $1 LIMIT 1", &[&run_id])
+                .await
+                .map_err(pg_err("get"))?;
+            row.map(|r| codec::decode::<RunRecord>("run", r.get::<_, &str>(0).as_bytes())).transpose()
+        })
+        .await
+    }
+
+    async fn page(&self, q: &HistoryQuery) -> Result<HistoryPage> {
+        within("page", self.page_now(q)).await
+    }
+
+    async fn expire_before(&self, cutoff: DateTime<Utc>) -> Result<u64> {
+        Ok(within("expire", self.drop_partitions_before(cutoff)).await?.len() as u64)
+    }
+
+    async fn contains(&self, run_ids: &[String]) -> Result<Vec<bool>> {
+        within("contains", async {
+            let c = self.pool.get().await.map_err(pool_err)?;
+            let rows =
+                c.query("SELECT run_id FROM punchclock_runs WHERE run_id = ANY($1)", &[&run_ids]).await.map_err(pg_err("contains"))?;
+            let found: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+            Ok(run_ids.iter().map(|id| found.contains(id)).collect())
+        })
+        .await
+    }
+
+    /// Exact (the indexes answer it).
+    async fn count(&self, q: &HistoryQuery) -> Result<Count> {
+        within("count", async {
+            let c = self.pool.get().await.map_err(pool_err)?;
+            let (sql, params) = Self::select(q, true);
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(|p| p.as_ref() as _).collect();
+            let n: i64 = c.query_one(&sql, &refs).await.map_err(pg_err("count"))?.get(0);
+            Ok(Count { runs: u64::try_from(n).unwrap_or(0), exact: true })
+        })
+        .await
+    }
+}
+
+impl PgHistory {
+    /// [`HistoryStore::record`] without its time limit.
+    async fn record_now(&self, runs: &[RunRecord]) -> Result<()> {
         let c = self.pool.get().await.map_err(pool_err)?;
         self.ensure_partitions(&c, runs.iter().map(|r| r.scheduled_at)).await?;
         let mut ids = Vec::with_capacity(runs.len());
@@ -297,14 +376,8 @@ impl HistoryStore for PgHistory {
         Ok(())
     }
 
-    async fn get(&self, run_id: &str) -> Result<Option<RunRecord>> {
-        let c = self.pool.get().await.map_err(pool_err)?;
-        let row =
-            c.query_opt("SELECT record::text FROM punchclock_runs WHERE run_id = $1 LIMIT 1", &[&run_id]).await.map_err(pg_err("get"))?;
-        row.map(|r| codec::decode::<RunRecord>("run", r.get::<_, &str>(0).as_bytes())).transpose()
-    }
-
-    async fn page(&self, q: &HistoryQuery) -> Result<HistoryPage> {
+    /// [`HistoryStore::page`] without its time limit.
+    async fn page_now(&self, q: &HistoryQuery) -> Result<HistoryPage> {
         let c = self.pool.get().await.map_err(pool_err)?;
         let (sql, params) = Self::select(q, false);
         let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(|p| p.as_ref() as _).collect();
@@ -317,25 +390,5 @@ impl HistoryStore for PgHistory {
         }
         let next = if more { runs.last().map(Cursor::of) } else { None };
         Ok(HistoryPage { runs, next })
-    }
-
-    async fn expire_before(&self, cutoff: DateTime<Utc>) -> Result<u64> {
-        Ok(self.drop_partitions_before(cutoff).await?.len() as u64)
-    }
-
-    async fn contains(&self, run_ids: &[String]) -> Result<Vec<bool>> {
-        let c = self.pool.get().await.map_err(pool_err)?;
-        let rows = c.query("SELECT run_id FROM punchclock_runs WHERE run_id = ANY($1)", &[&run_ids]).await.map_err(pg_err("contains"))?;
-        let found: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        Ok(run_ids.iter().map(|id| found.contains(id)).collect())
-    }
-
-    /// Exact (the indexes answer it).
-    async fn count(&self, q: &HistoryQuery) -> Result<Count> {
-        let c = self.pool.get().await.map_err(pool_err)?;
-        let (sql, params) = Self::select(q, true);
-        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(|p| p.as_ref() as _).collect();
-        let n: i64 = c.query_one(&sql, &refs).await.map_err(pg_err("count"))?.get(0);
-        Ok(Count { runs: u64::try_from(n).unwrap_or(0), exact: true })
     }
 }
