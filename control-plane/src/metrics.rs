@@ -243,7 +243,13 @@ impl Metrics {
             events: Family::default(),
             consumer_up: Family::default(),
             history_outbox: Gauge::default(),
-            history_up: Gauge::default(),
+            // 1 until a leader's mover finds the archive away: followers
+            // and replicas without an archive have nothing waiting.
+            history_up: {
+                let g = Gauge::default();
+                g.set(1);
+                g
+            },
             resource_in_use: Family::default(),
             resource_limit: Family::default(),
             resource_waiting: Family::default(),
@@ -329,7 +335,7 @@ impl Metrics {
         );
         r.register(
             "history_archive_up",
-            "1 while the leader reaches the history archive (PostgreSQL), 0 while it cannot (runs wait in the store)",
+            "0 while the leader cannot reach the history archive (PostgreSQL; runs wait in the store), else 1 (followers and replicas without --history: 1)",
             m.history_up.clone(),
         );
         r.register(

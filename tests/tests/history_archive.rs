@@ -2,8 +2,9 @@
 //!
 //! A cluster on a real etcd with `--history postgres://…` (a real
 //! PostgreSQL, started here): 2 replicas, a runner, 60 tasks every second
-//! for about 75 s; the leader is killed -9 twice, and PostgreSQL is killed
-//! for 30 s under the load. While it is away scheduling goes on, the runs
+//! for about 75 s; the leader is killed -9 twice, and PostgreSQL is away
+//! for 30 s under the load (hung — stopped with its connections open —
+//! for 18 s, then killed for 12 s). While it is away scheduling goes on, the runs
 //! wait in etcd, and the leader's `/readyz` and
 //! `punchclock_history_outbox_runs` say so. Afterwards: every slot of the
 //! window has exactly one record in PostgreSQL and none twice, etcd holds
@@ -21,7 +22,9 @@ use punchclock_control_plane::store::KvStore;
 use punchclock_proto::v1 as pb;
 use punchclock_tests::etcd::{Etcd, free_port};
 use punchclock_tests::postgres::Postgres;
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, at, cli, http_get, list_runs, status, tasks, wait_engine, wait_leader};
+use punchclock_tests::{
+    KeepLogsOnPanic, Proc, apply_all, at, cli, http_get, http_post, list_runs, status, tasks, wait_engine, wait_leader,
+};
 
 const TASKS: usize = 60;
 
@@ -61,6 +64,14 @@ async fn finished_runs_move_to_postgres_through_failovers_and_an_outage() {
                            "execution": {"concurrency_limit": 4}})
     });
     apply_all(&tasks(&first.leader_address).await, specs).await;
+    // A webhook task: while PostgreSQL is away a new delivery id cannot be
+    // told apart from an archived one, so it is refused for a retry.
+    apply_all(
+        &tasks(&first.leader_address).await,
+        std::iter::once(serde_json::json!({"task_id": "arc_hook", "agent_id": "true_agent",
+                                           "trigger": {"type": "webhook", "path": "/hooks/arc", "auth": "none"}})),
+    )
+    .await;
 
     // Two leader kills.
     let mut last_token = 0;
@@ -76,14 +87,12 @@ async fn finished_runs_move_to_postgres_through_failovers_and_an_outage() {
     }
     tokio::time::sleep(Duration::from_secs(8)).await;
 
-    // PostgreSQL away for 30 s under the load.
-    pg.kill();
-    let outage = tokio::time::Instant::now();
+    // PostgreSQL away for 30 s under the load: hung for 18 s (stopped,
+    // its connections open and silent), then gone for 12 s (killed).
     let leader = wait_leader(&addrs, Duration::from_secs(30), |s| s.fencing_token != last_token).await;
     let i = addrs.iter().position(|a| *a == leader.leader_address).expect("leader is ours");
     let leader_http = format!("127.0.0.1:{}", http[i]);
-    let mut said = false;
-    while outage.elapsed() < Duration::from_secs(30) {
+    let says_why = || {
         let (_, ready) = http_get(&leader_http, "/readyz");
         let (_, metrics) = http_get(&leader_http, "/metrics");
         let waiting = metrics
@@ -91,12 +100,27 @@ async fn finished_runs_move_to_postgres_through_failovers_and_an_outage() {
             .find(|l| l.starts_with("punchclock_history_outbox_runs "))
             .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
             .unwrap_or(0.0);
-        if ready.contains("history archive unreachable") && waiting > 0.0 && metrics.contains("punchclock_history_archive_up 0") {
-            said = true;
+        ready.contains("history archive unreachable") && waiting > 0.0 && metrics.contains("punchclock_history_archive_up 0")
+    };
+    for (phase, secs) in [("hung", 18), ("gone", 12)] {
+        if phase == "hung" {
+            pg.pause();
+        } else {
+            pg.resume();
+            pg.kill();
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let outage = tokio::time::Instant::now();
+        let mut said = false;
+        while outage.elapsed() < Duration::from_secs(secs) {
+            said |= says_why();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(said, "PostgreSQL {phase}: /readyz and the outbox gauge say why");
+        if phase == "gone" {
+            let (code, body) = http_post(&leader_http, "/hooks/arc", &[("Idempotency-Key", "away-1")], Some(b"{}"));
+            assert_eq!(code, 503, "a delivery PostgreSQL would have to vouch for is refused for a retry: {body}");
+        }
     }
-    assert!(said, "/readyz and the outbox gauge say why while PostgreSQL is away");
     pg.restart().await;
     tokio::time::sleep(Duration::from_secs(10)).await;
 
@@ -119,6 +143,13 @@ async fn finished_runs_move_to_postgres_through_failovers_and_an_outage() {
         }
         assert!(tokio::time::Instant::now() < deadline, "{open} runs open and {left} finished runs still in etcd");
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // The archive back: every replica says so (a follower has nothing
+    // waiting, and reports the archive up rather than an alarming 0).
+    for port in &http {
+        let (_, metrics) = http_get(&format!("127.0.0.1:{port}"), "/metrics");
+        assert!(metrics.contains("punchclock_history_archive_up 1"), "replica on :{port} reports the archive up once drained");
     }
 
     // Every slot: exactly one record in PostgreSQL.

@@ -76,6 +76,15 @@ pub async fn run(
 ) {
     let mut backoff = Duration::from_millis(250);
     let mut expire_at = tokio::time::Instant::now();
+    let mut away_since: Option<tokio::time::Instant> = None;
+    // A term's end leaves nothing waiting here to report.
+    struct Reset(Arc<crate::metrics::Metrics>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            self.0.set_history_archive(0, true);
+        }
+    }
+    let _reset = Reset(metrics.clone());
     loop {
         if tokio::time::Instant::now() >= expire_at {
             expire_at = tokio::time::Instant::now() + EXPIRE_EVERY;
@@ -105,6 +114,12 @@ pub async fn run(
         match archive.record(&runs).await {
             Ok(()) => {
                 backoff = Duration::from_millis(250);
+                if let Some(since) = away_since.take() {
+                    tracing::info!(
+                        away_s = since.elapsed().as_secs(),
+                        "history archive: reachable again; the runs waiting in the store move"
+                    );
+                }
                 match repo.forget_archived(&lead, &batch).await {
                     Ok(n) => tracing::debug!(moved = n, "history mover: runs archived"),
                     Err(Error::Fenced(_)) => return,
@@ -117,6 +132,7 @@ pub async fn run(
             }
             Err(e) => {
                 let waiting = repo.archive_pending().await.unwrap_or(batch.len() as u64);
+                away_since.get_or_insert_with(tokio::time::Instant::now);
                 tracing::warn!(error = %e, waiting, "history mover: the archive does not take runs; they wait in the store");
                 status.set(Some(e.to_string()), waiting, chrono::Utc::now());
                 metrics.set_history_archive(waiting, false);

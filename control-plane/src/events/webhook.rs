@@ -342,6 +342,9 @@ async fn hook(
             serde_json::json!({"run_id": a.run_id, "deduplicated": !a.created, "skipped": a.skipped.map(|s| s.as_str())}),
         ),
         Ok(Some(Err(Error::NotFound { .. }))) => error(StatusCode::NOT_FOUND, format!("no task has a webhook at {path}")),
+        // The history cannot say whether this key made a run (PostgreSQL
+        // away): the sender retries, and nothing is run twice.
+        Ok(Some(Err(e @ (Error::Unavailable { .. } | Error::Store(_))))) => unavailable(e.to_string(), 5),
         Ok(Some(Err(e))) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Ok(None) => error(StatusCode::INTERNAL_SERVER_ERROR, "no answer"),
         Err(e) => unavailable(format!("no leader can take it now: {e}"), 1),
