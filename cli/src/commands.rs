@@ -624,19 +624,23 @@ struct RunQueryArgs {
     #[arg(long)]
     until: Option<String>,
     /// newest or oldest (first). Default: oldest with --since (a window
-    /// read forward), else newest.
+    /// read forward) and for `runs export`, else newest.
     #[arg(long)]
     order: Option<String>,
 }
 
 impl RunQueryArgs {
     /// The request of the first page, or what is wrong with a flag.
-    fn request(&self, now: chrono::DateTime<chrono::Utc>) -> Result<pb::ListRunsRequest, String> {
+    /// `forward`: oldest first unless `--order` says otherwise (an export),
+    /// else oldest first only with `--since`.
+    fn request(&self, now: chrono::DateTime<chrono::Utc>, forward: bool) -> Result<pb::ListRunsRequest, String> {
         let status = match &self.status {
             None => pb::RunStatus::Unspecified,
-            Some(s) => pb::RunStatus::from_str_name(&s.to_ascii_uppercase())
-                .filter(|s| *s != pb::RunStatus::Unspecified)
-                .ok_or_else(|| format!("--status: unknown status {s:?}"))?,
+            Some(s) => {
+                pb::RunStatus::from_str_name(&s.to_ascii_uppercase()).filter(|s| *s != pb::RunStatus::Unspecified).ok_or_else(|| {
+                    format!("--status: unknown status {s:?} (PENDING, RUNNING, SUCCEEDED, FAILED, RETRYING, TIMEOUT, CANCELLED, SKIPPED)")
+                })?
+            }
         };
         let trigger = match &self.trigger {
             None => pb::TriggerKind::Unspecified,
@@ -650,6 +654,12 @@ impl RunQueryArgs {
             let Some(v) = v else { return Ok(None) };
             let t = match chrono::DateTime::parse_from_rfc3339(v) {
                 Ok(t) => t.with_timezone(&chrono::Utc),
+                // Looks like a date or a time: say what is wrong with it as one.
+                Err(e) if v.contains(['-', ':', 'T']) && v.starts_with(|c: char| c.is_ascii_digit()) && v.len() >= 8 => {
+                    return Err(format!(
+                        "{flag}: {v:?} is not an RFC 3339 time ({e}; such as 2026-12-07T10:00:00Z) nor a duration (1h, 7d)"
+                    ));
+                }
                 Err(_) => {
                     let secs = punchclock_control_plane::schedule::parse_duration(v)
                         .map_err(|e| format!("{flag}: {e} (a duration such as 1h, or an RFC 3339 time)"))?;
@@ -662,20 +672,30 @@ impl RunQueryArgs {
             };
             Ok(Some(punchclock_proto::time::to_timestamp(t)))
         };
-        let order = match self.order.as_deref() {
-            None if self.since.is_some() => pb::RunOrder::OldestFirst,
+        let order = match self.order.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None if forward || self.since.is_some() => pb::RunOrder::OldestFirst,
             None | Some("newest") => pb::RunOrder::NewestFirst,
             Some("oldest") => pb::RunOrder::OldestFirst,
-            Some(o) => return Err(format!("--order: {o:?} is neither newest nor oldest")),
+            Some(_) => return Err(format!("--order: {:?} is neither newest nor oldest", self.order.as_deref().unwrap_or_default())),
         };
+        let (from, to) = (at("--since", &self.since)?, at("--until", &self.until)?);
+        if let (Some(f), Some(t)) = (&from, &to)
+            && (t.seconds, t.nanos) < (f.seconds, f.nanos)
+        {
+            return Err(format!(
+                "--until {:?} is before --since {:?}: a window runs from --since to --until",
+                self.until.as_deref().unwrap_or_default(),
+                self.since.as_deref().unwrap_or_default()
+            ));
+        }
         Ok(pb::ListRunsRequest {
             task_id: self.task.clone(),
             task_prefix: self.task_prefix.clone(),
             status: status as i32,
             trigger_kind: trigger as i32,
             event_key: self.event_key.clone(),
-            scheduled_from: at("--since", &self.since)?,
-            scheduled_to: at("--until", &self.until)?,
+            scheduled_from: from,
+            scheduled_to: to,
             order: order as i32,
             ..Default::default()
         })
@@ -1726,8 +1746,8 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
     let mut rc = RunServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let header = RUN_HEADER;
     match c {
-        RunsCmd::List { q, limit } => list_runs(&mut rc, q.request(chrono::Utc::now())?, limit, fmt).await,
-        RunsCmd::Export { q } => list_runs(&mut rc, q.request(chrono::Utc::now())?, 0, Format::Jsonl).await,
+        RunsCmd::List { q, limit } => list_runs(&mut rc, q.request(chrono::Utc::now(), false)?, limit, fmt).await,
+        RunsCmd::Export { q } => list_runs(&mut rc, q.request(chrono::Utc::now(), true)?, 0, Format::Jsonl).await,
         RunsCmd::Get { run_id } => {
             let r = rc.get_run(pb::GetRunRequest { run_id }).await.map_err(grpc)?.into_inner();
             print_json(&run_json(&r));

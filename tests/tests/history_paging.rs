@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use punchclock_proto::v1 as pb;
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, at, cli, runs, tasks};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, at, cli, cli_fails, runs, tasks};
 
 const TASKS: usize = 120;
 const WINDOW_SECS: i64 = 30;
@@ -97,6 +97,22 @@ async fn every_run_of_a_window_is_listed_once_in_slot_order() {
     assert_eq!(lines, ids, "runs list -o jsonl streams the window in scheduled order");
     let exported = cli(&dev.addr, &["runs", "export", "--since", &f, "--until", &t]);
     assert_eq!(exported.lines().count(), ids.len(), "runs export");
+    // Without --since an export still reads forward: in scheduled order.
+    let everything = cli(&dev.addr, &["runs", "export", "--until", &t]);
+    let keys: Vec<(chrono::DateTime<chrono::Utc>, String)> = everything
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            let slot = v["scheduled_at"].as_str().and_then(|s| s.parse().ok()).expect("scheduled_at");
+            (slot, v["run_id"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    assert!(keys.len() >= ids.len() && keys.windows(2).all(|w| w[0].0 <= w[1].0), "runs export without --since: oldest first");
+    // A malformed date is named as one; a window backwards names both flags.
+    let e = cli_fails(&dev.addr, &["runs", "list", "--since", "2026-13-01T00:00:00Z"]);
+    assert!(e.contains("--since") && e.contains("RFC 3339"), "{e}");
+    let e = cli_fails(&dev.addr, &["runs", "list", "--since", "10m", "--until", "20m"]);
+    assert!(e.contains("--until") && e.contains("--since"), "{e}");
 
     // Newest first: the same runs backwards.
     let (newest, _) =

@@ -854,7 +854,9 @@ mod tests {
         );
         assert!(fields(serde_json::json!({"type": "queue", "broker": "r", "queue": "q", "dedup": {"ttl": "30d"}})).is_empty());
         assert_eq!(super::dedup_window("idempotency_ttl", "").expect("default"), chrono::Duration::hours(24));
-        assert!(matches!(super::dedup_window("idempotency_ttl", "0s"), Err(Error::InvalidArgument { field, .. }) if field == "idempotency_ttl"));
+        assert!(
+            matches!(super::dedup_window("idempotency_ttl", "0s"), Err(Error::InvalidArgument { field, .. }) if field == "idempotency_ttl")
+        );
         assert_eq!(
             fields(serde_json::json!({"type": "queue", "broker": "r", "queue": "q", "max_pending": 0})),
             vec!["trigger.max_pending"]

@@ -38,7 +38,11 @@ pub fn list_query(r: &pb::ListRunsRequest) -> Result<HistoryQuery, Error> {
     };
     let time = |field: &str, t: &Option<prost_types::Timestamp>| {
         t.as_ref()
-            .map(|t| punchclock_proto::time::from_timestamp(t).ok_or_else(|| Error::invalid(field, "is not a time between 1970 and 2262")))
+            .map(|t| {
+                punchclock_proto::time::from_timestamp(t)
+                    .filter(|t| t.timestamp() >= 0)
+                    .ok_or_else(|| Error::invalid(field, "is not a time between 1970 and 2262"))
+            })
             .transpose()
     };
     Ok(HistoryQuery {
