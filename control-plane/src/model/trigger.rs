@@ -192,11 +192,7 @@ impl WebhookTrigger {
 
     /// The dedup window in seconds.
     pub fn dedup_ttl_seconds(&self) -> u64 {
-        self.dedup
-            .as_ref()
-            .and_then(|d| d.ttl.as_deref())
-            .and_then(|t| schedule::parse_duration(t).ok())
-            .unwrap_or(DEFAULT_DEDUP_TTL_SECONDS)
+        dedup_window_seconds(self.dedup.as_ref().and_then(|d| d.ttl.as_deref()))
     }
 
     fn problems(&self, path: &str, p: &mut Vec<Error>) {
@@ -513,11 +509,7 @@ impl QueueTrigger {
 
     /// The dedup window in seconds.
     pub fn dedup_ttl_seconds(&self) -> u64 {
-        self.dedup
-            .as_ref()
-            .and_then(|d| d.ttl.as_deref())
-            .and_then(|t| schedule::parse_duration(t).ok())
-            .unwrap_or(DEFAULT_DEDUP_TTL_SECONDS)
+        dedup_window_seconds(self.dedup.as_ref().and_then(|d| d.ttl.as_deref()))
     }
 
     /// What it consumes, for logs and the event's `name`:
@@ -783,6 +775,12 @@ impl<'de> Deserialize<'de> for TriggerSpec {
         };
         r.map_err(D::Error::custom)
     }
+}
+
+/// A trigger's `dedup.ttl` in seconds ([`DEFAULT_DEDUP_TTL_SECONDS`] when
+/// unset; checked when the task was applied).
+fn dedup_window_seconds(ttl: Option<&str>) -> u64 {
+    ttl.and_then(|t| schedule::parse_duration(t).ok()).unwrap_or(DEFAULT_DEDUP_TTL_SECONDS)
 }
 
 #[cfg(test)]
