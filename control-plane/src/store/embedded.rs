@@ -104,21 +104,40 @@ pub struct EmbeddedStore {
     inner: Arc<Inner>,
 }
 
+/// How long [`EmbeddedStore::open`] waits for another process to let go of
+/// the file's lock before it gives up.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl EmbeddedStore {
     /// Opens (or creates) `dir/punchclock.redb`. Keys left on leases by a
     /// previous process are deleted. Starts the lease reaper on the current
     /// tokio runtime.
     ///
-    /// Errors: [`Error::Store`] if the directory cannot be created or the
-    /// file is locked by another process or corrupt.
+    /// Errors: [`Error::Store`] if the directory cannot be created, the
+    /// file is still locked by another process after [`LOCK_WAIT`], or it
+    /// is corrupt.
     pub async fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::Store(format!("create {}: {e}", dir.display())))?;
         let path = dir.join("punchclock.redb");
-        let p = path.clone();
-        let db = tokio::task::spawn_blocking(move || Database::builder().set_cache_size(CACHE_BYTES).create(&p))
-            .await
-            .map_err(store_err)?
-            .map_err(|e| Error::Store(format!("open {}: {e}", path.display())))?;
+        // The file's lock is held while any process has it open: a previous
+        // instance that was just killed (or a child forked from it that has
+        // not yet exec'd) lets it go a moment later. Wait that long; a
+        // second server on the same directory is refused after it.
+        let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+        let db = loop {
+            let p = path.clone();
+            match tokio::task::spawn_blocking(move || Database::builder().set_cache_size(CACHE_BYTES).create(&p))
+                .await
+                .map_err(store_err)?
+            {
+                Ok(db) => break db,
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(path = %path.display(), "the store is locked by another process; waiting for it to let go");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(Error::Store(format!("open {}: {e}", path.display()))),
+            }
+        };
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         let store = EmbeddedStore {
             inner: Arc::new(Inner {
@@ -535,5 +554,26 @@ impl KvStore for EmbeddedStore {
 
     fn describe(&self) -> String {
         format!("embedded:{}", self.inner.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restart right after a crash: the file is still locked for a moment
+    /// (a killed instance, or a child forked from it not yet exec'd). The
+    /// new instance waits for the lock instead of failing (the fresh-image
+    /// check once saw `dev` refuse to start after a kill -9 in a test).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn open_waits_for_a_previous_holder_to_let_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = Database::create(dir.path().join("punchclock.redb")).expect("the first holder");
+        let path = dir.path().to_path_buf();
+        let second = tokio::spawn(async move { EmbeddedStore::open(&path).await.map(|_| ()) });
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await; // held meanwhile
+        assert!(!second.is_finished(), "the second open waits while the lock is held");
+        drop(first);
+        second.await.expect("join").expect("opened once the first let go");
     }
 }
