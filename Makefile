@@ -36,7 +36,7 @@ build:
 # counts them.
 test: deps build
 	@rm -f target/test-skips.txt
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 	$(MAKE) bench-idle
 	@./scripts/test-summary.sh
 

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply, http_post, list_runs};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply, http_post, list_runs, wait_engine};
 use serde_json::{Value, json};
 
 fn deliver(http: &str, id: &str) -> (bool, String) {
@@ -39,6 +39,8 @@ async fn a_delivery_id_deduplicates_for_its_ttl_across_a_restart() {
     // A restart within the window: the new process finds the id's key.
     dev.kill9();
     dev = Proc::dev_with(&data, 4, &dir.path().join("dev2.log"), &[]);
+    // Serving is not leading yet: its engine takes the event.
+    wait_engine(&dev.addr).await;
     let (dup, again) = deliver(&dev.http_addr(), "k1");
     let within = first_at.elapsed();
     assert!(within < Duration::from_secs(5), "the restart took {within:?}: past the window, nothing was shown");
@@ -52,6 +54,8 @@ async fn a_delivery_id_deduplicates_for_its_ttl_across_a_restart() {
     let second_at = Instant::now();
     dev.kill9();
     dev = Proc::dev_with(&data, 4, &dir.path().join("dev3.log"), &[]);
+    // Serving is not leading yet: its engine takes the event.
+    wait_engine(&dev.addr).await;
     let (dup, third) = deliver(&dev.http_addr(), "k1");
     assert!(second_at.elapsed() < Duration::from_secs(5), "the restart took {:?}", second_at.elapsed());
     assert!(dup && third == second, "the new run's window: got {third} (deduplicated: {dup})");
@@ -95,6 +99,8 @@ async fn a_manual_and_a_published_key_deduplicate_for_their_ttl_across_a_restart
     assert_eq!((t1["created"].as_bool(), p1[0]["created"].as_bool()), (Some(true), Some(true)), "{t1} {p1}");
     dev.kill9();
     dev = Proc::dev_with(&data, 4, &dir.path().join("dev2.log"), &[]);
+    // Serving is not leading yet: its engine takes the event.
+    wait_engine(&dev.addr).await;
     let (t2, p2) = (trigger(&dev.addr), publish(&dev.addr));
     assert!(first_at.elapsed() < Duration::from_secs(5), "the restart took {:?}", first_at.elapsed());
     assert_eq!((t2["created"].as_bool(), &t2["run_id"]), (Some(false), &t1["run_id"]), "within the window: {t2}");
