@@ -298,6 +298,10 @@ struct ConfigArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     otlp: OtlpArgs,
+    /// The dashboard's link for a run's trace: a URL with `{trace_id}` in
+    /// it, such as Jaeger's http://jaeger:16686/trace/{trace_id}.
+    #[arg(long, value_name = "URL")]
+    ui_trace_url: Option<String>,
 }
 
 /// Trace export (`dev`, `server`, `runner`).
@@ -317,6 +321,15 @@ impl OtlpArgs {
 }
 
 impl ConfigArgs {
+    fn ui(&self) -> Result<punchclock_control_plane::ui::UiConfig, String> {
+        if let Some(u) = &self.ui_trace_url
+            && (!u.contains("{trace_id}") || !(u.starts_with("http://") || u.starts_with("https://")))
+        {
+            return Err(format!("--ui-trace-url {u:?}: an http(s) URL with {{trace_id}} in it"));
+        }
+        Ok(punchclock_control_plane::ui::UiConfig { trace_link: self.ui_trace_url.clone() })
+    }
+
     fn load(&self) -> Result<punchclock_control_plane::config::ConfigHandle, String> {
         punchclock_control_plane::config::ConfigHandle::load(self.config.as_deref())
             .map_err(|e| format!("--config {}: {e}", self.config.as_deref().map(|p| p.display().to_string()).unwrap_or_default()))
@@ -1257,6 +1270,7 @@ async fn dev(a: DevArgs, open_files: Option<u64>) -> Res {
         etcd: Default::default(),
         connections: a.connections.limits(open_files)?,
         history: None,
+        ui: a.config.ui()?,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut srv_stop = stop_rx.clone();
@@ -1351,6 +1365,7 @@ async fn server(a: ServerArgs, open_files: Option<u64>) -> Res {
         etcd: security.etcd,
         connections: a.connections.limits(open_files)?,
         history: a.history.spec()?,
+        ui: a.config.ui()?,
     };
     if cfg.advertise.is_none() && cfg.listen.ip().is_unspecified() && matches!(cfg.store, StoreSpec::Etcd(_)) {
         tracing::warn!(listen = %cfg.listen, "no --advertise: runners and clients redirected to this replica would be sent to an unspecified address; give --advertise https://HOST:PORT");

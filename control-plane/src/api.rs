@@ -219,6 +219,8 @@ pub struct Core {
     pub consumers: Arc<crate::events::consumers::ConsumerHealth>,
     /// The history archive (`--history postgres://`) and how its mover is.
     pub archive: Option<(Arc<dyn HistoryStore>, Arc<crate::engine::archive::ArchiveStatus>)>,
+    /// The dashboard's settings.
+    pub ui: crate::ui::UiConfig,
 }
 
 impl Core {
@@ -620,19 +622,58 @@ impl Core {
     }
 
     /// `ListTasks` with the tasks' last `slots` slots from the history
-    /// (newest first; 0 = none): the tasks list's rows ([`TaskSummary`]).
-    /// One history page per task, a few at a time; runs this replica's
-    /// engine holds are shown as it knows them (ahead of the store).
+    /// (newest first; 0 = none): the tasks list's rows ([`TaskSummary`]),
+    /// those `filter` admits. One history page per task, a few at a time;
+    /// runs this replica's engine holds are shown as it knows them (ahead
+    /// of the store). With a filter, tasks are read in pages of
+    /// [`MAX_TASK_PAGE`] until `limit` pass (or the tasks end); the next
+    /// token is the last one given.
     ///
     /// Errors: `InvalidArgument` on `recent_slots` (more than
     /// [`crate::views::MAX_SLOT_CELLS`]); store and history errors.
-    pub async fn task_summaries(&self, page_token: &str, limit: u32, slots: u32) -> Result<(Vec<TaskSummary>, String)> {
+    pub async fn task_summaries(
+        &self,
+        filter: &crate::views::TaskFilter,
+        page_token: &str,
+        limit: u32,
+        slots: u32,
+    ) -> Result<(Vec<TaskSummary>, String)> {
         if slots > crate::views::MAX_SLOT_CELLS {
             return Err(Error::invalid("recent_slots", format!("at most {} (got {slots})", crate::views::MAX_SLOT_CELLS)));
         }
-        let (tasks, next) = self.list_tasks_page(page_token, limit).await?;
+        let limit = if limit == 0 { DEFAULT_TASK_PAGE } else { limit.min(MAX_TASK_PAGE) };
+        if filter.is_empty() {
+            let (tasks, next) = self.list_tasks_page(page_token, limit).await?;
+            return Ok((self.with_slots(tasks, slots).await?, next));
+        }
+        // The last status needs each candidate's newest run.
+        let slots_read = if filter.last_status.is_some() { slots.max(1) } else { slots };
+        let (mut out, mut token) = (Vec::new(), page_token.to_string());
+        loop {
+            let (tasks, next) = self.list_tasks_page(&token, MAX_TASK_PAGE).await?;
+            let candidates: Vec<TaskView> = tasks.into_iter().filter(|t| filter.admits(t)).collect();
+            for s in self.with_slots(candidates, slots_read).await? {
+                let last = s.slots.first().map(|c| c.summary.status);
+                if filter.last_status.is_none_or(|want| last == Some(want)) {
+                    out.push(s);
+                }
+                if out.len() == limit as usize {
+                    // More may follow this one.
+                    let last = out.last().map(|s| s.task.record.spec.task_id.clone()).unwrap_or_default();
+                    return Ok((out, last));
+                }
+            }
+            if next.is_empty() {
+                return Ok((out, String::new()));
+            }
+            token = next;
+        }
+    }
+
+    /// Each task with its last `slots` slots.
+    async fn with_slots(&self, tasks: Vec<TaskView>, slots: u32) -> Result<Vec<TaskSummary>> {
         if slots == 0 {
-            return Ok((tasks.into_iter().map(|task| TaskSummary { task, slots: Vec::new() }).collect(), next));
+            return Ok(tasks.into_iter().map(|task| TaskSummary { task, slots: Vec::new() }).collect());
         }
         let mut reads = Vec::with_capacity(tasks.len());
         for t in &tasks {
@@ -643,12 +684,12 @@ impl Core {
         for (task, cells) in tasks.into_iter().zip(cells) {
             out.push(TaskSummary { task, slots: cells? });
         }
-        Ok((out, next))
+        Ok(out)
     }
 
     /// A task's last `n` slots from the history, newest first, live runs
     /// as this replica's engine knows them.
-    async fn recent_slots(&self, task_id: &str, n: u32) -> Result<Vec<SlotCell>> {
+    pub async fn recent_slots(&self, task_id: &str, n: u32) -> Result<Vec<SlotCell>> {
         let q = HistoryQuery { task_id: task_id.to_string(), limit: n as usize, newest_first: true, ..Default::default() };
         let mut runs = self.history.page(&q).await?.runs;
         let live: Vec<String> = runs.iter().filter(|r| !r.status.is_terminal()).map(|r| r.run_id.clone()).collect();

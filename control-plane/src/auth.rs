@@ -380,7 +380,7 @@ impl Auth {
     /// Who is calling: from the bearer token, else the client certificate,
     /// else anonymous when tokens are off.
     #[allow(clippy::result_large_err)]
-    fn principal(&self, headers: &http::HeaderMap, cert_runner_id: Option<String>) -> std::result::Result<Principal, Status> {
+    pub fn principal(&self, headers: &http::HeaderMap, cert_runner_id: Option<String>) -> std::result::Result<Principal, Status> {
         let bearer = match headers.get(http::header::AUTHORIZATION) {
             None => None,
             Some(v) => {

@@ -105,6 +105,8 @@ pub struct ServerConfig {
     /// Where finished runs go (`--history postgres://…`); `None`: they
     /// stay in the store (README "Run history").
     pub history: Option<crate::repo::history::postgres::PgSpec>,
+    /// The dashboard's settings (`/ui/`).
+    pub ui: crate::ui::UiConfig,
 }
 
 /// The gRPC port's certificate and key (PEM) and, for mTLS, the CA that
@@ -216,6 +218,7 @@ pub async fn start(cfg: ServerConfig, clock: SharedClock, shutdown: impl Future<
         },
         auth: cfg.auth.clone(),
         consumers: Default::default(),
+        ui: cfg.ui.clone(),
     });
     tokio::spawn(metrics.follow(core.lifecycle.clone()));
     if cfg.traces {

@@ -3,7 +3,8 @@
 //! engine — 200, else 503 with the reasons; JSON with leadership either
 //! way), as Kubernetes probes expect; `GET /metrics` (Prometheus, see
 //! [`crate::metrics`]); `POST /hooks/...` (webhook triggers) and `POST
-//! /events/{topic}` (published events), see [`crate::events::webhook`].
+//! /events/{topic}` (published events), see [`crate::events::webhook`];
+//! `/ui/` (the dashboard, [`crate::ui`]; `GET /` leads there).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -105,6 +106,7 @@ pub fn serve(listener: TcpListener, core: Arc<Core>, limits: HttpLimits) {
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(crate::events::webhook::routes(limits.body_timeout))
+        .merge(crate::ui::routes())
         .with_state(core);
     let conns = crate::conns::Conns::new("HTTP", limits.connections);
     tokio::spawn(async move {

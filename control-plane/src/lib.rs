@@ -25,6 +25,7 @@ pub mod service;
 pub mod stats;
 pub mod telemetry;
 pub mod timing;
+pub mod ui;
 pub mod views;
 pub mod watch;
 pub mod worker;

@@ -624,6 +624,7 @@ pub async fn in_process_server(
         etcd: Default::default(),
         connections: Default::default(),
         history: None,
+        ui: Default::default(),
     };
     let clock = std::sync::Arc::new(clock);
     // A server stopped in this process a moment ago may still have a

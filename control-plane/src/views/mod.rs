@@ -154,6 +154,58 @@ pub struct TaskSummary {
     pub slots: Vec<SlotCell>,
 }
 
+/// Which tasks a list shows ([`crate::api::Core::task_summaries`]): all
+/// when default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskFilter {
+    /// A substring (case-insensitive) of the task id, its agent, or one of
+    /// its labels (`key=value`); empty: any.
+    pub text: String,
+    /// Only paused (`Some(true)`) or running (`Some(false)`) tasks.
+    pub paused: Option<bool>,
+    /// Only tasks with a trigger of this kind.
+    pub trigger: Option<TriggerKind>,
+    /// Only tasks whose breaker is open (or half-open).
+    pub breaker_open: bool,
+    /// Only tasks whose newest run has this status (needs its slots read).
+    pub last_status: Option<RunStatus>,
+}
+
+impl TaskFilter {
+    /// Whether the filter reads nothing but the definition and cursor
+    /// (every condition but `last_status`).
+    pub fn is_empty(&self) -> bool {
+        *self == TaskFilter::default()
+    }
+
+    /// Whether `t` passes every condition that its definition and cursor
+    /// decide (all but `last_status`).
+    pub fn admits(&self, t: &crate::api::TaskView) -> bool {
+        let spec = &t.record.spec;
+        if let Some(p) = self.paused
+            && t.record.paused != p
+        {
+            return false;
+        }
+        if let Some(k) = self.trigger
+            && !spec.all_triggers().iter().any(|tr| tr.kind() == k)
+        {
+            return false;
+        }
+        if self.breaker_open
+            && !t.cursor.as_ref().and_then(|c| c.breaker.as_ref()).is_some_and(|b| b.phase != crate::model::breaker::BreakerPhase::Closed)
+        {
+            return false;
+        }
+        if self.text.is_empty() {
+            return true;
+        }
+        let needle = self.text.to_lowercase();
+        let has = |s: &str| s.to_lowercase().contains(&needle);
+        has(&spec.task_id) || has(&spec.agent_id) || spec.labels.iter().any(|(k, v)| has(&format!("{k}={v}")))
+    }
+}
+
 // ------------------------------------------------------- the leader's state
 
 /// A runner as `ClusterService.ListRunners` shows it.

@@ -1,0 +1,77 @@
+//! `GET /ui/live?task=ID&run=ID`: the page's live stream, server-sent
+//! events from the replica's run watch ([`crate::watch`]).
+//!
+//! Each run change is one `run` event whose data is JSON: `run_id`,
+//! `task_id`, `status`, and the run's HTML as each page shows it — `cell`
+//! (a slot cell of the tasks list), `row` (a line of a task's runs). The
+//! page's script puts them in place. A watcher that falls behind (its
+//! queue of [`crate::watch::WATCHER_QUEUE`] changes full) gets a `reload`
+//! event: the page reads itself again rather than miss a change. The
+//! stream's memory per session is that queue, whatever the browser does;
+//! a comment every 15 s keeps proxies from closing it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::Deserialize;
+
+use crate::api::Core;
+use crate::views::{RunSummary, SlotCell};
+use crate::watch::WatchFilter;
+
+/// `GET /ui/live` query.
+#[derive(Debug, Default, Deserialize)]
+pub struct LiveQuery {
+    /// One task's runs (empty: all).
+    #[serde(default)]
+    pub task: String,
+    /// One run (empty: any).
+    #[serde(default)]
+    pub run: String,
+}
+
+/// The event stream.
+pub async fn stream(State(core): State<Arc<Core>>, headers: HeaderMap, Query(q): Query<LiveQuery>) -> Response {
+    let _viewer = match super::session::viewer(&core, &headers, "/punchclock.v1.RunService/WatchRuns") {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let filter = WatchFilter { task_id: q.task, run_id: (!q.run.is_empty()).then_some(q.run) };
+    let sub = match core.watchers.subscribe(filter) {
+        Ok(s) => s,
+        Err(e) => return super::error_page(None, &e),
+    };
+    let behind = sub.behind.clone();
+    // The subscription (and its queue) lives as long as the stream.
+    let events = futures::stream::unfold(sub, move |mut sub| async move {
+        let run = sub.rx.recv().await;
+        match run {
+            Some(run) => Some((Ok::<_, std::convert::Infallible>(run_event(&run)), sub)),
+            None => None,
+        }
+    })
+    .chain(futures::stream::once(async move {
+        // The relay ended this watcher: behind, or the replica's bus closed.
+        let why = if behind.load(Ordering::Relaxed) { "behind" } else { "ended" };
+        Ok(Event::default().event("reload").data(why))
+    }));
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+fn run_event(run: &crate::model::RunRecord) -> Event {
+    let summary = RunSummary::of(run);
+    let data = serde_json::json!({
+        "run_id": run.run_id,
+        "task_id": run.task_id,
+        "status": run.status.as_str(),
+        "cell": super::pages::cell(&SlotCell { summary: summary.clone() }).into_string(),
+        "row": super::pages::run_row(&summary).into_string(),
+    });
+    Event::default().event("run").data(data.to_string())
+}
