@@ -5,7 +5,7 @@
 CARGO ?= cargo
 BIN := target/debug/punchclock
 
-.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-core bench-engine bench-load bench-chain bench-http peers-venv bench-events bench-spawn bench-apply bench-history shim-static fmt clippy clean
+.PHONY: all deps deps-demo deps-bench build test demo bench bench-idle bench-core bench-engine bench-load bench-chain bench-http peers-venv bench-events bench-spawn bench-apply bench-history bench-ui shim-static fmt clippy clean
 
 all: build
 
@@ -45,7 +45,7 @@ demo: deps-demo build
 
 # Benches that print figures (not part of `make test`): idle cost, engine
 # transactions per run and throughput against the pre-issue-6 build.
-bench: bench-idle bench-core bench-engine bench-load bench-chain bench-events bench-spawn bench-apply bench-history
+bench: bench-idle bench-core bench-engine bench-load bench-chain bench-events bench-spawn bench-apply bench-history bench-ui
 
 # Issue 35: run history at a million runs (`ARGS=N` for another count):
 # listing pages p50/p99 and export runs/s on the embedded store beside the
@@ -55,6 +55,13 @@ bench: bench-idle bench-core bench-engine bench-load bench-chain bench-events be
 bench-history: deps
 	$(CARGO) build --release -q -p punchclock
 	PUNCHCLOCK_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/punchclock $(CARGO) run --release -q -p punchclock-tests --bin bench-history -- $(ARGS)
+
+# Issue 36: the dashboard's server time (tasks page at 10,000 and 100,000
+# tasks, a task page with 100,000 runs: p50/p99) and 100 live streams held
+# for a minute under 300 runs a second (the server's RSS); ARGS="TASKS...".
+bench-ui: deps
+	$(CARGO) build --release -q -p punchclock
+	PUNCHCLOCK_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/punchclock $(CARGO) run --release -q -p punchclock-tests --bin bench-ui -- $(ARGS)
 
 # Issue 22: the decision core alone (no store, one thread): CPU per run from
 # a slot to its dispatch, and of the runner's reports, beside a revision.

@@ -89,6 +89,7 @@ done
 echo "== punchclock dev is up (API $API, health $HEALTH, log in $DATA.log)"
 echo "   notifications go to a local receiver (examples/notify_receiver.py, port $RPORT, log in $DATA/notifications.log)"
 echo "   other shells: export PUNCHCLOCK_ENDPOINT=$API"
+echo "   dashboard: ${HEALTH%/healthz}/ui/ (every task's last slots, live; open it in a browser)"
 # The example tasks check the local health endpoint at its default address;
 # they get the one this dev listens on.
 for f in examples/tasks/*.json examples/tasks/*.yaml; do

@@ -38,6 +38,8 @@ need=(
   "rabbitmq-server|test -x /usr/lib/rabbitmq/bin/rabbitmq-server && test -x /usr/lib/rabbitmq/bin/rabbitmqctl|the queue trigger tests (a real RabbitMQ node on free ports)"
   "nats-server|nats-server --version|the queue trigger tests (a real NATS server with JetStream)"
   "postgresql|ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1|the history archive tests (initdb and a real PostgreSQL server on a free port)"
+  "chromium|test -x /usr/bin/chromium|the dashboard tests (a real headless browser)"
+  "chromium-driver|test -x /usr/bin/chromedriver|the dashboard tests (WebDriver for chromium)"
 )
 if [ "$bench" = 1 ]; then
   need+=(

@@ -106,7 +106,7 @@ pub fn serve(listener: TcpListener, core: Arc<Core>, limits: HttpLimits) {
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(crate::events::webhook::routes(limits.body_timeout))
-        .merge(crate::ui::routes())
+        .merge(crate::ui::routes(core.clone()))
         .with_state(core);
     let conns = crate::conns::Conns::new("HTTP", limits.connections);
     tokio::spawn(async move {

@@ -3,6 +3,7 @@
 //! on events (WatchRuns streams, process exits), not on sleeps.
 
 pub mod brokers;
+pub mod browser;
 pub mod etcd;
 pub mod pki;
 pub mod postgres;

@@ -41,7 +41,7 @@ use crate::model::trigger::{MAX_EVENT_BODY_BYTES, WebhookTrigger};
 
 /// Set on a request a follower forwards (its replica id): a replica that
 /// gets one and does not lead answers 503 instead of forwarding again.
-const FORWARDED: &str = "x-punchclock-forwarded-by";
+pub(crate) const FORWARDED: &str = "x-punchclock-forwarded-by";
 /// The original sender of a forwarded request, as the forwarding replica
 /// saw it. Any client can set it: it is kept as the run's
 /// `attributes.forwarded_for` (at most 64 characters), never in place of
@@ -434,7 +434,7 @@ async fn publish(
 /// came, and its answer comes back as it is. `503` with `Retry-After`
 /// when no leader is known (or it is this one, whose engine is not up), or
 /// the request was forwarded once already.
-async fn forward(core: &Core, uri: &Uri, headers: &HeaderMap, body: Bytes, peer: SocketAddr) -> Response {
+pub(crate) async fn forward(core: &Core, uri: &Uri, headers: &HeaderMap, body: Bytes, peer: SocketAddr) -> Response {
     if headers.contains_key(FORWARDED) {
         return unavailable("forwarded to a replica that no longer leads; try again", 1);
     }

@@ -52,8 +52,8 @@ pub const TASK_CELLS: u32 = 20;
 /// Runs a page of a task's runs shows.
 pub const RUNS_PAGE: usize = 50;
 
-/// The dashboard's routes (state: the replica's [`Core`]).
-pub fn routes() -> Router<Arc<Core>> {
+/// The dashboard's routes (state: the replica's [`Core`], `core`).
+pub fn routes(core: Arc<Core>) -> Router<Arc<Core>> {
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui/tasks") }))
         .route("/ui", get(|| async { Redirect::to("/ui/tasks") }))
@@ -64,16 +64,64 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/ui/logout", post(session::logout))
         .route("/ui/tasks", get(tasks))
         .route("/ui/tasks/{id}", get(task))
+        .route("/ui/runs/{id}", get(run))
+        .route("/ui/cluster", get(cluster))
+        .route("/ui/live", get(live::stream))
+        .merge(actions(core))
+}
+
+/// The actions: `POST`s, each the gRPC call it names. A follower checks the
+/// session and its CSRF token, then forwards the request as it came to the
+/// leader's HTTP port (as webhooks are) and relays the answer.
+fn actions(core: Arc<Core>) -> Router<Arc<Core>> {
+    Router::new()
         .route("/ui/tasks/{id}/trigger", post(trigger))
         .route("/ui/tasks/{id}/pause", post(pause))
         .route("/ui/tasks/{id}/resume", post(resume))
         .route("/ui/tasks/{id}/reset-breaker", post(reset_breaker))
         .route("/ui/tasks-bulk", post(bulk))
-        .route("/ui/runs/{id}", get(run))
         .route("/ui/runs/{id}/cancel", post(cancel))
         .route("/ui/runs/{id}/rerun", post(rerun))
-        .route("/ui/cluster", get(cluster))
-        .route("/ui/live", get(live::stream))
+        .route_layer(axum::middleware::from_fn_with_state(core, to_leader))
+}
+
+/// Most bytes an action's form may have.
+const MAX_FORM_BYTES: usize = 64 * 1024;
+
+async fn to_leader(
+    State(core): State<Arc<Core>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let leading = core.engine.read().map(|g| g.is_some()).unwrap_or(false);
+    if leading {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM_BYTES).await else {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "the form is over 64 KiB").into_response();
+    };
+    // This replica vouches for the session's CSRF token (with auth off its
+    // token is this replica's own); the leader checks the session again.
+    let sent = std::str::from_utf8(&bytes)
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("csrf="))
+        .unwrap_or_default()
+        .to_string();
+    let viewer = match session::viewer(&core, &parts.headers, "/punchclock.v1.RunService/GetRun") {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if !session::csrf_ok(&viewer, &sent) {
+        return (StatusCode::FORBIDDEN, "the form's CSRF token is missing or stale: reload the page").into_response();
+    }
+    let peer = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0)
+        .unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    crate::events::webhook::forward(&core, &parts.uri, &parts.headers, bytes, peer).await
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -294,7 +342,11 @@ fn done(headers: &HeaderMap, back: &str, result: Result<String, Error>) -> Respo
 #[allow(clippy::result_large_err)]
 fn actor(core: &Core, headers: &HeaderMap, method: &str, form: &ActionForm, target: &str) -> Result<Viewer, Response> {
     let viewer = session::viewer(core, headers, method)?;
-    if !session::csrf_ok(&viewer, &form.csrf) {
+    // With auth off, a follower checked the token (its own) before it
+    // forwarded the action here; with auth on the token is the session's,
+    // the same on every replica, and is checked again.
+    let vouched = !core.auth.enabled() && headers.contains_key(crate::events::webhook::FORWARDED);
+    if !vouched && !session::csrf_ok(&viewer, &form.csrf) {
         tracing::info!(target: "punchclock::audit", token = %viewer.name, method, target, "denied: dashboard action without its CSRF token");
         return Err((StatusCode::FORBIDDEN, "the form's CSRF token is missing or stale: reload the page").into_response());
     }

@@ -1,0 +1,306 @@
+//! Issue 36: the dashboard (`/ui/`) in a real browser — Debian's chromium,
+//! headless, driven over WebDriver — against `punchclock dev` and a
+//! server with tokens:
+//! - the tasks page shows each slot as a cell: a failing task's as FAILED,
+//!   a SKIPPED cell's reason as text, a coalesced misfire with its count;
+//! - a task triggered from its page: the run appears there and reaches
+//!   SUCCEEDED without a reload, and a second window on the tasks page sees
+//!   the new cell too (the live stream);
+//! - the run page of a retried run shows both attempts and the trace link;
+//! - search finds one task among 10,000 and paging reaches the last;
+//! - with tokens: a reader sees no action and a forged action with its
+//!   cookie is refused (403); an operator's action without the CSRF token
+//!   is refused, with it it is done and the audit log names the operator.
+//!
+//! Screenshots of each page go to `target/ui-screenshots/`.
+
+use std::time::Duration;
+
+use fantoccini::{Client, Locator};
+use punchclock_proto::v1 as pb;
+use punchclock_tests::browser::{Driver, screenshot, wait_for};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, http_get, http_post, runs, tasks};
+
+fn no_browser() {
+    punchclock_tests::skip("dashboard", "PUNCHCLOCK_SKIP_BROWSER_TESTS", "chromium and chromium-driver are not installed");
+}
+
+/// The `aria-label`s of the cells of `task` on the tasks page.
+async fn cells(c: &Client, task: &str) -> Vec<(String, u64)> {
+    let Ok(found) = c.find_all(Locator::Css(&format!("[id='slots-{task}'] a.cell"))).await else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in found {
+        let label = e.attr("aria-label").await.ok().flatten().unwrap_or_default();
+        let slots = e.attr("data-slots").await.ok().flatten().and_then(|s| s.parse().ok()).unwrap_or(1);
+        out.push((label, slots));
+    }
+    out
+}
+
+/// A mark in the page's window: still there later means no reload.
+async fn mark(c: &Client, v: &str) {
+    c.execute(&format!("window.__mark = {v:?};"), vec![]).await.expect("mark");
+}
+
+async fn marked(c: &Client) -> String {
+    c.execute("return window.__mark || '';", vec![]).await.expect("read mark").as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "dashboard");
+    let Some(driver) = Driver::start(&dir.path().join("chromedriver.log")) else { return no_browser() };
+    let data = dir.path().join("data");
+    let trace_url = ["--ui-trace-url", "http://traces.example/trace/{trace_id}"];
+    let mut dev = Proc::dev_with(&data, 8, &dir.path().join("dev.log"), &trace_url);
+    let yearly = serde_json::json!({"type": "cron", "expr": "0 0 1 1 *"});
+    let specs = [
+        serde_json::json!({"task_id": "failing", "agent_id": "fail_agent", "trigger": {"type": "interval", "every": "1s"},
+            "execution": {"max_retries": 0}}),
+        serde_json::json!({"task_id": "skippy", "agent_id": "light_agent", "trigger": {"type": "interval", "every": "1s"},
+            "execution": {"concurrency_limit": 1, "overlap_policy": "skip"}}),
+        serde_json::json!({"task_id": "late", "agent_id": "light_agent", "trigger": {"type": "interval", "every": "1s"},
+            "execution": {"misfire_grace_seconds": 1, "misfire_policy": "skip"}}),
+        serde_json::json!({"task_id": "retried", "agent_id": "fail_agent", "trigger": yearly,
+            "execution": {"max_retries": 1, "retry_backoff": {"base_seconds": 1, "cap_seconds": 1, "jitter_seconds": 0}}}),
+        serde_json::json!({"task_id": "manual", "agent_id": "light_agent", "trigger": yearly}),
+    ];
+    apply_all(&tasks(&dev.addr).await, specs.into_iter()).await;
+    // `late` runs once, then the control plane is away for a few seconds:
+    // its missed slots come back as one SKIPPED `misfired` record.
+    wait_for(Duration::from_secs(60), "late's first run", || {
+        let addr = dev.addr.clone();
+        async move {
+            let r = runs(&addr).await.list_runs(pb::ListRunsRequest { task_id: "late".into(), ..Default::default() }).await.ok()?;
+            (!r.into_inner().runs.is_empty()).then_some(())
+        }
+    })
+    .await;
+    dev.kill9();
+    tokio::time::sleep(Duration::from_secs(5)).await; // the downtime itself
+    let dev = Proc::dev_with(&data, 8, &dir.path().join("dev2.log"), &trace_url);
+    let ui = format!("http://{}/ui", dev.http_addr());
+    let retried = tasks(&dev.addr)
+        .await
+        .trigger_task(pb::TriggerTaskRequest { task_id: "retried".into(), ..Default::default() })
+        .await
+        .expect("trigger")
+        .into_inner()
+        .run_id;
+
+    // The tasks page: FAILED cells, a SKIPPED cell's reason, a coalesced
+    // misfire with its count.
+    let a = driver.session().await;
+    a.goto(&format!("{ui}/tasks")).await.expect("tasks page");
+    wait_for(Duration::from_secs(60), "a FAILED cell of `failing`", || async {
+        cells(&a, "failing").await.iter().any(|(l, _)| l == "FAILED").then_some(())
+    })
+    .await;
+    let skipped = wait_for(Duration::from_secs(60), "a SKIPPED cell of `skippy` with its reason", || async {
+        cells(&a, "skippy").await.into_iter().find(|(l, _)| l.starts_with("SKIPPED "))
+    })
+    .await;
+    assert!(skipped.0.contains("concurrency_limit"), "{skipped:?}");
+    let reason_text = a
+        .execute("return document.querySelector(\"[id='slots-skippy'] a[data-status=SKIPPED] .sr\").textContent;", vec![])
+        .await
+        .expect("text");
+    assert!(reason_text.as_str().unwrap_or_default().contains("concurrency_limit"), "the reason is text: {reason_text}");
+    let missed = wait_for(Duration::from_secs(60), "the coalesced misfire of `late`", || async {
+        cells(&a, "late").await.into_iter().find(|(l, n)| l.contains("misfired") && *n > 1)
+    })
+    .await;
+    assert!(missed.0.contains(&format!("×{}", missed.1)), "the cell shows its count: {missed:?}");
+    screenshot(&a, "tasks").await;
+
+    // A second window on the tasks page; the first on `manual`'s page.
+    let b = driver.session().await;
+    b.goto(&format!("{ui}/tasks")).await.expect("tasks page");
+    b.wait().for_element(Locator::Css("body[data-live=open]")).await.expect("b's live stream");
+    mark(&b, "b").await;
+    let before = cells(&b, "manual").await.len();
+    a.goto(&format!("{ui}/tasks/manual")).await.expect("task page");
+    a.wait().for_element(Locator::Css("body[data-live=open]")).await.expect("a's live stream");
+    mark(&a, "a").await;
+    a.find(Locator::Css("form[action$='/trigger'] button")).await.expect("trigger button").click().await.expect("click");
+    wait_for(Duration::from_secs(60), "the triggered run SUCCEEDED on the task page", || async {
+        a.find(Locator::Css("[id='runs-manual'] tr[data-status=SUCCEEDED]")).await.ok().map(|_| ())
+    })
+    .await;
+    assert_eq!(marked(&a).await, "a", "the task page was not reloaded");
+    let flash = a.find(Locator::Id("flash")).await.expect("flash").text().await.expect("text");
+    assert!(flash.starts_with("triggered: run "), "{flash}");
+    wait_for(Duration::from_secs(30), "the new cell in the other window", || async {
+        let now = cells(&b, "manual").await;
+        (now.len() > before && now.iter().any(|(l, _)| l == "SUCCEEDED")).then_some(())
+    })
+    .await;
+    assert_eq!(marked(&b).await, "b", "the tasks page was not reloaded");
+    screenshot(&a, "task").await;
+
+    // The retried run: both attempts, their outcomes, the trace link.
+    wait_for(Duration::from_secs(60), "the retried run to end", || {
+        let (addr, id) = (dev.addr.clone(), retried.clone());
+        async move {
+            let r = runs(&addr).await.get_run(pb::GetRunRequest { run_id: id }).await.ok()?.into_inner();
+            (r.status == pb::RunStatus::Failed as i32).then_some(())
+        }
+    })
+    .await;
+    a.goto(&format!("{ui}/runs/{retried}")).await.expect("run page");
+    let attempts = a.find_all(Locator::Css("tr.attempt")).await.expect("attempts");
+    assert_eq!(attempts.len(), 2, "both attempts");
+    for at in &attempts {
+        assert_eq!(at.attr("data-outcome").await.expect("attr").as_deref(), Some("FAILED"));
+    }
+    let trace = a.find(Locator::Css("a.trace")).await.expect("trace link");
+    let href = trace.attr("href").await.expect("href").unwrap_or_default();
+    let id = trace.text().await.expect("trace id");
+    assert_eq!(href, format!("http://traces.example/trace/{id}"));
+    screenshot(&a, "run").await;
+    a.goto(&format!("{ui}/cluster")).await.expect("cluster page");
+    a.find(Locator::Css("table.runners")).await.expect("runners table");
+    screenshot(&a, "cluster").await;
+    a.close().await.expect("close");
+    b.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_finds_one_task_among_ten_thousand_and_paging_reaches_the_last() {
+    const N: usize = 10_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "dashboard_search");
+    let Some(driver) = Driver::start(&dir.path().join("chromedriver.log")) else { return no_browser() };
+    let dev = Proc::dev(&dir.path().join("data"));
+    let client = tasks(&dev.addr).await;
+    let specs: Vec<String> = (0..N)
+        .map(|i| {
+            let mut t = serde_json::json!({"task_id": format!("fleet-{i:05}"), "agent_id": "light_agent",
+                                           "trigger": {"type": "cron", "expr": "0 0 1 1 *"}});
+            if i == 7777 {
+                t["labels"] = serde_json::json!({"team": "needle"});
+            }
+            t.to_string()
+        })
+        .collect();
+    let messages: Vec<pb::ApplyTasksRequest> =
+        specs.chunks(500).map(|c| pb::ApplyTasksRequest { spec_json: c.to_vec(), ..Default::default() }).collect();
+    client.clone().apply_tasks(tokio_stream::iter(messages)).await.expect("apply 10,000 tasks");
+    let ui = format!("http://{}/ui", dev.http_addr());
+    let c = driver.session().await;
+    for q in ["fleet-07777", "NEEDLE"] {
+        c.goto(&format!("{ui}/tasks?q={q}")).await.expect("search");
+        let rows = c.find_all(Locator::Css("tr[data-task]")).await.expect("rows");
+        assert_eq!(rows.len(), 1, "search {q:?}");
+        assert_eq!(rows[0].attr("data-task").await.expect("attr").as_deref(), Some("fleet-07777"));
+    }
+    screenshot(&c, "tasks-search").await;
+    c.goto(&format!("{ui}/tasks")).await.expect("tasks");
+    let mut pages = 1;
+    loop {
+        match c.find(Locator::Css("a.next")).await {
+            Ok(next) => {
+                next.click().await.expect("next page");
+                pages += 1;
+                assert!(pages <= N / 100 + 1, "paging does not end");
+            }
+            Err(_) => break,
+        }
+    }
+    let rows = c.find_all(Locator::Css("tr[data-task]")).await.expect("rows");
+    let last = rows.last().expect("a row").attr("data-task").await.expect("attr");
+    assert_eq!(last.as_deref(), Some("fleet-09999"), "the last page ends with the last task");
+    assert_eq!(pages, N / 100, "{N} tasks in pages of 100");
+    c.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_cannot_act_and_an_operator_acts_only_with_the_csrf_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "dashboard_auth");
+    let Some(driver) = Driver::start(&dir.path().join("chromedriver.log")) else { return no_browser() };
+    let pki = punchclock_tests::pki::Pki::make(&[]);
+    let port = punchclock_tests::etcd::free_port();
+    let http = punchclock_tests::etcd::free_port();
+    let (listen, http_listen) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{http}"));
+    let data = format!("embedded:{}", dir.path().join("data").display());
+    let auth = pki.path("tokens.yaml");
+    let server = Proc::start(
+        &["server", "--store", &data, "--listen", &listen, "--http-listen", &http_listen, "--auth-file", &auth],
+        &dir.path().join("server.log"),
+        true,
+    );
+    let admin = pki.token("admin");
+    let ch = punchclock_tests::endpoint(&server.addr).connect().await.expect("connect");
+    let mut client = pb::task_service_client::TaskServiceClient::new(tonic::service::interceptor::InterceptedService::new(
+        ch,
+        punchclock_proto::bearer::Bearer::new(Some(admin.as_str())),
+    ));
+    client
+        .apply_task(pb::ApplyTaskRequest {
+            spec_json: serde_json::json!({"task_id": "guarded", "agent_id": "light_agent", "trigger": {"type": "cron", "expr": "0 0 1 1 *"}})
+                .to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("apply");
+    let ui = format!("http://{http_listen}/ui");
+
+    // Without a session: the sign-in form.
+    let (code, _) = http_get(&http_listen, "/ui/tasks");
+    assert_eq!(code, 303, "no session: to the sign-in form");
+
+    // A reader: no action button; its cookie on a forged trigger: 403.
+    let c = driver.session().await;
+    c.goto(&format!("{ui}/login")).await.expect("login page");
+    screenshot(&c, "login").await;
+    c.find(Locator::Id("token")).await.expect("token field").send_keys(&pki.token("reader")).await.expect("type");
+    c.find(Locator::Css("form.login button")).await.expect("sign in").click().await.expect("click");
+    c.goto(&format!("{ui}/tasks/guarded")).await.expect("task page");
+    assert!(c.find_all(Locator::Css("form[action$='/trigger']")).await.expect("forms").is_empty(), "a reader sees no trigger");
+    let csrf = c.find(Locator::Css("body")).await.expect("body").attr("data-csrf").await.expect("attr").unwrap_or_default();
+    let cookie = |token: &str| format!("punchclock_ui={token}");
+    let reader_cookie = cookie(&pki.token("reader"));
+    let form = format!("csrf={csrf}");
+    let (code, _) = http_post(
+        &http_listen,
+        "/ui/tasks/guarded/trigger",
+        &[("Cookie", &reader_cookie), ("Content-Type", "application/x-www-form-urlencoded")],
+        Some(form.as_bytes()),
+    );
+    assert_eq!(code, 403, "a reader's forged trigger is refused");
+
+    // An operator: without the CSRF token refused; with it, done and audited.
+    let op = pki.token("operator");
+    let op_cookie = cookie(&op);
+    let (code, _) = http_post(
+        &http_listen,
+        "/ui/tasks/guarded/trigger",
+        &[("Cookie", &op_cookie), ("Content-Type", "application/x-www-form-urlencoded"), ("x-punchclock-ui", "1")],
+        Some(b"params="),
+    );
+    assert_eq!(code, 403, "an operator's action without the CSRF token is refused");
+    c.delete_all_cookies().await.expect("sign out");
+    c.goto(&format!("{ui}/login")).await.expect("login page");
+    c.find(Locator::Id("token")).await.expect("token field").send_keys(&op).await.expect("type");
+    c.find(Locator::Css("form.login button")).await.expect("sign in").click().await.expect("click");
+    c.goto(&format!("{ui}/tasks/guarded")).await.expect("task page");
+    let op_csrf = c.find(Locator::Css("body")).await.expect("body").attr("data-csrf").await.expect("attr").unwrap_or_default();
+    let form = format!("csrf={op_csrf}&params=");
+    let (code, body) = http_post(
+        &http_listen,
+        "/ui/tasks/guarded/trigger",
+        &[("Cookie", &op_cookie), ("Content-Type", "application/x-www-form-urlencoded"), ("x-punchclock-ui", "1")],
+        Some(form.as_bytes()),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("triggered: run "), "{body}");
+    let log = wait_for(Duration::from_secs(10), "the audit line", || async {
+        let log = server.log_text();
+        log.lines().any(|l| l.contains("punchclock::audit") && l.contains("token=operator") && l.contains("TriggerTask")).then_some(log)
+    })
+    .await;
+    assert!(!log.contains(&op), "the audit log never holds the token itself");
+    c.close().await.expect("close");
+}
