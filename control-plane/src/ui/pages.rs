@@ -364,6 +364,7 @@ pub fn task(
     viewer: &Viewer,
     t: &TaskView,
     fires: &(Vec<DateTime<Utc>>, Option<chrono_tz::Tz>),
+    slots: &[SlotCell],
     runs: &[RunRecord],
     rq: &RunsQuery,
     next: &str,
@@ -400,6 +401,28 @@ pub fn task(
                     (action_form(viewer, &format!("/ui/tasks/{seg}/pause"), "Pause", html! {}))
                 }
                 (action_form(viewer, &format!("/ui/tasks/{seg}/reset-breaker"), "Reset breaker", html! {}))
+            }
+        }
+        h2 { "Slots" }
+        div.timeline {
+            div.cells.past id={ "slots-" (id) } data-max=(super::TASK_CELLS) aria-label="past slots, newest first" {
+                @for c in slots { (cell(c)) }
+            }
+            span.now title={ "now: " (utc(now)) } { "now" }
+            div.cells.planned aria-label="planned slots" {
+                @for f in &fires.0 {
+                    span.cell.planned title={ "planned: " (in_zone(*f, zone.as_deref())) } aria-label={ "planned " (utc(*f)) } {}
+                }
+            }
+        }
+        p.muted.policies {
+            "Overlap: " (serde_json::to_value(spec.execution.overlap_policy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default())
+            " (a slot while " (spec.execution.concurrency_limit.max(1)) " run(s) are active). "
+            "Misfire: a slot later than " (spec.execution.misfire_grace_seconds) " s is "
+            (serde_json::to_value(spec.execution.misfire_policy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default())
+            " (missed slots in a row are one cell with their count). "
+            @if zone.as_deref().is_some_and(|z| z != "UTC") {
+                "DST in " (zone.clone().unwrap_or_default()) ": a fixed-time slot in the skipped hour runs once at the jump, in the repeated hour once at its first occurrence."
             }
         }
         h2 { "Runs" }
