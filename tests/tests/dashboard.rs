@@ -162,6 +162,8 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     a.goto(&format!("{ui}/cluster")).await.expect("cluster page");
     a.find(Locator::Css("table.runners")).await.expect("runners table");
     screenshot(&a, "cluster").await;
+    a.goto(&format!("{ui}/events")).await.expect("events page");
+    screenshot(&a, "events").await;
     a.close().await.expect("close");
     b.close().await.expect("close");
 }

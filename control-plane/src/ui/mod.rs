@@ -66,6 +66,7 @@ pub fn routes(core: Arc<Core>) -> Router<Arc<Core>> {
         .route("/ui/tasks/{id}", get(task))
         .route("/ui/runs/{id}", get(run))
         .route("/ui/cluster", get(cluster))
+        .route("/ui/events", get(events))
         .route("/ui/live", get(live::stream))
         .merge(actions(core))
 }
@@ -294,6 +295,23 @@ async fn cluster(State(core): State<Arc<Core>>, headers: HeaderMap) -> Response 
     let budgets = core.list_budgets().await;
     let history = (core.history.kind(), core.archive.as_ref().and_then(|(_, s)| s.problem()));
     pages::cluster(&viewer, &view, &runners, &resources, &budgets, history).into_response()
+}
+
+async fn events(State(core): State<Arc<Core>>, headers: HeaderMap) -> Response {
+    let viewer = match session::viewer(&core, &headers, "/punchclock.v1.TaskService/ListTasks") {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    use crate::model::run::TriggerKind;
+    let mut sections = Vec::new();
+    for kind in [TriggerKind::Webhook, TriggerKind::Queue, TriggerKind::Event, TriggerKind::After] {
+        let filter = crate::views::TaskFilter { trigger: Some(kind), ..Default::default() };
+        match core.task_summaries(&filter, "", TASKS_PAGE, TASK_CELLS).await {
+            Ok((rows, _)) => sections.push((kind, rows)),
+            Err(e) => return error_page(Some(&viewer), &e),
+        }
+    }
+    pages::events(&viewer, &sections, &core.consumers.snapshot()).into_response()
 }
 
 // ---------------------------------------------------------------- actions

@@ -63,6 +63,7 @@ fn layout(viewer: Option<&Viewer>, title: &str, live: Option<String>, body: Mark
                     a.brand href="/ui/tasks" { "punchclock" }
                     nav {
                         a href="/ui/tasks" { "Tasks" }
+                        a href="/ui/events" { "Events" }
                         a href="/ui/cluster" { "Cluster" }
                     }
                     span.who {
@@ -600,6 +601,48 @@ pub fn cluster(
         }))
     };
     layout(Some(viewer), "Cluster", None, body)
+}
+
+/// `/ui/events`: the tasks each kind of event starts, their last
+/// deliveries as cells (a deduplicated delivery makes no cell: it found its
+/// run), and the leader's queue consumers.
+pub fn events(
+    viewer: &Viewer,
+    sections: &[(TriggerKind, Vec<TaskSummary>)],
+    consumers: &std::collections::BTreeMap<String, crate::events::consumers::ConsumerState>,
+) -> Markup {
+    let body = html! {
+        h1 { "Events" }
+        h2 { "Queue consumers" }
+        @if consumers.is_empty() { p.empty { "None on this replica (the leader consumes)." } }
+        @else {
+            table { thead { tr { th { "Consumer" } th { "Broker" } th { "State" } } }
+                tbody { @for (name, c) in consumers { tr {
+                    td { (name) } td { (c.broker) }
+                    td { @match &c.error { Some(e) => span.error { "retrying: " (e) }, None => "consuming" } }
+                } } }
+            }
+        }
+        @for (kind, rows) in sections {
+            h2 { (kind.as_str()) " triggers" }
+            @if rows.is_empty() { p.empty { "No task." } }
+            @else {
+                table.tasks data-live-tasks="1" {
+                    thead { tr { th { "Task" } th { "Trigger" } th { "Last deliveries, newest first" } th { "Dispatch lag p50/p99" } } }
+                    tbody { @for r in rows {
+                        @let spec = &r.task.record.spec;
+                        tr data-task=(spec.task_id) {
+                            td { a href={ "/ui/tasks/" (path_segment(&spec.task_id)) } { (spec.task_id) } }
+                            td { @for tr in spec.all_triggers() { @if tr.kind() == *kind { div { (trigger_words(tr)) } } } }
+                            td { div.cells id={ "slots-" (spec.task_id) } data-max=(super::TASK_CELLS) { @for c in &r.slots { (cell(c)) } } }
+                            td.num { (lags(&r.slots, |s| s.dispatch_lag_ms)) }
+                        }
+                    } }
+                }
+            }
+        }
+    };
+    layout(Some(viewer), "Events", Some("/ui/live".into()), body)
 }
 
 #[cfg(test)]
