@@ -19,7 +19,7 @@ use std::time::Duration;
 use fantoccini::{Client, Locator};
 use punchclock_proto::v1 as pb;
 use punchclock_tests::browser::{Driver, screenshot, wait_for};
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, http_get, http_post, runs, tasks};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, http_get, http_post, runs, tasks, wait_engine};
 
 fn no_browser() {
     punchclock_tests::skip("dashboard", "PUNCHCLOCK_SKIP_BROWSER_TESTS", "chromium and chromium-driver are not installed");
@@ -80,6 +80,7 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     dev.kill9();
     tokio::time::sleep(Duration::from_secs(5)).await; // the downtime itself
     let dev = Proc::dev_with(&data, 8, &dir.path().join("dev2.log"), &trace_url);
+    wait_engine(&dev.addr).await;
     let ui = format!("http://{}/ui", dev.http_addr());
     let retried = tasks(&dev.addr)
         .await
