@@ -269,9 +269,12 @@ fn breaker_words(t: &TaskView) -> Option<String> {
     }
 }
 
-fn action_form(viewer: &Viewer, action: &str, label: &str, extra: Markup) -> Markup {
+/// An action's form: sent in place by the page's script (`reload`: the page
+/// is read again once it is done, for actions that change what it shows
+/// other than runs, which arrive live).
+fn action_form(viewer: &Viewer, action: &str, label: &str, reload: bool, extra: Markup) -> Markup {
     html! {
-        form.action method="post" action=(action) data-inplace="1" {
+        form.action method="post" action=(action) data-inplace="1" data-reload=[reload.then_some("1")] {
             input type="hidden" name="csrf" value=(viewer.csrf);
             (extra)
             button type="submit" { (label) }
@@ -314,7 +317,7 @@ pub fn tasks(viewer: &Viewer, q: &TasksQuery, rows: &[TaskSummary], next: &str, 
             button type="submit" { "Filter" }
         }
         @if viewer.can_operate() {
-            form.bulk #bulk method="post" action="/ui/tasks-bulk" data-inplace="1" {
+            form.bulk #bulk method="post" action="/ui/tasks-bulk" data-inplace="1" data-reload="1" {
                 input type="hidden" name="csrf" value=(viewer.csrf);
                 input type="hidden" name="tasks" value="";
                 span { "Selected: " }
@@ -393,15 +396,15 @@ pub fn task(
         }
         @if viewer.can_operate() {
             div.actions {
-                (action_form(viewer, &format!("/ui/tasks/{seg}/trigger"), "Trigger now", html! {
+                (action_form(viewer, &format!("/ui/tasks/{seg}/trigger"), "Trigger now", false, html! {
                     input type="text" name="params" placeholder="params, a JSON object" aria-label="params";
                 }))
                 @if t.record.paused {
-                    (action_form(viewer, &format!("/ui/tasks/{seg}/resume"), "Resume", html! {}))
+                    (action_form(viewer, &format!("/ui/tasks/{seg}/resume"), "Resume", true, html! {}))
                 } @else {
-                    (action_form(viewer, &format!("/ui/tasks/{seg}/pause"), "Pause", html! {}))
+                    (action_form(viewer, &format!("/ui/tasks/{seg}/pause"), "Pause", true, html! {}))
                 }
-                (action_form(viewer, &format!("/ui/tasks/{seg}/reset-breaker"), "Reset breaker", html! {}))
+                (action_form(viewer, &format!("/ui/tasks/{seg}/reset-breaker"), "Reset breaker", true, html! {}))
             }
         }
         h2 { "Slots" }
@@ -492,8 +495,8 @@ pub fn run(viewer: &Viewer, d: &RunDetail, trace_link: Option<&str>) -> Markup {
         }
         @if viewer.can_operate() {
             div.actions {
-                @if !r.status.is_terminal() { (action_form(viewer, &format!("/ui/runs/{seg}/cancel"), "Cancel", html! {})) }
-                @if r.trigger != TriggerKind::Once || r.status.is_terminal() { (action_form(viewer, &format!("/ui/runs/{seg}/rerun"), "Re-run with the same input", html! {})) }
+                @if !r.status.is_terminal() { (action_form(viewer, &format!("/ui/runs/{seg}/cancel"), "Cancel", true, html! {})) }
+                @if r.trigger != TriggerKind::Once || r.status.is_terminal() { (action_form(viewer, &format!("/ui/runs/{seg}/rerun"), "Re-run with the same input", false, html! {})) }
             }
         }
         h2 { "Attempts" }

@@ -22,7 +22,12 @@
       data.set("tasks", picked.join(","));
     }
     fetch(form.action, { method: "POST", body: data, headers: { "x-punchclock-ui": "1" }, credentials: "same-origin" })
-      .then(function (r) { return r.text().then(function (t) { say(t, !r.ok); }); })
+      .then(function (r) {
+        return r.text().then(function (t) {
+          say(t, !r.ok);
+          if (r.ok && form.hasAttribute("data-reload")) setTimeout(function () { location.reload(); }, 400);
+        });
+      })
       .catch(function (e) { say("not sent: " + e, true); });
   });
 
