@@ -55,6 +55,7 @@ enum Format {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once; `dev` and `server` carry their flags
 enum Cmd {
     /// Control plane on the embedded store plus one in-process runner.
     Dev(DevArgs),

@@ -44,7 +44,7 @@ impl Driver {
             return None;
         };
         let port = crate::etcd::free_port();
-        let child = Command::new(driver)
+        let mut child = Command::new(driver)
             .arg(format!("--port={port}"))
             .arg(format!("--log-path={}", log.display()))
             .stdout(Stdio::null())
@@ -57,6 +57,8 @@ impl Driver {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("chromedriver did not listen on {port}");
     }
 

@@ -111,7 +111,8 @@ impl TaskService for TaskSvc {
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
         let r = req.into_inner();
-        let (tasks, next_page_token) = self.0.task_summaries(&Default::default(), &r.page_token, r.page_size, r.recent_slots).await.map_err(status)?;
+        let (tasks, next_page_token) =
+            self.0.task_summaries(&Default::default(), &r.page_token, r.page_size, r.recent_slots).await.map_err(status)?;
         Ok(Response::new(pb::ListTasksResponse { tasks: tasks.iter().map(task_summary_to_pb).collect(), next_page_token }))
     }
 

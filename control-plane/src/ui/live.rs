@@ -51,10 +51,7 @@ pub async fn stream(State(core): State<Arc<Core>>, headers: HeaderMap, Query(q):
     // The subscription (and its queue) lives as long as the stream.
     let events = futures::stream::unfold(sub, move |mut sub| async move {
         let run = sub.rx.recv().await;
-        match run {
-            Some(run) => Some((Ok::<_, std::convert::Infallible>(run_event(&run)), sub)),
-            None => None,
-        }
+        run.map(|run| (Ok::<_, std::convert::Infallible>(run_event(&run)), sub))
     })
     .chain(futures::stream::once(async move {
         // The relay ended this watcher: behind, or the replica's bus closed.

@@ -89,11 +89,7 @@ fn actions(core: Arc<Core>) -> Router<Arc<Core>> {
 /// Most bytes an action's form may have.
 const MAX_FORM_BYTES: usize = 64 * 1024;
 
-async fn to_leader(
-    State(core): State<Arc<Core>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+async fn to_leader(State(core): State<Arc<Core>>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let leading = core.engine.read().map(|g| g.is_some()).unwrap_or(false);
     if leading {
         return next.run(req).await;
@@ -104,12 +100,8 @@ async fn to_leader(
     };
     // This replica vouches for the session's CSRF token (with auth off its
     // token is this replica's own); the leader checks the session again.
-    let sent = std::str::from_utf8(&bytes)
-        .unwrap_or_default()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("csrf="))
-        .unwrap_or_default()
-        .to_string();
+    let sent =
+        std::str::from_utf8(&bytes).unwrap_or_default().split('&').find_map(|kv| kv.strip_prefix("csrf=")).unwrap_or_default().to_string();
     let viewer = match session::viewer(&core, &parts.headers, "/punchclock.v1.RunService/GetRun") {
         Ok(v) => v,
         Err(r) => return r,

@@ -127,7 +127,8 @@ pub fn cell(c: &SlotCell) -> Markup {
     let late = s.status == RunStatus::Pending && !s.reason.is_empty();
     let class = format!("cell s-{}{}", s.status.as_str().to_ascii_lowercase(), if late { " late" } else { "" });
     let width = if s.slots > 1 { format!("--span:{}", s.slots.min(6)) } else { String::new() };
-    let title = format!("{} · slot {}{}", label, utc(s.scheduled_at), if s.reason.is_empty() { String::new() } else { format!(" · {}", s.reason) });
+    let title =
+        format!("{} · slot {}{}", label, utc(s.scheduled_at), if s.reason.is_empty() { String::new() } else { format!(" · {}", s.reason) });
     html! {
         a class=(class) id={ "cell-" (s.run_id) } href={ "/ui/runs/" (path_segment(&s.run_id)) } title=(title)
             aria-label=(label) data-status=(s.status.as_str()) data-slots=(s.slots) style=[(!width.is_empty()).then_some(width)] {
@@ -222,7 +223,11 @@ pub fn trigger_words(t: &crate::model::trigger::TriggerSpec) -> String {
         T::Webhook(w) => format!("webhook {}", w.path),
         T::Queue(q) => format!("queue {} {}", q.broker, q.queue.as_deref().or(q.subject.as_deref()).unwrap_or("")),
         T::Event(e) => format!("event {}", e.topic),
-        T::After(a) => format!("after {} ({})", a.task, serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()),
+        T::After(a) => format!(
+            "after {} ({})",
+            a.task,
+            serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+        ),
     }
 }
 
@@ -236,7 +241,9 @@ fn next_fires(t: &TaskView, now: DateTime<Utc>, n: u32) -> Vec<DateTime<Utc>> {
 
 fn in_zone(t: DateTime<Utc>, zone: Option<&str>) -> String {
     match zone.and_then(|z| z.parse::<chrono_tz::Tz>().ok()) {
-        Some(tz) if tz != chrono_tz::UTC => format!("{} ({})", t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z"), t.format("%H:%M:%S UTC")),
+        Some(tz) if tz != chrono_tz::UTC => {
+            format!("{} ({})", t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z"), t.format("%H:%M:%S UTC"))
+        }
         _ => utc(t),
     }
 }
@@ -363,7 +370,10 @@ pub fn tasks(viewer: &Viewer, q: &TasksQuery, rows: &[TaskSummary], next: &str, 
     layout(Some(viewer), "Tasks", Some("/ui/live".into()), body)
 }
 
-/// `/ui/tasks/{id}`.
+/// `/ui/tasks/{id}`: the task, its next fires (and zone), its last slots,
+/// a page of its runs with the filters that chose them and the next page's
+/// token, at `now`.
+#[allow(clippy::too_many_arguments)] // one page's parts, each from its own read
 pub fn task(
     viewer: &Viewer,
     t: &TaskView,
@@ -378,9 +388,12 @@ pub fn task(
     let id = &spec.task_id;
     let seg = path_segment(id);
     let zone = fires.1.map(|z| z.name().to_string());
-    let applied = t.record.applied.as_ref().map(|v| serde_json::to_string_pretty(v).unwrap_or_default()).unwrap_or_else(|| {
-        serde_json::to_string_pretty(&spec).unwrap_or_default()
-    });
+    let applied = t
+        .record
+        .applied
+        .as_ref()
+        .map(|v| serde_json::to_string_pretty(v).unwrap_or_default())
+        .unwrap_or_else(|| serde_json::to_string_pretty(&spec).unwrap_or_default());
     let first_page = rq.page.is_empty();
     let keep = format!("status={}&since={}&until={}", query_value(&rq.status), query_value(&rq.since), query_value(&rq.until));
     let body = html! {

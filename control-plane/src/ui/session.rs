@@ -172,7 +172,6 @@ pub async fn login(State(core): State<Arc<Core>>, headers: HeaderMap, Form(f): F
 /// `POST /ui/logout`: the cookie is cleared.
 pub async fn logout() -> Response {
     let mut r = Redirect::to("/ui/login").into_response();
-    r.headers_mut()
-        .insert(header::SET_COOKIE, HeaderValue::from_static("punchclock_ui=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0"));
+    r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_static("punchclock_ui=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0"));
     r
 }

@@ -148,7 +148,8 @@ async fn main() {
     let dev = Proc::dev_logged(&dir.path().join("data"), 64, &dir.path().join("dev.log"));
     let http = dev.http_addr();
     let idle = rss_bytes(dev.pid());
-    let (runs, reloads, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let (runs, reloads, stop) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
     let clients: Vec<_> = (0..100)
         .map(|_| {
             let (a, r, l, s) = (http.clone(), runs.clone(), reloads.clone(), stop.clone());
