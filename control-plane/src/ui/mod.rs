@@ -365,6 +365,21 @@ fn actor(core: &Core, headers: &HeaderMap, method: &str, form: &ActionForm, targ
     Ok(viewer)
 }
 
+/// A manual run of `task_id` now with `params`, as `TriggerTask` without
+/// a key or a trace makes it.
+fn manual_run(task_id: &str, params: serde_json::Map<String, serde_json::Value>) -> crate::engine::TriggerRequest {
+    crate::engine::TriggerRequest {
+        task_id: task_id.to_string(),
+        params,
+        not_before: None,
+        delay_seconds: 0,
+        idempotency_key: None,
+        idempotency_window: None,
+        caller_trace: None,
+        baggage: String::new(),
+    }
+}
+
 async fn trigger(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {
     if let Err(r) = actor(&core, &headers, "/punchclock.v1.TaskService/TriggerTask", &f, &id) {
         return r;
@@ -377,38 +392,29 @@ async fn trigger(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Pa
         },
     };
     let result = match params {
-        Ok(params) => core
-            .trigger(crate::engine::TriggerRequest {
-                task_id: id.clone(),
-                params,
-                not_before: None,
-                delay_seconds: 0,
-                idempotency_key: None,
-                idempotency_window: None,
-                caller_trace: None,
-                baggage: String::new(),
-            })
-            .await
-            .map(|t| format!("triggered: run {}", t.run_id)),
+        Ok(params) => core.trigger(manual_run(&id, params)).await.map(|t| format!("triggered: run {}", t.run_id)),
         Err(e) => Err(e),
     };
     done(&headers, &format!("/ui/tasks/{}", pages::path_segment(&id)), result)
 }
 
 async fn pause(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {
-    if let Err(r) = actor(&core, &headers, "/punchclock.v1.TaskService/PauseTask", &f, &id) {
-        return r;
-    }
-    let result = core.pause_task(&id).await.map(|_| format!("{id} paused"));
-    done(&headers, &format!("/ui/tasks/{}", pages::path_segment(&id)), result)
+    pause_or_resume(&core, &headers, &id, &f, true).await
 }
 
 async fn resume(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {
-    if let Err(r) = actor(&core, &headers, "/punchclock.v1.TaskService/ResumeTask", &f, &id) {
+    pause_or_resume(&core, &headers, &id, &f, false).await
+}
+
+/// `PauseTask` or `ResumeTask` from a task's page.
+async fn pause_or_resume(core: &Core, headers: &HeaderMap, id: &str, f: &ActionForm, pause: bool) -> Response {
+    let method = if pause { "/punchclock.v1.TaskService/PauseTask" } else { "/punchclock.v1.TaskService/ResumeTask" };
+    if let Err(r) = actor(core, headers, method, f, id) {
         return r;
     }
-    let result = core.resume_task(&id).await.map(|_| format!("{id} resumed"));
-    done(&headers, &format!("/ui/tasks/{}", pages::path_segment(&id)), result)
+    let result = if pause { core.pause_task(id).await } else { core.resume_task(id).await };
+    let result = result.map(|_| format!("{id} {}", if pause { "paused" } else { "resumed" }));
+    done(headers, &format!("/ui/tasks/{}", pages::path_segment(id)), result)
 }
 
 async fn reset_breaker(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {
@@ -460,18 +466,7 @@ async fn rerun(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path
     }
     let result = async {
         let run = core.get_run(&id).await?;
-        let t = core
-            .trigger(crate::engine::TriggerRequest {
-                task_id: run.task_id.clone(),
-                params: run.params.clone(),
-                not_before: None,
-                delay_seconds: 0,
-                idempotency_key: None,
-                idempotency_window: None,
-                caller_trace: None,
-                baggage: String::new(),
-            })
-            .await?;
+        let t = core.trigger(manual_run(&run.task_id, run.params.clone())).await?;
         Ok::<_, Error>(t.run_id)
     }
     .await;
