@@ -1163,7 +1163,7 @@ pub async fn run(cli: Cli, open_files: Option<u64>) -> Res {
                 print_json(&serde_json::Value::Array(r.runners.iter().map(runner_json).collect()));
             } else {
                 table(
-                    &["RUNNER", "AGENTS", "SLOTS", "BUSY", "LABELS", "LAST_SEEN"],
+                    &["RUNNER", "AGENTS", "SLOTS", "BUSY", "LABELS", "LAST_SEEN", "DRAINING"],
                     r.runners
                         .iter()
                         .map(|x| {
@@ -1178,6 +1178,7 @@ pub async fn run(cli: Cli, open_files: Option<u64>) -> Res {
                                     if labels.is_empty() { "-".to_string() } else { labels.join(",") }
                                 },
                                 output::t(&x.last_seen).as_str().unwrap_or("-").to_string(),
+                                if x.draining { "yes" } else { "no" }.to_string(),
                             ]
                         })
                         .collect(),

@@ -207,6 +207,7 @@ pub fn runner_json(r: &pb::Runner) -> Value {
         "connected_at": t(&r.connected_at),
         "last_seen": t(&r.last_seen),
         "running": r.running,
+        "draining": r.draining,
     })
 }
 

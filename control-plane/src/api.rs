@@ -1045,6 +1045,12 @@ impl Core {
         self.engine().await?.query(|c, now| c.policy_views(now).budgets).await
     }
 
+    /// Resources and budgets in one engine query (leader), for a page that
+    /// shows both.
+    pub async fn policy_views(&self) -> Result<crate::views::PolicyViews> {
+        self.engine().await?.query(|c, now| c.policy_views(now)).await
+    }
+
     /// Connected runners (leader).
     pub async fn list_runners(&self) -> Result<Vec<RunnerView>> {
         self.engine().await?.query(|c, _| c.runner_views()).await

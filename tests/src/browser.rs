@@ -63,7 +63,8 @@ impl Driver {
     }
 
     /// A new browser session (its own profile: its own cookies), window
-    /// 1280×900.
+    /// 1280×900; a page that does not load within 30 s is an error, not a
+    /// test that waits for ever.
     pub async fn session(&self) -> Client {
         let profile = tempfile::tempdir_in(self.profiles.path()).expect("profile").keep();
         let mut caps = serde_json::Map::new();
@@ -78,6 +79,7 @@ impl Driver {
                 ],
             }),
         );
+        caps.insert("timeouts".into(), serde_json::json!({"pageLoad": 30_000, "script": 30_000}));
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         ClientBuilder::new(connector)
             .capabilities(caps)

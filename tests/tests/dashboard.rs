@@ -7,6 +7,7 @@
 //!   SUCCEEDED without a reload, and a second window on the tasks page sees
 //!   the new cell too (the live stream);
 //! - the run page of a retried run shows both attempts and the trace link;
+//! - search finds one task among 10,000 and paging reaches the last;
 //! - with tokens: a reader sees no action and a forged action with its
 //!   cookie is refused (403); an operator's action without the CSRF token
 //!   is refused, with it it is done and the audit log names the operator.
@@ -51,14 +52,21 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     let _logs = KeepLogsOnPanic::new(dir.path(), "dashboard");
     let Some(driver) = Driver::start(&dir.path().join("chromedriver.log")) else { return no_browser() };
     let data = dir.path().join("data");
-    let trace_url = ["--ui-trace-url", "http://traces.example/trace/{trace_id}"];
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        "resources:\n  llm: {concurrency: 4}\nbudgets:\n  - name: daily\n    scope: {agent: light_agent}\n    window: 1d\n    limits: {runs: 100000}\n",
+    )
+    .expect("config");
+    let cfg = cfg.display().to_string();
+    let trace_url = ["--ui-trace-url", "http://traces.example/trace/{trace_id}", "--config", &cfg];
     let mut dev = Proc::dev_with(&data, 8, &dir.path().join("dev.log"), &trace_url);
     let yearly = serde_json::json!({"type": "cron", "expr": "0 0 1 1 *"});
     let specs = [
         serde_json::json!({"task_id": "failing", "agent_id": "fail_agent", "trigger": {"type": "interval", "every": "1s"},
             "execution": {"max_retries": 0}}),
         serde_json::json!({"task_id": "skippy", "agent_id": "light_agent", "trigger": {"type": "interval", "every": "1s"},
-            "execution": {"concurrency_limit": 1, "overlap_policy": "skip"}}),
+            "execution": {"concurrency_limit": 1, "overlap_policy": "skip", "resources": ["llm"]}}),
         serde_json::json!({"task_id": "late", "agent_id": "light_agent", "trigger": {"type": "interval", "every": "1s"},
             "execution": {"misfire_grace_seconds": 1, "misfire_policy": "skip"}}),
         serde_json::json!({"task_id": "retried", "agent_id": "fail_agent", "trigger": yearly,
@@ -98,12 +106,17 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     })
     .await;
     let skipped = wait_for(Duration::from_secs(60), "a SKIPPED cell of `skippy` with its reason", || async {
-        cells(&a, "skippy").await.into_iter().find(|(l, _)| l.starts_with("SKIPPED "))
+        // (its slots missed while the control plane was away are SKIPPED
+        // `misfired`: the one sought is an overlap's)
+        cells(&a, "skippy").await.into_iter().find(|(l, _)| l.starts_with("SKIPPED ") && l.contains("concurrency_limit"))
     })
     .await;
     assert!(skipped.0.contains("concurrency_limit"), "{skipped:?}");
     let reason_text = a
-        .execute("return document.querySelector(\"[id='slots-skippy'] a[data-status=SKIPPED] .sr\").textContent;", vec![])
+        .execute(
+            "return Array.from(document.querySelectorAll(\"[id='slots-skippy'] a[data-status=SKIPPED] .sr\"), e => e.textContent).join(' | ');",
+            vec![],
+        )
         .await
         .expect("text");
     assert!(reason_text.as_str().unwrap_or_default().contains("concurrency_limit"), "the reason is text: {reason_text}");
@@ -112,6 +125,22 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     })
     .await;
     assert!(missed.0.contains(&format!("×{}", missed.1)), "the cell shows its count: {missed:?}");
+    // The row's resources held and budget use.
+    let (held, budget) = wait_for(Duration::from_secs(60), "skippy holding `llm`", || async {
+        a.refresh().await.ok()?;
+        let row = a.find(Locator::Css("tr[data-task=skippy]")).await.ok()?;
+        let held = row.find(Locator::Css("td.resources")).await.ok()?.text().await.ok()?;
+        let budget = row.find(Locator::Css("td.budgets")).await.ok()?.text().await.ok()?;
+        held.contains("llm: 1 held").then_some((held, budget))
+    })
+    .await;
+    assert!(held.contains("/ 4 in use"), "{held}");
+    let used: u64 = budget
+        .strip_prefix("daily: runs ")
+        .and_then(|r| r.split(" / ").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the budget's use: {budget:?}"));
+    assert!(used > 0 && budget.contains("/ 100000"), "{budget}");
     screenshot(&a, "tasks").await;
 
     // A second window on the tasks page; the first on `manual`'s page.
@@ -166,6 +195,55 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     screenshot(&a, "events").await;
     a.close().await.expect("close");
     b.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_finds_one_task_among_ten_thousand_and_paging_reaches_the_last() {
+    const N: usize = 10_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "dashboard_search");
+    let Some(driver) = Driver::start(&dir.path().join("chromedriver.log")) else { return no_browser() };
+    let dev = Proc::dev(&dir.path().join("data"));
+    let client = tasks(&dev.addr).await;
+    let specs: Vec<String> = (0..N)
+        .map(|i| {
+            let mut t = serde_json::json!({"task_id": format!("fleet-{i:05}"), "agent_id": "light_agent",
+                                           "trigger": {"type": "cron", "expr": "0 0 1 1 *"}});
+            if i == 7777 {
+                t["labels"] = serde_json::json!({"team": "needle"});
+            }
+            t.to_string()
+        })
+        .collect();
+    let messages: Vec<pb::ApplyTasksRequest> =
+        specs.chunks(500).map(|c| pb::ApplyTasksRequest { spec_json: c.to_vec(), ..Default::default() }).collect();
+    client.clone().apply_tasks(tokio_stream::iter(messages)).await.expect("apply 10,000 tasks");
+    let ui = format!("http://{}/ui", dev.http_addr());
+    let c = driver.session().await;
+    for q in ["fleet-07777", "NEEDLE"] {
+        c.goto(&format!("{ui}/tasks?q={q}")).await.expect("search");
+        let rows = c.find_all(Locator::Css("tr[data-task]")).await.expect("rows");
+        assert_eq!(rows.len(), 1, "search {q:?}");
+        assert_eq!(rows[0].attr("data-task").await.expect("attr").as_deref(), Some("fleet-07777"));
+    }
+    screenshot(&c, "tasks-search").await;
+    c.goto(&format!("{ui}/tasks")).await.expect("tasks");
+    let mut pages = 1;
+    loop {
+        match c.find(Locator::Css("a.next")).await {
+            Ok(next) => {
+                next.click().await.expect("next page");
+                pages += 1;
+                assert!(pages <= N / 100 + 1, "paging does not end");
+            }
+            Err(_) => break,
+        }
+    }
+    let rows = c.find_all(Locator::Css("tr[data-task]")).await.expect("rows");
+    let last = rows.last().expect("a row").attr("data-task").await.expect("attr");
+    assert_eq!(last.as_deref(), Some("fleet-09999"), "the last page ends with the last task");
+    assert_eq!(pages, N / 100, "{N} tasks in pages of 100");
+    c.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -307,6 +307,7 @@ pub fn runner_to_pb(r: &RunnerView) -> pb::Runner {
         connected_at: Some(ts(r.connected_at)),
         last_seen: Some(ts(r.last_seen)),
         running: r.running.clone(),
+        draining: r.draining,
     }
 }
 

@@ -190,8 +190,11 @@ async fn tasks(State(core): State<Arc<Core>>, headers: HeaderMap, Query(q): Quer
         Ok(f) => f,
         Err(e) => return error_page(Some(&viewer), &e),
     };
-    match core.task_summaries(&filter, &q.after, TASKS_PAGE, TASK_CELLS).await {
-        Ok((rows, next)) => pages::tasks(&viewer, &q, &rows, &next, core.clock.now()).into_response(),
+    // Resources and budgets are the leader's: a follower's rows go without.
+    let (summaries, policy) =
+        tokio::join!(core.task_summaries(&filter, &q.after, TASKS_PAGE, TASK_CELLS), core.policy_views());
+    match summaries {
+        Ok((rows, next)) => pages::tasks(&viewer, &q, &rows, &next, policy.ok().as_ref(), core.clock.now()).into_response(),
         Err(e) => error_page(Some(&viewer), &e),
     }
 }

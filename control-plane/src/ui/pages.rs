@@ -13,7 +13,7 @@ use crate::api::TaskView;
 use crate::model::run::TriggerKind;
 use crate::model::{RunRecord, RunStatus};
 use crate::schedule::{CronTrigger, IntervalTrigger};
-use crate::views::{BudgetView, ClusterView, ResourceView, RunDetail, RunSummary, RunnerView, SlotCell, TaskSummary};
+use crate::views::{BudgetView, ClusterView, PolicyViews, ResourceView, RunDetail, RunSummary, RunnerView, SlotCell, TaskSummary};
 
 /// `s` percent-encoded as one path segment.
 pub fn path_segment(s: &str) -> String {
@@ -291,8 +291,60 @@ fn action_form(viewer: &Viewer, action: &str, label: &str, reload: bool, extra: 
 
 // ------------------------------------------------------------------ pages
 
-/// `/ui/tasks`.
-pub fn tasks(viewer: &Viewer, q: &TasksQuery, rows: &[TaskSummary], next: &str, now: DateTime<Utc>) -> Markup {
+/// A row's resources: each one the task takes, the units its live slots
+/// hold of it (a run takes them when dispatched and gives them back when
+/// it ends), and the resource's use cluster-wide (`None`: the leader's
+/// views are not at hand).
+fn resources_held(r: &TaskSummary, policy: Option<&PolicyViews>) -> Markup {
+    let uses = &r.task.record.spec.execution.resources;
+    let running = r.slots.iter().filter(|c| {
+            let s = &c.summary;
+            s.status == RunStatus::Running || (s.status == RunStatus::Pending && s.dispatch_lag_ms.is_some())
+        }).count() as u32;
+    html! {
+        @for u in uses {
+            @let res = policy.and_then(|p| p.resources.iter().find(|v| v.name == u.name));
+            div.res {
+                (u.name) ": " (running * u.units) " held"
+                @if let Some(v) = res {
+                    span.sub {
+                        " (" (v.in_use) @if let Some(c) = v.limits.concurrency { " / " (c) } " in use"
+                        @if v.waiting > 0 { ", " (v.waiting) " waiting" }
+                        @if v.held_until.is_some() { ", held back" }
+                        ")"
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A row's budgets: each budget whose scope covers the task, as `used /
+/// limit` of its limited measures and its state.
+fn budget_use(r: &TaskSummary, policy: Option<&PolicyViews>) -> Markup {
+    let spec = &r.task.record.spec;
+    html! {
+        @if let Some(p) = policy {
+            @for b in p.budgets.iter().filter(|b| b.covers(&spec.task_id, &spec.agent_id, &spec.labels)) {
+                div.budget title={ (b.name) " (" (b.scope) ", " (b.window) ")" } {
+                    (b.name) ": " (b.use_words().join(", "))
+                    @if b.state != "ok" { " " span class={ "badge b-" (b.state) } { (b.state) } }
+                }
+            }
+        }
+    }
+}
+
+/// `/ui/tasks`: a page of task rows; `policy`, the leader's resources and
+/// budgets for their columns.
+pub fn tasks(
+    viewer: &Viewer,
+    q: &TasksQuery,
+    rows: &[TaskSummary],
+    next: &str,
+    policy: Option<&PolicyViews>,
+    now: DateTime<Utc>,
+) -> Markup {
     let kinds = ["cron", "interval", "once", "webhook", "queue", "event", "after"];
     let statuses = ["SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "SKIPPED", "RUNNING", "PENDING", "RETRYING"];
     let keep = format!(
@@ -337,6 +389,7 @@ pub fn tasks(viewer: &Viewer, q: &TasksQuery, rows: &[TaskSummary], next: &str, 
                 @if viewer.can_operate() { th { input type="checkbox" #select-all aria-label="select all"; } }
                 th { "Task" } th { "Trigger" } th { "Next fires" } th { "Last " (super::TASK_CELLS) " slots, newest first" }
                 th { "Dispatch lag p50/p99" } th { "Start lag p50/p99" } th { "Breaker" }
+                th { "Resources held" } th { "Budget use" }
             } }
             tbody {
                 @for r in rows {
@@ -357,6 +410,8 @@ pub fn tasks(viewer: &Viewer, q: &TasksQuery, rows: &[TaskSummary], next: &str, 
                         td.num { (lags(&r.slots, |s| s.dispatch_lag_ms)) }
                         td.num { (lags(&r.slots, |s| s.start_lag_ms)) }
                         td { (breaker_words(t).unwrap_or_else(|| "closed".into())) }
+                        td.resources { (resources_held(r, policy)) }
+                        td.budgets { (budget_use(r, policy)) }
                     }
                 }
             }
@@ -573,7 +628,7 @@ pub fn cluster(
             tbody { @for m in &c.members { tr { td { (m.id) } td { (m.advertise_address) } td { @if m.is_leader { "leader" } @else { "follower" } } } } } }
         h2 { "Runners" }
         (failed_section("Runners are the leader's to show", runners, |rs| html! {
-            table.runners { thead { tr { th { "Id" } th { "Agents" } th { "Slots used / total" } th { "Labels" } th { "Version" } th { "Connected" } th { "Last seen" } } }
+            table.runners { thead { tr { th { "Id" } th { "Agents" } th { "Slots used / total" } th { "Labels" } th { "Version" } th { "Connected" } th { "Last seen" } th { "Draining" } } }
                 tbody { @for r in rs { tr {
                     td { (r.runner_id) }
                     td { (r.agents.join(", ")) }
@@ -582,6 +637,7 @@ pub fn cluster(
                     td { (r.version) }
                     td { @if r.connected { "since " (utc(r.connected_at)) } @else { span.s-failed { "disconnected" } } }
                     td { (utc(r.last_seen)) }
+                    td { @if r.draining { span.badge.paused { "draining" } } @else { "no" } }
                 } } }
             }
             @if rs.is_empty() { p.empty { "No runner." } }
@@ -601,14 +657,12 @@ pub fn cluster(
         }))
         h2 { "Budgets" }
         (failed_section("Budgets are the leader's to show", budgets, |bs| html! {
-            table { thead { tr { th { "Name" } th { "Scope" } th { "Window" } th { "Used" } th { "Reserved" } th { "Limit" } th { "State" } th { "Resets" } } }
+            table { thead { tr { th { "Name" } th { "Scope" } th { "Window" } th { "Used (with reserved) / limit" } th { "State" } th { "Resets" } } }
                 tbody { @for b in bs { tr {
                     td { (b.name) }
                     td { (b.scope) }
                     td { (b.window) }
-                    td.num { (format!("{:.4}", b.used.cost)) }
-                    td.num { (format!("{:.4}", b.reserved.cost)) }
-                    td.num { (b.limits.cost.map(|c| format!("{c:.4}")).unwrap_or_else(|| "–".into())) }
+                    td { @for w in b.use_words() { div { (w) } } }
                     td { span class={ "badge b-" (b.state) } { (b.state) } }
                     td { (in_zone(b.window_end, Some(&b.timezone))) }
                 } } }

@@ -231,6 +231,8 @@ pub struct RunnerView {
     pub last_seen: DateTime<Utc>,
     /// Run ids holding its slots.
     pub running: Vec<String>,
+    /// It said it is draining (stopping): no new run is placed on it.
+    pub draining: bool,
 }
 
 /// A resource as `punchclock resources list` and `/metrics` show it.
@@ -261,6 +263,8 @@ pub struct BudgetView {
     pub name: String,
     /// `task ID`, `agent ID` or `label k=v,...`.
     pub scope: String,
+    /// The scope as a rule: [`BudgetView::covers`].
+    pub scope_rule: crate::config::budgets::BudgetScope,
     /// `1h`, `1d`, `30d` or `month`.
     pub window: &'static str,
     /// The current window: `[start, end)`; `end` is when it resets.
@@ -283,6 +287,38 @@ pub struct BudgetView {
     pub state: &'static str,
     /// The budget's zone (IANA): its windows are calendar windows there.
     pub timezone: String,
+}
+
+impl BudgetView {
+    /// Whether a task (id, agent, labels) is in the budget's scope.
+    pub fn covers(&self, task_id: &str, agent_id: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.scope_rule.covers(task_id, agent_id, labels)
+    }
+
+    /// Each limited measure as `used / limit` with its unit (`cost
+    /// 0.1200 / 5.0000`, `runs 3 / 10`, `input tokens …`), reserved spend
+    /// counted as used; `no limit` when none is set.
+    pub fn use_words(&self) -> Vec<String> {
+        let u = self.used.plus(self.reserved);
+        let mut out = Vec::new();
+        if let Some(l) = self.limits.cost {
+            out.push(format!("cost {:.4} / {l:.4}", u.cost));
+        }
+        let counts = [
+            ("runs", u.runs, self.limits.runs),
+            ("input tokens", u.input_tokens, self.limits.input_tokens),
+            ("output tokens", u.output_tokens, self.limits.output_tokens),
+        ];
+        for (what, used, limit) in counts {
+            if let Some(l) = limit {
+                out.push(format!("{what} {used} / {l}"));
+            }
+        }
+        if out.is_empty() {
+            out.push("no limit".into());
+        }
+        out
+    }
 }
 
 /// What each policy shows of its state: filled by

@@ -599,6 +599,7 @@ impl EngineCore {
                     connected_at: r.connected_at,
                     last_seen: r.last_seen,
                     running,
+                    draining: r.draining,
                 }
             })
             .collect();

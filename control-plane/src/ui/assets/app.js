@@ -37,16 +37,24 @@
   });
 
   // The live stream: run events put in place (cells, rows, a run's status).
+  // A browser holds six HTTP/1.1 connections per host, and a page kept in
+  // the back-forward cache keeps its stream: without closing it on
+  // pagehide, the seventh page visited waits for ever. A tab hidden for a
+  // minute lets its stream go too, and reads its page again when shown.
   var url = body.getAttribute("data-live-url");
   if (!url || !window.EventSource) return;
   var state = document.getElementById("live-state");
   function mark(s) { body.setAttribute("data-live", s); if (state) state.textContent = s === "open" ? "● live" : "○ " + s; }
-  var es = new EventSource(url);
-  es.onopen = function () { mark("open"); };
-  es.onerror = function () { mark("reconnecting"); };
   function swap(el, html) { var t = document.createElement("template"); t.innerHTML = html.trim(); el.replaceWith(t.content.firstChild); }
   function prepend(parent, html) { var t = document.createElement("template"); t.innerHTML = html.trim(); parent.insertBefore(t.content.firstChild, parent.firstChild); }
-  es.addEventListener("run", function (ev) {
+  function refresh() {
+    fetch(location.href, { credentials: "same-origin" }).then(function (r) { return r.text(); }).then(function (html) {
+      var doc = new DOMParser().parseFromString(html, "text/html");
+      var main = doc.querySelector("main");
+      if (main) document.querySelector("main").replaceWith(main);
+    });
+  }
+  function onRun(ev) {
     var d = JSON.parse(ev.data);
     var cell = document.getElementById("cell-" + d.run_id);
     if (cell) swap(cell, d.cell);
@@ -64,15 +72,28 @@
       var runs = document.getElementById("runs-" + d.task_id);
       if (runs && runs.getAttribute("data-head") === "1") prepend(runs, d.row);
     }
-    var st = document.getElementById("status-" + d.run_id);
-    if (st) {
-      // A run's own page: read it again for its attempts and result.
-      fetch(location.href, { credentials: "same-origin" }).then(function (r) { return r.text(); }).then(function (html) {
-        var doc = new DOMParser().parseFromString(html, "text/html");
-        var main = doc.querySelector("main");
-        if (main) document.querySelector("main").replaceWith(main);
-      });
+    // A run's own page: read it again for its attempts and result.
+    if (document.getElementById("status-" + d.run_id)) refresh();
+  }
+  var es = null, idle = null;
+  function open() {
+    if (es) return;
+    es = new EventSource(url);
+    es.onopen = function () { mark("open"); };
+    es.onerror = function () { mark("reconnecting"); };
+    es.addEventListener("run", onRun);
+    es.addEventListener("reload", function () { location.reload(); });
+  }
+  function close() { if (es) { es.close(); es = null; mark("paused"); } }
+  window.addEventListener("pagehide", close);
+  window.addEventListener("pageshow", function (ev) { if (ev.persisted) { refresh(); open(); } });
+  document.addEventListener("visibilitychange", function () {
+    if (document.visibilityState === "hidden") {
+      idle = setTimeout(close, 60000);
+    } else {
+      clearTimeout(idle);
+      if (!es) { refresh(); open(); }
     }
   });
-  es.addEventListener("reload", function () { location.reload(); });
+  open();
 })();

@@ -249,6 +249,7 @@ impl Budgets {
                 BudgetView {
                     name: d.name.clone(),
                     scope: scope_text(&d.scope),
+                    scope_rule: d.scope.clone(),
                     window: window_text(d.window),
                     window_start: start,
                     window_end: end,
