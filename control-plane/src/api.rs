@@ -627,7 +627,9 @@ impl Core {
     /// runs this replica's engine holds are shown as it knows them (ahead
     /// of the store). With a filter, tasks are read in pages of
     /// [`MAX_TASK_PAGE`] until `limit` pass (or the tasks end); the next
-    /// token is the last one given.
+    /// token is the last one given. A text search tests each stored record
+    /// before decoding it ([`crate::views::TaskFilter::raw_test`]): most
+    /// are never decoded.
     ///
     /// Errors: `InvalidArgument` on `recent_slots` (more than
     /// [`crate::views::MAX_SLOT_CELLS`]); store and history errors.
@@ -649,9 +651,11 @@ impl Core {
         // The last status needs each candidate's newest run.
         let slots_read = if filter.last_status.is_some() { slots.max(1) } else { slots };
         let (mut out, mut token) = (Vec::new(), page_token.to_string());
+        let raw = filter.raw_test();
         loop {
-            let (tasks, next) = self.list_tasks_page(&token, MAX_TASK_PAGE).await?;
-            let candidates: Vec<TaskView> = tasks.into_iter().filter(|t| filter.admits(t)).collect();
+            let (tasks, next) = self.repo.scan_tasks(&token, MAX_TASK_PAGE as usize, &raw).await?;
+            let candidates: Vec<TaskView> =
+                tasks.into_iter().map(|(rec, cursor)| self.view(rec, cursor)).filter(|t| filter.admits(t)).collect();
             for s in self.with_slots(candidates, slots_read).await? {
                 let last = s.slots.first().map(|c| c.summary.status);
                 if filter.last_status.is_none_or(|want| last == Some(want)) {
@@ -875,6 +879,48 @@ impl Core {
             return Err(Error::NotFound { kind: "task", id: task_id.to_string() });
         }
         self.engine().await?.reset_breaker(task_id.to_string()).await
+    }
+
+    /// What a run's page shows beside its record: the notifications it
+    /// sent (pending, dead, delivered; payloads left out) and the runs that
+    /// followed it (`after` triggers; ids `{task}.after-{run id}`, at most
+    /// [`crate::engine::core::policy::dependencies::MAX_FOLLOWERS`]).
+    /// Followers are the leader's to know: elsewhere they are an
+    /// `Unavailable` error, the notifications still read.
+    pub async fn run_links(
+        &self,
+        run: &RunRecord,
+    ) -> (Result<Vec<crate::model::notification::Notification>>, Result<Vec<RunSummary>>) {
+        let base = crate::model::notification::notification_base(run);
+        let notes = self.repo.notifications_of(&base).await.map(|v| {
+            v.into_iter()
+                .map(|(mut n, _)| {
+                    n.payload = serde_json::Value::Null;
+                    n
+                })
+                .filter(|n| n.run_id == run.run_id)
+                .collect()
+        });
+        let task = run.task_id.clone();
+        let downstream = match self.engine().await {
+            Ok(e) => match e.query(move |c, _| c.followers_of(&task)).await {
+                Ok(followers) => {
+                    let mut out = Vec::new();
+                    for f in followers {
+                        let id = crate::model::event::after_run_id(&f, &run.run_id);
+                        match self.get_run(&id).await {
+                            Ok(r) => out.push(RunSummary::of(&r)),
+                            Err(Error::NotFound { .. }) => {}
+                            Err(e) => return (notes, Err(e)),
+                        }
+                    }
+                    Ok(out)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        (notes, downstream)
     }
 
     /// One run: as the leader knows it now when it is active here (start

@@ -19,6 +19,7 @@ use std::time::Duration;
 use fantoccini::{Client, Locator};
 use punchclock_proto::v1 as pb;
 use punchclock_tests::browser::{Driver, screenshot, wait_for};
+use punchclock_tests::receiver::Receiver;
 use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, http_get, http_post, runs, tasks, wait_engine};
 
 fn no_browser() {
@@ -52,10 +53,14 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     let _logs = KeepLogsOnPanic::new(dir.path(), "dashboard");
     let Some(driver) = Driver::start(&dir.path().join("chromedriver.log")) else { return no_browser() };
     let data = dir.path().join("data");
+    let hook = Receiver::start("whsec_dashboard_0123").await;
     let cfg = dir.path().join("config.yaml");
     std::fs::write(
         &cfg,
-        "resources:\n  llm: {concurrency: 4}\nbudgets:\n  - name: daily\n    scope: {agent: light_agent}\n    window: 1d\n    limits: {runs: 100000}\n",
+        format!(
+            "resources:\n  llm: {{concurrency: 4}}\nbudgets:\n  - name: daily\n    scope: {{agent: light_agent}}\n    window: 1d\n    limits: {{runs: 100000}}\nsinks:\n  hook: {{url: \"{}\", secret: whsec_dashboard_0123}}\n",
+            hook.url()
+        ),
     )
     .expect("config");
     let cfg = cfg.display().to_string();
@@ -70,7 +75,9 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
         serde_json::json!({"task_id": "late", "agent_id": "light_agent", "trigger": {"type": "interval", "every": "1s"},
             "execution": {"misfire_grace_seconds": 1, "misfire_policy": "skip"}}),
         serde_json::json!({"task_id": "retried", "agent_id": "fail_agent", "trigger": yearly,
-            "execution": {"max_retries": 1, "retry_backoff": {"base_seconds": 1, "cap_seconds": 1, "jitter_seconds": 0}}}),
+            "execution": {"max_retries": 1, "retry_backoff": {"base_seconds": 1, "cap_seconds": 1, "jitter_seconds": 0}},
+            "notify": {"on_failure": ["webhook://hook"]}}),
+        serde_json::json!({"task_id": "cleanup", "agent_id": "light_agent", "trigger": {"type": "after", "task": "retried", "status": "failed"}}),
         serde_json::json!({"task_id": "manual", "agent_id": "light_agent", "trigger": yearly}),
     ];
     apply_all(&tasks(&dev.addr).await, specs.into_iter()).await;
@@ -183,6 +190,19 @@ async fn slots_show_their_status_and_reason_and_a_trigger_arrives_live() {
     for at in &attempts {
         assert_eq!(at.attr("data-outcome").await.expect("attr").as_deref(), Some("FAILED"));
     }
+    // Its notification and the run that followed it, each linked.
+    wait_for(Duration::from_secs(30), "the failure's notification delivered", || async {
+        hook.received().iter().any(|r| r.body["run"]["run_id"] == retried.as_str()).then_some(())
+    })
+    .await;
+    a.refresh().await.expect("read the run page again");
+    let note = a.find(Locator::Css("table.notifications tbody tr")).await.expect("a notification row").text().await.expect("text");
+    assert!(note.contains("on_failure") && note.contains("webhook://hook") && note.contains("delivered"), "{note}");
+    let follower = a.find(Locator::Css("table.downstream tr[data-run]")).await.expect("the downstream run");
+    let follower_id = follower.attr("data-run").await.expect("attr").unwrap_or_default();
+    assert_eq!(follower_id, format!("cleanup.after-{retried}"));
+    let attempts = a.find_all(Locator::Css("tr.attempt")).await.expect("attempts");
+    assert_eq!(attempts.len(), 2, "both attempts, read again");
     let trace = a.find(Locator::Css("a.trace")).await.expect("trace link");
     let href = trace.attr("href").await.expect("href").unwrap_or_default();
     let id = trace.text().await.expect("trace id");
@@ -227,6 +247,21 @@ async fn search_finds_one_task_among_ten_thousand_and_paging_reaches_the_last() 
         assert_eq!(rows[0].attr("data-task").await.expect("attr").as_deref(), Some("fleet-07777"));
     }
     screenshot(&c, "tasks-search").await;
+    // A search that matches 1,000 tasks pages through them, each once.
+    c.goto(&format!("{ui}/tasks?q=FLEET-09")).await.expect("search");
+    let mut found = Vec::new();
+    loop {
+        for r in c.find_all(Locator::Css("tr[data-task]")).await.expect("rows") {
+            found.push(r.attr("data-task").await.expect("attr").unwrap_or_default());
+        }
+        match c.find(Locator::Css("a.next")).await {
+            Ok(next) => next.click().await.expect("next page"),
+            Err(_) => break,
+        }
+        assert!(found.len() <= 1000, "paging does not end");
+    }
+    let want: Vec<String> = (9000..10_000).map(|i| format!("fleet-{i:05}")).collect();
+    assert_eq!(found, want, "the search's pages hold each match once, in order");
     c.goto(&format!("{ui}/tasks")).await.expect("tasks");
     let mut pages = 1;
     loop {

@@ -283,6 +283,12 @@ pub struct Repo {
     archived: bool,
 }
 
+/// Keys one read of [`Repo::scan_tasks`] takes (a definition is at most
+/// 256 KiB: at most 32 MiB in hand, half etcd's answer limit
+/// [`crate::store::etcd::MAX_RESPONSE_BYTES`]; about 128 KiB for typical
+/// ones).
+pub const SCAN_STEP: usize = 128;
+
 impl Repo {
     /// The repository over `store`, keys under `keys`' prefix.
     pub fn new(store: Arc<dyn KvStore>, keys: Keys) -> Self {
@@ -520,6 +526,60 @@ impl Repo {
             };
             out.push((rec, cursor));
         }
+        Ok((out, next))
+    }
+
+    /// Tasks after `after_id` in id order whose stored bytes pass `raw` (a
+    /// test on the encoded record, made before it is decoded), read
+    /// [`SCAN_STEP`] keys at a time, until `want` have passed or the tasks
+    /// end: (the passing records with their cursors, the id of the
+    /// last key read — the scan goes on after it — or empty when the tasks
+    /// ended). A search reads every task: what it skips undecoded costs a
+    /// key's bytes, not a record.
+    pub async fn scan_tasks(
+        &self,
+        after_id: &str,
+        want: usize,
+        raw: impl Fn(&[u8]) -> bool,
+    ) -> Result<(Vec<(TaskRecord, Option<Cursor>)>, String)> {
+        let prefix = self.keys.tasks();
+        let mut after = if after_id.is_empty() { String::new() } else { self.keys.task(after_id) };
+        let (mut records, mut ended) = (Vec::new(), false);
+        while records.len() < want {
+            let step = self.store.range_page(&prefix, &after, SCAN_STEP, false).await?;
+            ended = step.len() < SCAN_STEP;
+            for kv in step {
+                after = kv.key;
+                if !raw(&kv.value) {
+                    continue;
+                }
+                match codec::decode::<TaskRecord>("task", &kv.value) {
+                    Ok(rec) => records.push(rec),
+                    Err(e) => tracing::error!(key = %after, error = %e, "unreadable task"),
+                }
+                if records.len() == want {
+                    ended = false;
+                    break;
+                }
+            }
+            if ended {
+                break;
+            }
+        }
+        let next = if ended { String::new() } else { self.keys.id_after(&prefix, &after).unwrap_or_default().to_string() };
+        let cursors = self.get_many(records.iter().map(|r| self.keys.cursor(&r.spec.task_id)), usize::MAX).await?;
+        let out = records
+            .into_iter()
+            .zip(cursors)
+            .map(|(rec, kv)| {
+                let cursor = kv.and_then(|kv| {
+                    codec::decode::<Cursor>("cursor", &kv.value)
+                        .map_err(|e| tracing::error!(task_id = %rec.spec.task_id, error = %e, "unreadable cursor"))
+                        .ok()
+                });
+                (rec, cursor)
+            })
+            .collect();
         Ok((out, next))
     }
 

@@ -26,6 +26,15 @@ impl Repo {
         self.notifications_under(&self.keys.delivered()).await
     }
 
+    /// One run's notifications, pending, dead and delivered: those whose id
+    /// starts with `{base}.` ([`crate::model::notification::notification_base`]),
+    /// outbox first; two prefix reads, whatever the outbox holds.
+    pub async fn notifications_of(&self, base: &str) -> Result<Vec<Versioned>> {
+        let mut v = self.notifications_under(&format!("{}{base}.", self.keys.outbox())).await?;
+        v.extend(self.notifications_under(&format!("{}{base}.", self.keys.delivered())).await?);
+        Ok(v)
+    }
+
     async fn notifications_under(&self, prefix: &str) -> Result<Vec<Versioned>> {
         const PAGE: usize = 256;
         let mut out: Vec<Versioned> = Vec::new();

@@ -273,7 +273,10 @@ async fn run(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<S
         Err(r) => return r,
     };
     match core.get_run(&id).await {
-        Ok(r) => pages::run(&viewer, &crate::views::RunDetail::of(r), core.ui.trace_link.as_deref()).into_response(),
+        Ok(r) => {
+            let (notes, downstream) = core.run_links(&r).await;
+            pages::run(&viewer, &crate::views::RunDetail::of(r), &notes, &downstream, core.ui.trace_link.as_deref()).into_response()
+        }
         Err(e) => error_page(Some(&viewer), &e),
     }
 }
@@ -286,10 +289,9 @@ async fn cluster(State(core): State<Arc<Core>>, headers: HeaderMap) -> Response 
     let view = core.cluster_view().await;
     // Live state is the leader's: a follower says so instead.
     let runners = core.list_runners().await;
-    let resources = core.list_resources().await;
-    let budgets = core.list_budgets().await;
+    let policy = core.policy_views().await;
     let history = (core.history.kind(), core.archive.as_ref().and_then(|(_, s)| s.problem()));
-    pages::cluster(&viewer, &view, &runners, &resources, &budgets, history).into_response()
+    pages::cluster(&viewer, &view, &runners, &policy, history).into_response()
 }
 
 async fn events(State(core): State<Arc<Core>>, headers: HeaderMap) -> Response {

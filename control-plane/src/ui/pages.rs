@@ -11,6 +11,7 @@ use super::session::Viewer;
 use super::{RunsQuery, TasksQuery};
 use crate::api::TaskView;
 use crate::model::run::TriggerKind;
+use crate::model::notification::Notification;
 use crate::model::{RunRecord, RunStatus};
 use crate::schedule::{CronTrigger, IntervalTrigger};
 use crate::views::{BudgetView, ClusterView, PolicyViews, ResourceView, RunDetail, RunSummary, RunnerView, SlotCell, TaskSummary};
@@ -141,7 +142,7 @@ pub fn cell(c: &SlotCell) -> Markup {
 /// One run as a line of a runs table.
 pub fn run_row(s: &RunSummary) -> Markup {
     html! {
-        tr id={ "row-" (s.run_id) } data-status=(s.status.as_str()) {
+        tr id={ "row-" (s.run_id) } data-run=(s.run_id) data-status=(s.status.as_str()) {
             td { a href={ "/ui/runs/" (path_segment(&s.run_id)) } { (s.run_id) } }
             td { span class={ "badge s-" (s.status.as_str().to_ascii_lowercase()) } { (s.status.as_str()) } }
             td { (s.trigger.as_str()) }
@@ -530,7 +531,13 @@ pub fn task(
 }
 
 /// `/ui/runs/{id}`.
-pub fn run(viewer: &Viewer, d: &RunDetail, trace_link: Option<&str>) -> Markup {
+pub fn run(
+    viewer: &Viewer,
+    d: &RunDetail,
+    notes: &crate::error::Result<Vec<Notification>>,
+    downstream: &crate::error::Result<Vec<RunSummary>>,
+    trace_link: Option<&str>,
+) -> Markup {
     let r = &d.record;
     let s = &d.summary;
     let seg = path_segment(&r.run_id);
@@ -558,7 +565,12 @@ pub fn run(viewer: &Viewer, d: &RunDetail, trace_link: Option<&str>) -> Markup {
                 }
             }
             @if let Some(e) = &r.event { dt { "Event" } dd { code { (serde_json::to_string(e).unwrap_or_default()) } } }
-            @if let Some(u) = &r.upstream { dt { "Upstream" } dd { code { (serde_json::to_string(u).unwrap_or_default()) } } }
+            @if let Some(u) = &r.upstream {
+                dt { "Upstream" } dd {
+                    a.upstream href={ "/ui/runs/" (path_segment(&u.run_id)) } { (u.run_id) } " of " (u.task) " (" (u.status.as_str()) ")"
+                    @if u.chain > 1 { " — " (u.chain) " runs up the chain" }
+                }
+            }
             @if !r.params.is_empty() { dt { "Params" } dd { code { (serde_json::Value::Object(r.params.clone())) } } }
         }
         @if viewer.can_operate() {
@@ -588,16 +600,61 @@ pub fn run(viewer: &Viewer, d: &RunDetail, trace_link: Option<&str>) -> Markup {
             }
         }
         @if r.attempts.is_empty() { p.empty { "No attempt yet." } }
-        @if let Some(p) = &r.progress { h2 { "Progress" } pre { (serde_json::to_string_pretty(p).unwrap_or_default()) } }
+        @if let Some(p) = &r.progress {
+            h2 { "Progress" }
+            dl.facts {
+                dt { "Percent" } dd { (p.percent.map(|v| format!("{v:.0} %")).unwrap_or_else(|| "–".into())) }
+                dt { "Message" } dd { (p.message) }
+                dt { "Updated" } dd { (utc(p.updated_at)) }
+            }
+            @if let Some(c) = &p.checkpoint { h2 { "Checkpoint" } pre.checkpoint { (json(c)) } }
+        }
         @if let Some(v) = &r.result { h2 { "Result" } pre { (json(v)) } }
-        @if !r.charges.is_empty() { h2 { "Usage and cost" } pre { (serde_json::to_string_pretty(&r.charges).unwrap_or_default()) } }
+        @if r.attempts.iter().any(|a| a.usage.is_some()) || !r.charges.is_empty() {
+            h2 { "Usage and cost" }
+            table.usage {
+                thead { tr { th { "Attempt" } th { "Model" } th { "Usage as reported" } } }
+                tbody { @for a in r.attempts.iter().filter(|a| a.usage.is_some()) { tr {
+                    td { (a.attempt) } td { (a.model.clone().unwrap_or_default()) }
+                    td { code { (serde_json::to_string(&a.usage).unwrap_or_default()) } }
+                } } }
+            }
+            @if !r.charges.is_empty() {
+                table.charges {
+                    thead { tr { th { "Budget" } th { "Window from" } th { "Reserved at admission" } } }
+                    tbody { @for c in &r.charges { tr {
+                        td { (c.budget) } td { (utc(c.window_start)) }
+                        td { code { (serde_json::to_string(&c.reserved).unwrap_or_default()) } @if c.unknown { " (estimated again at dispatch)" } }
+                    } } }
+                }
+            }
+        }
+        h2 { "Notifications" }
+        (failed_section("Notifications could not be read", notes.as_ref(), |ns: &Vec<Notification>| html! {
+            @if ns.is_empty() { p.empty { "None sent." } } @else {
+                table.notifications {
+                    thead { tr { th { "Id" } th { "Event" } th { "Sink" } th { "Status" } th { "Attempts" } th { "Delivered" } th { "Last error" } } }
+                    tbody { @for n in ns { tr data-status=(n.status.as_str()) {
+                        td { code { (n.id) } } td { (n.event.as_str()) } td { (n.sink) } td { (n.status.as_str()) }
+                        td.num { (n.attempts) } td { (n.delivered_at.map(utc).unwrap_or_default()) }
+                        td.reason { (n.last_error.clone().unwrap_or_default()) }
+                    } } }
+                }
+            }
+        }))
+        h2 { "Downstream runs" }
+        (failed_section("Downstream runs are the leader's to show", downstream.as_ref(), |rs: &Vec<RunSummary>| html! {
+            @if rs.is_empty() { p.empty { "No task follows this run." } } @else {
+                table.runs.downstream { (runs_head()) tbody { @for s in rs { (run_row(s)) } } }
+            }
+        }))
         @if !r.stdout_tail.is_empty() { h2 { "Output (tail)" } pre.tail { (r.stdout_tail) } }
         @if !r.stderr_tail.is_empty() { h2 { "Errors (tail)" } pre.tail { (r.stderr_tail) } }
     };
     layout(Some(viewer), &format!("Run {}", r.run_id), Some(format!("/ui/live?run={}", query_value(&r.run_id))), body)
 }
 
-fn failed_section<T>(what: &str, r: &crate::error::Result<Vec<T>>, f: impl Fn(&[T]) -> Markup) -> Markup {
+fn failed_section<V>(what: &str, r: Result<&V, &crate::error::Error>, f: impl Fn(&V) -> Markup) -> Markup {
     match r {
         Ok(v) => f(v),
         Err(e) => html! { p.muted { (what) ": " (e.to_string()) } },
@@ -609,8 +666,7 @@ pub fn cluster(
     viewer: &Viewer,
     c: &ClusterView,
     runners: &crate::error::Result<Vec<RunnerView>>,
-    resources: &crate::error::Result<Vec<ResourceView>>,
-    budgets: &crate::error::Result<Vec<BudgetView>>,
+    policy: &crate::error::Result<PolicyViews>,
     history: (&str, Option<String>),
 ) -> Markup {
     let body = html! {
@@ -627,7 +683,7 @@ pub fn cluster(
         table { thead { tr { th { "Id" } th { "Address" } th { "Role" } } }
             tbody { @for m in &c.members { tr { td { (m.id) } td { (m.advertise_address) } td { @if m.is_leader { "leader" } @else { "follower" } } } } } }
         h2 { "Runners" }
-        (failed_section("Runners are the leader's to show", runners, |rs| html! {
+        (failed_section("Runners are the leader's to show", runners.as_ref(), |rs: &Vec<RunnerView>| html! {
             table.runners { thead { tr { th { "Id" } th { "Agents" } th { "Slots used / total" } th { "Labels" } th { "Version" } th { "Connected" } th { "Last seen" } th { "Draining" } } }
                 tbody { @for r in rs { tr {
                     td { (r.runner_id) }
@@ -643,7 +699,7 @@ pub fn cluster(
             @if rs.is_empty() { p.empty { "No runner." } }
         }))
         h2 { "Resources" }
-        (failed_section("Resources are the leader's to show", resources, |rs| html! {
+        (failed_section("Resources are the leader's to show", policy.as_ref().map(|p| &p.resources), |rs: &Vec<ResourceView>| html! {
             table { thead { tr { th { "Name" } th { "In use" } th { "Concurrency" } th { "Waiting" } th { "Held back" } } }
                 tbody { @for r in rs { tr {
                     td { (r.name) }
@@ -656,7 +712,7 @@ pub fn cluster(
             @if rs.is_empty() { p.empty { "No resource configured." } }
         }))
         h2 { "Budgets" }
-        (failed_section("Budgets are the leader's to show", budgets, |bs| html! {
+        (failed_section("Budgets are the leader's to show", policy.as_ref().map(|p| &p.budgets), |bs: &Vec<BudgetView>| html! {
             table { thead { tr { th { "Name" } th { "Scope" } th { "Window" } th { "Used (with reserved) / limit" } th { "State" } th { "Resets" } } }
                 tbody { @for b in bs { tr {
                     td { (b.name) }

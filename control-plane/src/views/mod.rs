@@ -178,6 +178,34 @@ impl TaskFilter {
         *self == TaskFilter::default()
     }
 
+    /// A test on a task's stored bytes (its JSON) that every task the text
+    /// search admits passes: each `=`-separated piece of the text occurs in
+    /// them, ASCII case aside. Ids, agents and label keys and values are
+    /// ASCII letters, digits and `_ - .` ([`crate::model::task::validate_id`],
+    /// [`crate::model::task::label_ok`]), written in JSON as they are, so
+    /// this holds for an ASCII text; a text with other characters (Unicode
+    /// case folding can turn one into an ASCII letter) passes every record
+    /// to be decoded. [`TaskFilter::admits`] still decides.
+    pub fn raw_test(&self) -> impl Fn(&[u8]) -> bool + use<> {
+        let pieces: Vec<memchr::memmem::Finder<'static>> = if self.text.is_ascii() {
+            self.text
+                .to_ascii_lowercase()
+                .split('=')
+                .filter(|p| !p.is_empty())
+                .map(|p| memchr::memmem::Finder::new(p.as_bytes()).into_owned())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        move |raw: &[u8]| {
+            if pieces.is_empty() {
+                return true;
+            }
+            let lower = raw.to_ascii_lowercase();
+            pieces.iter().all(|f| f.find(&lower).is_some())
+        }
+    }
+
     /// Whether `t` passes every condition that its definition and cursor
     /// decide (all but `last_status`).
     pub fn admits(&self, t: &crate::api::TaskView) -> bool {
@@ -391,5 +419,40 @@ mod tests {
         assert_eq!((s.dispatch_lag_ms, s.start_lag_ms, s.duration_ms), (Some(1000), Some(2000), Some(5000)));
         assert_eq!((s.slots, s.reason.as_str()), (1, ""));
         assert_eq!(SlotCell { summary: s }.label(), "SUCCEEDED");
+    }
+
+    /// The test on stored bytes never turns away a task the search admits
+    /// (it would vanish from the list), and turns away most others.
+    #[test]
+    fn the_raw_test_passes_every_task_the_search_admits() {
+        use crate::model::{Definition, TaskRecord};
+        let record = |doc: serde_json::Value| {
+            let rec = TaskRecord::new(Definition::from_json(&doc.to_string()).expect("valid"), t(0));
+            let raw = crate::repo::codec::encode(&rec).expect("encode");
+            (crate::api::TaskView { record: rec, cursor: None, next_fire_at: None }, raw)
+        };
+        let tasks = [
+            record(serde_json::json!({"task_id": "Daily-Report", "agent_id": "writer", "labels": {"team": "Needle"}})),
+            record(serde_json::json!({"task_id": "unicode", "agent_id": "a", "context": {"params": {"note": "Ünïcödé \u{212A}"}}})),
+            record(serde_json::json!({"task_id": "eq", "agent_id": "x", "labels": {"a.b": "c-d"}})),
+            record(serde_json::json!({"task_id": "other", "agent_id": "plain"})),
+        ];
+        let texts = [
+            "daily", "REPORT", "team=need", "am=ne", "needle", "q\"u", "k", "\u{212A}", "UNICODE", "ÜNI", "b=c", "b=c-d", "a.b=c-d", "=", "zzz",
+            "writer", "other",
+        ];
+        for text in texts {
+            let f = TaskFilter { text: text.into(), ..TaskFilter::default() };
+            let raw = f.raw_test();
+            for (view, bytes) in &tasks {
+                if f.admits(view) {
+                    assert!(raw(bytes), "{text:?} admits {} but its bytes were turned away", view.record.spec.task_id);
+                }
+            }
+        }
+        let f = TaskFilter { text: "zzz".into(), ..TaskFilter::default() };
+        assert!(!f.raw_test()(&tasks[0].1), "a text in no record turns an ASCII record away");
+        let f = TaskFilter { text: "needle".into(), ..TaskFilter::default() };
+        assert!(!f.raw_test()(&tasks[3].1));
     }
 }

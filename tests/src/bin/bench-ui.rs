@@ -18,7 +18,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -76,8 +76,19 @@ fn busy_run(i: i64, t0: DateTime<Utc>) -> RunRecord {
     r
 }
 
+/// What one SSE client saw.
+#[derive(Default)]
+struct Seen {
+    runs: u64,
+    reloads: u64,
+    /// The stream ended (EOF or an error) before `stop` without a `reload`
+    /// event first: a session dropped silently.
+    silent_end: bool,
+}
+
 /// One SSE client: counts `run` and `reload` events until `stop`.
-fn stream(addr: String, runs: Arc<AtomicU64>, reloads: Arc<AtomicU64>, stop: Arc<std::sync::atomic::AtomicBool>) {
+fn stream(addr: String, stop: Arc<std::sync::atomic::AtomicBool>) -> Seen {
+    let mut seen = Seen::default();
     let mut s = TcpStream::connect(&addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
     write!(s, "GET /ui/live HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n").expect("request");
@@ -86,17 +97,22 @@ fn stream(addr: String, runs: Arc<AtomicU64>, reloads: Arc<AtomicU64>, stop: Arc
     while !stop.load(Ordering::Relaxed) {
         line.clear();
         match r.read_line(&mut line) {
-            Ok(0) => break,
-            Ok(_) if line.starts_with("event: run") => {
-                runs.fetch_add(1, Ordering::Relaxed);
+            Ok(0) => {
+                seen.silent_end = seen.reloads == 0;
+                break;
             }
-            Ok(_) if line.starts_with("event: reload") => {
-                reloads.fetch_add(1, Ordering::Relaxed);
+            Ok(_) if line.starts_with("event: run") => seen.runs += 1,
+            Ok(_) if line.starts_with("event: reload") => seen.reloads += 1,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => {
+                seen.silent_end = seen.reloads == 0;
+                break;
             }
-            _ => {}
         }
     }
     let _ = r.get_mut().read(&mut [0u8; 1]);
+    seen
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -148,12 +164,11 @@ async fn main() {
     let dev = Proc::dev_logged(&dir.path().join("data"), 64, &dir.path().join("dev.log"));
     let http = dev.http_addr();
     let idle = rss_bytes(dev.pid());
-    let (runs, reloads, stop) =
-        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let clients: Vec<_> = (0..100)
         .map(|_| {
-            let (a, r, l, s) = (http.clone(), runs.clone(), reloads.clone(), stop.clone());
-            std::thread::spawn(move || stream(a, r, l, s))
+            let (a, s) = (http.clone(), stop.clone());
+            std::thread::spawn(move || stream(a, s))
         })
         .collect();
     let specs = (0..300).map(|i| {
@@ -166,26 +181,26 @@ async fn main() {
         peak = peak.max(rss_bytes(dev.pid()));
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let made = punchclock_tests::runs(&dev.addr)
+    let answering = punchclock_tests::runs(&dev.addr)
         .await
-        .list_runs(pb::ListRunsRequest { page_size: 1, ..Default::default() })
+        .list_runs(pb::ListRunsRequest { page_size: 1, status: pb::RunStatus::Succeeded as i32, ..Default::default() })
         .await
-        .map(|_| ())
         .is_ok();
     stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        let _ = c.join();
-    }
+    let seen: Vec<Seen> = clients.into_iter().map(|c| c.join().expect("stream thread")).collect();
     let after = rss_bytes(dev.pid());
     let mb = |b: u64| b as f64 / 1e6;
+    let per: Vec<u64> = seen.iter().map(|s| s.runs).collect();
     println!();
-    println!("100 live streams for 60 s, 300 tasks every second (answering: {made}):");
+    println!("100 live streams for 60 s, 300 tasks every second (API answering after: {answering}):");
     println!("  server RSS idle / peak / after: {:.0} / {:.0} / {:.0} MB", mb(idle), mb(peak), mb(after));
     println!(
-        "  run events received: {} ({:.0} per stream a second); reload events (a stream that fell behind): {}",
-        runs.load(Ordering::Relaxed),
-        runs.load(Ordering::Relaxed) as f64 / 100.0 / 60.0,
-        reloads.load(Ordering::Relaxed)
+        "  run events per stream: min {} / max {} ({:.0} a second); streams told to reload (fell behind): {}; dropped silently: {}",
+        per.iter().min().copied().unwrap_or(0),
+        per.iter().max().copied().unwrap_or(0),
+        per.iter().sum::<u64>() as f64 / 100.0 / 60.0,
+        seen.iter().filter(|s| s.reloads > 0).count(),
+        seen.iter().filter(|s| s.silent_end).count(),
     );
     println!("  (main before: no dashboard, `GET /` answered 404)");
 }

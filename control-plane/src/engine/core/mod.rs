@@ -640,6 +640,11 @@ impl EngineCore {
         self.policies.snapshot(now)
     }
 
+    /// The tasks that follow `task_id` (`after` triggers), by id.
+    pub fn followers_of(&self, task_id: &str) -> Vec<String> {
+        self.policies.dependencies.followers_of(task_id).into_iter().map(|(t, _)| t).collect()
+    }
+
     /// The tasks (not deleted) with an event trigger on `topic`, by id.
     pub fn topic_tasks(&self, topic: &str) -> Vec<String> {
         self.routes.topic(topic).into_iter().filter(|id| self.tasks.get(id).is_some_and(|e| !e.deleted)).collect()
