@@ -377,8 +377,9 @@ struct DevArgs {
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:7700")]
     listen: SocketAddr,
-    /// HTTP listen address (/healthz). Default: the port after --listen's
-    /// (7701), or a free one when that is taken; printed at start.
+    /// HTTP listen address (/healthz, /metrics, webhooks, the dashboard at
+    /// /ui/). Default: the port after --listen's (7701), or a free one when
+    /// that is taken; printed at start.
     #[arg(long)]
     http_listen: Option<SocketAddr>,
     /// Agents file of the in-process runner.
@@ -466,7 +467,8 @@ struct ServerArgs {
     /// Address other processes reach this replica at (default: http://LISTEN).
     #[arg(long)]
     advertise: Option<String>,
-    /// HTTP listen address (/healthz, /metrics, webhooks); off when not given.
+    /// HTTP listen address (/healthz, /metrics, webhooks, the dashboard at
+    /// /ui/); off when not given.
     #[arg(long)]
     http_listen: Option<SocketAddr>,
     /// Address other replicas reach this one's HTTP port at: followers
@@ -1295,10 +1297,10 @@ async fn dev(a: DevArgs, open_files: Option<u64>) -> Res {
     rcfg.agent_nice = a.agent_nice;
     rcfg.callback_listen = Some(a.callback_listen);
     rcfg.cgroup_root = Some(a.cgroup_root.clone()).filter(|p| p.as_os_str() != "none");
+    let h = server.http_addr.map(|a| a.to_string()).unwrap_or_default();
     announce(&format!(
-        "punchclock dev: API on http://{} (health on http://{}/healthz), data in {}, agents from {}",
+        "punchclock dev: API on http://{} (health on http://{h}/healthz, dashboard on http://{h}/ui/), data in {}, agents from {}",
         server.addr,
-        server.http_addr.map(|a| a.to_string()).unwrap_or_default(),
         a.data_dir.display(),
         a.agents.display()
     ));
@@ -1376,7 +1378,7 @@ async fn server(a: ServerArgs, open_files: Option<u64>) -> Res {
     reload_config_on_sighup(server.core.clone());
     match server.http_addr {
         Some(h) => announce(&format!(
-            "punchclock server: API on {scheme}://{} (health on http://{h}/healthz, metrics on http://{h}/metrics)",
+            "punchclock server: API on {scheme}://{} (health on http://{h}/healthz, metrics on http://{h}/metrics, dashboard on http://{h}/ui/)",
             server.addr
         )),
         None => announce(&format!(

@@ -887,10 +887,7 @@ impl Core {
     /// [`crate::engine::core::policy::dependencies::MAX_FOLLOWERS`]).
     /// Followers are the leader's to know: elsewhere they are an
     /// `Unavailable` error, the notifications still read.
-    pub async fn run_links(
-        &self,
-        run: &RunRecord,
-    ) -> (Result<Vec<crate::model::notification::Notification>>, Result<Vec<RunSummary>>) {
+    pub async fn run_links(&self, run: &RunRecord) -> (Result<Vec<crate::model::notification::Notification>>, Result<Vec<RunSummary>>) {
         let base = crate::model::notification::notification_base(run);
         let notes = self.repo.notifications_of(&base).await.map(|v| {
             v.into_iter()

@@ -423,9 +423,29 @@ impl Auth {
         Ok(Principal { name: "anonymous".into(), role: Role::Admin, binding: None, cert_runner_id: None, token_hash: None })
     }
 
-    /// The whole check for one call: who, and may they.
+    /// The whole check for one call: who, and may they; a mutating call
+    /// that may is written to the audit log.
     #[allow(clippy::result_large_err)]
     pub fn authorize(
+        &self,
+        path: &str,
+        headers: &http::HeaderMap,
+        cert_runner_id: Option<String>,
+    ) -> std::result::Result<Option<Principal>, Status> {
+        let p = self.check(path, headers, cert_runner_id)?;
+        if let Some(p) = &p
+            && access_for(path).audited()
+            && self.enabled()
+        {
+            tracing::info!(target: "punchclock::audit", token = %p.name, role = %p.role.as_str(), method = %path, "audit");
+        }
+        Ok(p)
+    }
+
+    /// [`Auth::authorize`] without the audit line, for a caller that
+    /// writes its own (the dashboard's actions name their target).
+    #[allow(clippy::result_large_err)]
+    pub fn check(
         &self,
         path: &str,
         headers: &http::HeaderMap,
@@ -443,9 +463,6 @@ impl Auth {
                 p.name,
                 p.role.as_str()
             )));
-        }
-        if access.audited() && self.enabled() {
-            tracing::info!(target: "punchclock::audit", token = %p.name, role = %p.role.as_str(), method = %path, "audit");
         }
         Ok(Some(p))
     }

@@ -822,10 +822,16 @@ pub async fn wait_n_runs(addr: &str, task_id: &str, n: usize, within: Duration, 
 /// `GET path` over plain HTTP/1.0 to `addr` (`host:port`): the status code
 /// (0 when nothing answers) and the body.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http_get_with(addr, path, &[])
+}
+
+/// [`http_get`] with request headers.
+pub fn http_get_with(addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else { return (0, String::new()) };
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}\r\n");
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);

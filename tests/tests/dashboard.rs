@@ -20,7 +20,7 @@ use fantoccini::{Client, Locator};
 use punchclock_proto::v1 as pb;
 use punchclock_tests::browser::{Driver, screenshot, wait_for};
 use punchclock_tests::receiver::Receiver;
-use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, http_get, http_post, runs, tasks, wait_engine};
+use punchclock_tests::{KeepLogsOnPanic, Proc, apply_all, http_get, http_get_with, http_post, runs, tasks, wait_engine};
 
 fn no_browser() {
     punchclock_tests::skip("dashboard", "PUNCHCLOCK_SKIP_BROWSER_TESTS", "chromium and chromium-driver are not installed");
@@ -264,15 +264,10 @@ async fn search_finds_one_task_among_ten_thousand_and_paging_reaches_the_last() 
     assert_eq!(found, want, "the search's pages hold each match once, in order");
     c.goto(&format!("{ui}/tasks")).await.expect("tasks");
     let mut pages = 1;
-    loop {
-        match c.find(Locator::Css("a.next")).await {
-            Ok(next) => {
-                next.click().await.expect("next page");
-                pages += 1;
-                assert!(pages <= N / 100 + 1, "paging does not end");
-            }
-            Err(_) => break,
-        }
+    while let Ok(next) = c.find(Locator::Css("a.next")).await {
+        next.click().await.expect("next page");
+        pages += 1;
+        assert!(pages <= N / 100 + 1, "paging does not end");
     }
     let rows = c.find_all(Locator::Css("tr[data-task]")).await.expect("rows");
     let last = rows.last().expect("a row").attr("data-task").await.expect("attr");
@@ -318,56 +313,81 @@ async fn a_reader_cannot_act_and_an_operator_acts_only_with_the_csrf_token() {
     let (code, _) = http_get(&http_listen, "/ui/tasks");
     assert_eq!(code, 303, "no session: to the sign-in form");
 
-    // A reader: no action button; its cookie on a forged trigger: 403.
+    // A reader: no action button; its session's cookie on a forged
+    // trigger: 403, and the refusal is audited.
     let c = driver.session().await;
+    let sign_in = |token: String| {
+        let (c, ui) = (&c, &ui);
+        async move {
+            c.goto(&format!("{ui}/login")).await.expect("login page");
+            c.find(Locator::Id("token")).await.expect("token field").send_keys(&token).await.expect("type");
+            c.find(Locator::Css("form.login button")).await.expect("sign in").click().await.expect("click");
+            c.goto(&format!("{ui}/tasks/guarded")).await.expect("task page");
+            let csrf = c.find(Locator::Css("body")).await.expect("body").attr("data-csrf").await.expect("attr").unwrap_or_default();
+            let cookie = c.get_named_cookie("punchclock_ui").await.expect("the session cookie");
+            assert!(cookie.http_only().unwrap_or(false), "HttpOnly");
+            (format!("punchclock_ui={}", cookie.value()), csrf)
+        }
+    };
     c.goto(&format!("{ui}/login")).await.expect("login page");
     screenshot(&c, "login").await;
-    c.find(Locator::Id("token")).await.expect("token field").send_keys(&pki.token("reader")).await.expect("type");
-    c.find(Locator::Css("form.login button")).await.expect("sign in").click().await.expect("click");
-    c.goto(&format!("{ui}/tasks/guarded")).await.expect("task page");
+    let reader = pki.token("reader");
+    let (reader_cookie, reader_csrf) = sign_in(reader.clone()).await;
+    assert!(!reader_cookie.ends_with(&format!("={reader}")), "the cookie holds a session id beside the token");
     assert!(c.find_all(Locator::Css("form[action$='/trigger']")).await.expect("forms").is_empty(), "a reader sees no trigger");
-    let csrf = c.find(Locator::Css("body")).await.expect("body").attr("data-csrf").await.expect("attr").unwrap_or_default();
-    let cookie = |token: &str| format!("punchclock_ui={token}");
-    let reader_cookie = cookie(&pki.token("reader"));
-    let form = format!("csrf={csrf}");
-    let (code, _) = http_post(
-        &http_listen,
-        "/ui/tasks/guarded/trigger",
-        &[("Cookie", &reader_cookie), ("Content-Type", "application/x-www-form-urlencoded")],
-        Some(form.as_bytes()),
-    );
+    let form = format!("csrf={reader_csrf}");
+    let post = |cookie: &str, body: &str| {
+        http_post(
+            &http_listen,
+            "/ui/tasks/guarded/trigger",
+            &[("Cookie", cookie), ("Content-Type", "application/x-www-form-urlencoded"), ("x-punchclock-ui", "1")],
+            Some(body.as_bytes()),
+        )
+    };
+    let (code, body) = post(&reader_cookie, &form);
     assert_eq!(code, 403, "a reader's forged trigger is refused");
+    assert!(!body.contains('<'), "a refusal to the page's script is a line of text: {body}");
+    wait_for(Duration::from_secs(10), "the refusal's audit line", || async {
+        let log = server.log_text();
+        log.lines().any(|l| l.contains("punchclock::audit") && l.contains("token=reader") && l.contains("denied")).then_some(())
+    })
+    .await;
 
-    // An operator: without the CSRF token refused; with it, done and audited.
+    // An operator: without the CSRF token refused; with it, done and
+    // audited once, naming the task.
+    c.delete_all_cookies().await.expect("clear the reader's cookie");
     let op = pki.token("operator");
-    let op_cookie = cookie(&op);
-    let (code, _) = http_post(
-        &http_listen,
-        "/ui/tasks/guarded/trigger",
-        &[("Cookie", &op_cookie), ("Content-Type", "application/x-www-form-urlencoded"), ("x-punchclock-ui", "1")],
-        Some(b"params="),
-    );
+    let (op_cookie, op_csrf) = sign_in(op.clone()).await;
+    let (code, _) = post(&op_cookie, "params=");
     assert_eq!(code, 403, "an operator's action without the CSRF token is refused");
-    c.delete_all_cookies().await.expect("sign out");
-    c.goto(&format!("{ui}/login")).await.expect("login page");
-    c.find(Locator::Id("token")).await.expect("token field").send_keys(&op).await.expect("type");
-    c.find(Locator::Css("form.login button")).await.expect("sign in").click().await.expect("click");
-    c.goto(&format!("{ui}/tasks/guarded")).await.expect("task page");
-    let op_csrf = c.find(Locator::Css("body")).await.expect("body").attr("data-csrf").await.expect("attr").unwrap_or_default();
-    let form = format!("csrf={op_csrf}&params=");
-    let (code, body) = http_post(
-        &http_listen,
-        "/ui/tasks/guarded/trigger",
-        &[("Cookie", &op_cookie), ("Content-Type", "application/x-www-form-urlencoded"), ("x-punchclock-ui", "1")],
-        Some(form.as_bytes()),
-    );
+    let (code, _) = post(&op_cookie, &format!("csrf={reader_csrf}&params="));
+    assert_eq!(code, 403, "another session's CSRF token is refused");
+    let (code, body) = post(&op_cookie, &format!("csrf={op_csrf}&params="));
     assert_eq!(code, 200, "{body}");
     assert!(body.starts_with("triggered: run "), "{body}");
     let log = wait_for(Duration::from_secs(10), "the audit line", || async {
         let log = server.log_text();
-        log.lines().any(|l| l.contains("punchclock::audit") && l.contains("token=operator") && l.contains("TriggerTask")).then_some(log)
+        log.lines()
+            .any(|l| l.contains("punchclock::audit: audit") && l.contains("token=operator") && l.contains("TriggerTask"))
+            .then_some(log)
     })
     .await;
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("punchclock::audit: audit") && l.contains("token=operator") && l.contains("TriggerTask"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one action, one audit line: {lines:#?}");
+    assert!(lines[0].contains("target=\"guarded\""), "{}", lines[0]);
     assert!(!log.contains(&op), "the audit log never holds the token itself");
+
+    // Sign-out ends the session: its cookie, replayed, is sent to sign in;
+    // a new sign-in is a new session with another CSRF token.
+    c.find(Locator::Css("form[action='/ui/logout'] button")).await.expect("sign out").click().await.expect("click");
+    let (code, _) = http_get_with(&http_listen, "/ui/tasks", &[("Cookie", &op_cookie)]);
+    assert_eq!(code, 303, "a signed-out session's cookie no longer reads");
+    let (code, _) = post(&op_cookie, &format!("csrf={op_csrf}&params="));
+    assert_eq!(code, 303, "nor acts");
+    let (_, again) = sign_in(op.clone()).await;
+    assert_ne!(again, op_csrf, "each sign-in its own CSRF token");
     c.close().await.expect("close");
 }

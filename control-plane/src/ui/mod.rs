@@ -191,8 +191,7 @@ async fn tasks(State(core): State<Arc<Core>>, headers: HeaderMap, Query(q): Quer
         Err(e) => return error_page(Some(&viewer), &e),
     };
     // Resources and budgets are the leader's: a follower's rows go without.
-    let (summaries, policy) =
-        tokio::join!(core.task_summaries(&filter, &q.after, TASKS_PAGE, TASK_CELLS), core.policy_views());
+    let (summaries, policy) = tokio::join!(core.task_summaries(&filter, &q.after, TASKS_PAGE, TASK_CELLS), core.policy_views());
     match summaries {
         Ok((rows, next)) => pages::tasks(&viewer, &q, &rows, &next, policy.ok().as_ref(), core.clock.now()).into_response(),
         Err(e) => error_page(Some(&viewer), &e),
@@ -397,10 +396,25 @@ async fn trigger(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Pa
         },
     };
     let result = match params {
-        Ok(params) => core.trigger(manual_run(&id, params)).await.map(|t| format!("triggered: run {}", t.run_id)),
+        Ok(params) => match core.trigger(manual_run(&id, params)).await {
+            Ok(t) => said_of(&core, &t.run_id, "triggered").await,
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     done(&headers, &format!("/ui/tasks/{}", pages::path_segment(&id)), result)
+}
+
+/// What a new manual run became, as the CLI says it: `{what}: run ID`,
+/// or, when it was SKIPPED at once (its task busy, a budget spent), an
+/// error naming the run and the reason.
+async fn said_of(core: &Core, run_id: &str, what: &str) -> Result<String, Error> {
+    match core.get_run(run_id).await {
+        Ok(r) if r.status == crate::model::RunStatus::Skipped => {
+            Err(Error::FailedPrecondition(format!("run {run_id} SKIPPED: {}", crate::views::RunSummary::of(&r).reason)))
+        }
+        _ => Ok(format!("{what}: run {run_id}")),
+    }
 }
 
 async fn pause(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {
@@ -476,7 +490,7 @@ async fn rerun(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path
     }
     .await;
     match result {
-        Ok(new) => done(&headers, &format!("/ui/runs/{}", pages::path_segment(&new)), Ok(format!("re-run: run {new}"))),
+        Ok(new) => done(&headers, &format!("/ui/runs/{}", pages::path_segment(&new)), said_of(&core, &new, "re-run").await),
         Err(e) => done(&headers, &format!("/ui/runs/{}", pages::path_segment(&id)), Err(e)),
     }
 }

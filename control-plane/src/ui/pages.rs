@@ -10,8 +10,8 @@ use maud::{DOCTYPE, Markup, html};
 use super::session::Viewer;
 use super::{RunsQuery, TasksQuery};
 use crate::api::TaskView;
-use crate::model::run::TriggerKind;
 use crate::model::notification::Notification;
+use crate::model::run::TriggerKind;
 use crate::model::{RunRecord, RunStatus};
 use crate::schedule::{CronTrigger, IntervalTrigger};
 use crate::views::{BudgetView, ClusterView, PolicyViews, ResourceView, RunDetail, RunSummary, RunnerView, SlotCell, TaskSummary};
@@ -298,10 +298,14 @@ fn action_form(viewer: &Viewer, action: &str, label: &str, reload: bool, extra: 
 /// views are not at hand).
 fn resources_held(r: &TaskSummary, policy: Option<&PolicyViews>) -> Markup {
     let uses = &r.task.record.spec.execution.resources;
-    let running = r.slots.iter().filter(|c| {
+    let running = r
+        .slots
+        .iter()
+        .filter(|c| {
             let s = &c.summary;
             s.status == RunStatus::Running || (s.status == RunStatus::Pending && s.dispatch_lag_ms.is_some())
-        }).count() as u32;
+        })
+        .count() as u32;
     html! {
         @for u in uses {
             @let res = policy.and_then(|p| p.resources.iter().find(|v| v.name == u.name));
@@ -389,7 +393,7 @@ pub fn tasks(
             thead { tr {
                 @if viewer.can_operate() { th { input type="checkbox" #select-all aria-label="select all"; } }
                 th { "Task" } th { "Trigger" } th { "Next fires" } th { "Last " (super::TASK_CELLS) " slots, newest first" }
-                th { "Dispatch lag p50/p99" } th { "Start lag p50/p99" } th { "Breaker" }
+                th.num { "Dispatch lag p50/p99" } th.num { "Start lag p50/p99" } th { "Breaker" }
                 th { "Resources held" } th { "Budget use" }
             } }
             tbody {
@@ -473,7 +477,9 @@ pub fn task(
                 } @else {
                     (action_form(viewer, &format!("/ui/tasks/{seg}/pause"), "Pause", true, html! {}))
                 }
-                (action_form(viewer, &format!("/ui/tasks/{seg}/reset-breaker"), "Reset breaker", true, html! {}))
+                @if spec.execution.circuit_breaker.is_some() {
+                    (action_form(viewer, &format!("/ui/tasks/{seg}/reset-breaker"), "Reset breaker", true, html! {}))
+                }
             }
         }
         h2 { "Slots" }
@@ -576,7 +582,14 @@ pub fn run(
         @if viewer.can_operate() {
             div.actions {
                 @if !r.status.is_terminal() { (action_form(viewer, &format!("/ui/runs/{seg}/cancel"), "Cancel", true, html! {})) }
-                @if r.trigger != TriggerKind::Once || r.status.is_terminal() { (action_form(viewer, &format!("/ui/runs/{seg}/rerun"), "Re-run with the same input", false, html! {})) }
+                @if r.trigger != TriggerKind::Once || r.status.is_terminal() {
+                    // Until re-runs carry the event (the time issue's
+                    // re-runs), a run an event started is re-run with its
+                    // params only, and the button says so.
+                    (action_form(viewer, &format!("/ui/runs/{seg}/rerun"),
+                        if r.event.is_some() || r.upstream.is_some() { "Re-run with the same params (the event is not sent again)" } else { "Re-run with the same input" },
+                        false, html! {}))
+                }
             }
         }
         h2 { "Attempts" }
@@ -700,7 +713,7 @@ pub fn cluster(
         }))
         h2 { "Resources" }
         (failed_section("Resources are the leader's to show", policy.as_ref().map(|p| &p.resources), |rs: &Vec<ResourceView>| html! {
-            table { thead { tr { th { "Name" } th { "In use" } th { "Concurrency" } th { "Waiting" } th { "Held back" } } }
+            table { thead { tr { th { "Name" } th.num { "In use" } th.num { "Concurrency" } th.num { "Waiting" } th { "Held back" } } }
                 tbody { @for r in rs { tr {
                     td { (r.name) }
                     td.num { (r.in_use) }
@@ -740,7 +753,7 @@ pub fn events(
     let body = html! {
         h1 { "Events" }
         h2 { "Queue consumers" }
-        @if consumers.is_empty() { p.empty { "None on this replica (the leader consumes)." } }
+        @if consumers.is_empty() { p.empty { "None on this replica: the leader consumes, when a task has a queue trigger." } }
         @else {
             table { thead { tr { th { "Consumer" } th { "Broker" } th { "State" } } }
                 tbody { @for (name, c) in consumers { tr {

@@ -438,8 +438,23 @@ mod tests {
             record(serde_json::json!({"task_id": "other", "agent_id": "plain"})),
         ];
         let texts = [
-            "daily", "REPORT", "team=need", "am=ne", "needle", "q\"u", "k", "\u{212A}", "UNICODE", "ÜNI", "b=c", "b=c-d", "a.b=c-d", "=", "zzz",
-            "writer", "other",
+            "daily",
+            "REPORT",
+            "team=need",
+            "am=ne",
+            "needle",
+            "q\"u",
+            "k",
+            "\u{212A}",
+            "UNICODE",
+            "ÜNI",
+            "b=c",
+            "b=c-d",
+            "a.b=c-d",
+            "=",
+            "zzz",
+            "writer",
+            "other",
         ];
         for text in texts {
             let f = TaskFilter { text: text.into(), ..TaskFilter::default() };
