@@ -255,7 +255,7 @@ struct ConnArgs {
     /// next request's on a kept-alive connection ("10s").
     #[arg(long, default_value = "10s")]
     http_header_timeout: String,
-    /// A webhook's or event's body must arrive within this, else `408` and
+    /// A webhook's, event's or dashboard form's body must arrive within this, else `408` and
     /// the connection closed ("10s").
     #[arg(long, default_value = "10s")]
     http_body_timeout: String,

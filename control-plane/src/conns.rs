@@ -92,7 +92,7 @@ pub struct ConnectionLimits {
     /// A request's headers must arrive within this — and so must the next
     /// request's on a kept-alive connection (hyper's `header_read_timeout`).
     pub http_header_timeout: Duration,
-    /// A webhook's or event's body must arrive within this (else `408`).
+    /// A webhook's, event's or dashboard form's body must arrive within this (else `408`).
     pub http_body_timeout: Duration,
 }
 
@@ -565,6 +565,11 @@ pub struct Tracked<IO> {
 }
 
 impl<IO> Tracked<IO> {
+    /// The connection itself (to set a socket option).
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
     /// This connection's place in the table.
     pub fn conn(&self) -> Conn {
         self.admitted.conn()

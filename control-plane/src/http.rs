@@ -83,6 +83,11 @@ pub fn advertise_of(bound: SocketAddr, advertise: &str) -> String {
     format!("http://{host}:{}", bound.port())
 }
 
+/// An HTTP connection's socket send buffer (`SO_SNDBUF`; Linux keeps
+/// twice this): what a client that does not read holds of the host's
+/// memory, instead of up to `tcp_wmem`'s maximum (4 MiB).
+pub const SEND_BUFFER_BYTES: usize = 64 * 1024;
+
 /// What the HTTP port holds to (see [`crate::conns`]).
 #[derive(Debug, Clone, Copy)]
 pub struct HttpLimits {
@@ -91,7 +96,7 @@ pub struct HttpLimits {
     /// A request's headers must arrive within this, and so must the next
     /// request's on a kept-alive connection; else hyper closes it.
     pub header_timeout: std::time::Duration,
-    /// A webhook's or event's body must arrive within this (else `408`).
+    /// A webhook's, event's or dashboard form's body must arrive within this (else `408`).
     pub body_timeout: std::time::Duration,
 }
 
@@ -105,13 +110,21 @@ pub fn serve(listener: TcpListener, core: Arc<Core>, limits: HttpLimits) {
         .route("/readyz", get(readyz))
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
-        .merge(crate::events::webhook::routes(limits.body_timeout))
-        .merge(crate::ui::routes(core.clone()))
+        .merge(crate::events::webhook::routes())
+        .merge(crate::ui::routes(core.clone(), crate::ui::live::cap_for(limits.connections.max)))
+        .layer(axum::Extension(Arc::new(crate::events::webhook::Bodies::new(limits.body_timeout))))
         .with_state(core);
     let conns = crate::conns::Conns::new("HTTP", limits.connections);
     tokio::spawn(async move {
         loop {
             let (io, peer) = conns.accept(&listener).await;
+            // A client that stops reading (a live stream left open) fills
+            // this socket's send buffer and no more: the kernel's
+            // autotuning would let it pin megabytes; past it, the stream's
+            // queue fills and it is told to reload.
+            if let Err(e) = socket2::SockRef::from(io.get_ref()).set_send_buffer_size(SEND_BUFFER_BYTES) {
+                tracing::debug!(error = %e, "cannot set SO_SNDBUF");
+            }
             tokio::spawn(serve_connection(io, peer, app.clone(), limits.header_timeout));
         }
     });

@@ -383,6 +383,7 @@ async fn a_reader_cannot_act_and_an_operator_acts_only_with_the_csrf_token() {
     // Sign-out ends the session: its cookie, replayed, is sent to sign in;
     // a new sign-in is a new session with another CSRF token.
     c.find(Locator::Css("form[action='/ui/logout'] button")).await.expect("sign out").click().await.expect("click");
+    c.wait().for_element(Locator::Id("token")).await.expect("signed out: the sign-in form");
     let (code, _) = http_get_with(&http_listen, "/ui/tasks", &[("Cookie", &op_cookie)]);
     assert_eq!(code, 303, "a signed-out session's cookie no longer reads");
     let (code, _) = post(&op_cookie, &format!("csrf={op_csrf}&params="));
@@ -390,4 +391,74 @@ async fn a_reader_cannot_act_and_an_operator_acts_only_with_the_csrf_token() {
     let (_, again) = sign_in(op.clone()).await;
     assert_ne!(again, op_csrf, "each sign-in its own CSRF token");
     c.close().await.expect("close");
+}
+
+/// Hostile clients of the dashboard (found by an attack): a form trickled
+/// a byte at a time is cut at the body timeout (408) instead of holding
+/// its connection for ever; live streams take at most a quarter of the
+/// HTTP port's connections, so `/healthz` still answers with every stream
+/// open; a `since` too long ago is a 400, not a dropped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickled_forms_and_idle_streams_do_not_take_the_port() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _logs = KeepLogsOnPanic::new(dir.path(), "dashboard_hostile");
+    let dev = Proc::dev_with(
+        &dir.path().join("data"),
+        2,
+        &dir.path().join("dev.log"),
+        &["--http-max-connections", "40", "--http-max-connections-per-ip", "40", "--http-body-timeout", "1s"],
+    );
+    wait_engine(&dev.addr).await;
+    let http = dev.http_addr();
+
+    // Ten trickled sign-in forms, from one address: each is answered.
+    let mut trickles: Vec<std::net::TcpStream> = (0..10)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&http).expect("connect");
+            write!(
+                s,
+                "POST /ui/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nt"
+            )
+            .expect("send");
+            s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+            s
+        })
+        .collect();
+    for s in &mut trickles {
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).expect("an answer within the body timeout, not silence");
+        // 408 once the timeout passes; 503 at once past the address's
+        // share of the port's turns to read a body.
+        let head = String::from_utf8_lossy(&head).to_string();
+        assert!(head == "HTTP/1.1 408" || head == "HTTP/1.1 503", "{head}");
+    }
+    drop(trickles);
+
+    // Live streams up to their cap (a quarter of 40), then 503; the port
+    // still answers.
+    let open_stream = || {
+        let mut s = std::net::TcpStream::connect(&http).expect("connect");
+        write!(s, "GET /ui/live HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n").expect("send");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).expect("an answer");
+        (String::from_utf8_lossy(&head).to_string(), s)
+    };
+    let streams: Vec<_> = (0..10).map(|_| open_stream()).collect();
+    for (head, _) in &streams {
+        assert_eq!(head, "HTTP/1.1 200");
+    }
+    let (head, _extra) = open_stream();
+    assert_eq!(head, "HTTP/1.1 503", "the eleventh stream is refused");
+    let (code, _) = http_get(&http, "/healthz");
+    assert_eq!(code, 200, "the port answers with every stream open");
+    drop(streams);
+
+    // A window too long ago.
+    let once = serde_json::json!({"task_id": "t", "agent_id": "light_agent", "trigger": {"type": "cron", "expr": "0 0 1 1 *"}});
+    apply_all(&tasks(&dev.addr).await, [once].into_iter()).await;
+    let (code, body) = http_get(&http, "/ui/tasks/t?since=100000000d");
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("too long ago"), "{body}");
 }

@@ -157,7 +157,7 @@ impl Drop for PeerHold {
 
 /// A turn to read (and hold) one body, given back on drop (its peer's
 /// share after it).
-struct Turn {
+pub(crate) struct Turn {
     hold: PeerHold,
     seq: u64,
     /// Notified when this body, still arriving, is cut for a newcomer.
@@ -186,11 +186,10 @@ impl Drop for Turn {
 /// The routes (bodies are read with the limit of their endpoint: a
 /// larger one is refused 413, before it is read whole; one that does not
 /// arrive within `body_timeout` is refused 408).
-pub fn routes(body_timeout: std::time::Duration) -> Router<Arc<Core>> {
-    Router::new()
-        .route("/hooks/{*rest}", post(hook))
-        .route("/events/{topic}", post(publish))
-        .layer(axum::Extension(Arc::new(Bodies::new(body_timeout))))
+/// The port's [`Bodies`] are an `Extension` of the whole HTTP port (the
+/// dashboard's forms take their turns too).
+pub fn routes() -> Router<Arc<Core>> {
+    Router::new().route("/hooks/{*rest}", post(hook)).route("/events/{topic}", post(publish))
 }
 
 fn answer(status: StatusCode, body: serde_json::Value) -> Response {
@@ -226,7 +225,7 @@ fn too_slow(msg: String) -> Response {
 /// longer than the read timeout to arrive, or is cut for a newcomer while
 /// every turn is taken ([`Bodies`]), is refused `408` and its connection
 /// closed.
-async fn read_body(
+pub(crate) async fn read_body(
     bodies: &Arc<Bodies>,
     headers: &HeaderMap,
     body: Body,

@@ -7,11 +7,14 @@
 //! page's script puts them in place. A watcher that falls behind (its
 //! queue of [`crate::watch::WATCHER_QUEUE`] changes full) gets a `reload`
 //! event: the page reads itself again rather than miss a change. The
-//! stream's memory per session is that queue, whatever the browser does;
-//! a comment every 15 s keeps proxies from closing it.
+//! stream's memory per session is that queue and its socket's send buffer
+//! ([`crate::http::SEND_BUFFER_BYTES`]), whatever the browser does; a
+//! comment every 15 s keeps proxies from closing it. A replica holds at
+//! most [`cap_for`] streams (`503` past it: the page works without one),
+//! so streams never take every connection of the HTTP port.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::extract::{Query, State};
@@ -25,6 +28,44 @@ use crate::api::Core;
 use crate::views::{RunSummary, SlotCell};
 use crate::watch::WatchFilter;
 
+/// Most live streams a replica holds, whatever its HTTP port's cap.
+pub const MAX_LIVE_STREAMS: usize = 1000;
+
+/// The live streams a replica whose HTTP port takes `http_max`
+/// connections holds at most: a quarter of them, at most
+/// [`MAX_LIVE_STREAMS`].
+pub fn cap_for(http_max: usize) -> usize {
+    (http_max / 4).clamp(1, MAX_LIVE_STREAMS)
+}
+
+/// The open live streams, and their cap.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    open: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl Streams {
+    /// No stream open yet; at most `max`.
+    pub fn new(max: usize) -> Streams {
+        Streams { open: Arc::new(AtomicUsize::new(0)), max }
+    }
+
+    fn take(&self) -> Option<Slot> {
+        self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max).then_some(n + 1)).ok()?;
+        Some(Slot(self.open.clone()))
+    }
+}
+
+/// One open stream, given back on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// `GET /ui/live` query.
 #[derive(Debug, Default, Deserialize)]
 pub struct LiveQuery {
@@ -37,10 +78,19 @@ pub struct LiveQuery {
 }
 
 /// The event stream.
-pub async fn stream(State(core): State<Arc<Core>>, headers: HeaderMap, Query(q): Query<LiveQuery>) -> Response {
+pub async fn stream(
+    State(core): State<Arc<Core>>,
+    axum::Extension(streams): axum::Extension<Streams>,
+    headers: HeaderMap,
+    Query(q): Query<LiveQuery>,
+) -> Response {
     let _viewer = match super::session::viewer(&core, &headers, "/punchclock.v1.RunService/WatchRuns") {
         Ok(v) => v,
         Err(r) => return r,
+    };
+    let Some(slot) = streams.take() else {
+        let why = format!("{} live streams are open on this replica; the page works without one (reload it to see changes)", streams.max);
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, [(axum::http::header::RETRY_AFTER, "30")], why).into_response();
     };
     let filter = WatchFilter { task_id: q.task, run_id: (!q.run.is_empty()).then_some(q.run) };
     let sub = match core.watchers.subscribe(filter) {
@@ -49,9 +99,9 @@ pub async fn stream(State(core): State<Arc<Core>>, headers: HeaderMap, Query(q):
     };
     let behind = sub.behind.clone();
     // The subscription (and its queue) lives as long as the stream.
-    let events = futures::stream::unfold(sub, move |mut sub| async move {
+    let events = futures::stream::unfold((sub, slot), move |(mut sub, slot)| async move {
         let run = sub.rx.recv().await;
-        run.map(|run| (Ok::<_, std::convert::Infallible>(run_event(&run)), sub))
+        run.map(|run| (Ok::<_, std::convert::Infallible>(run_event(&run)), (sub, slot)))
     })
     .chain(futures::stream::once(async move {
         // The relay ended this watcher: behind, or the replica's bus closed.

@@ -18,7 +18,7 @@
 //! carrying the session's CSRF token, checked against the same roles as the
 //! gRPC method they stand for, and audited under the same name.
 
-mod live;
+pub mod live;
 pub mod pages;
 pub mod session;
 
@@ -52,23 +52,43 @@ pub const TASK_CELLS: u32 = 20;
 /// Runs a page of a task's runs shows.
 pub const RUNS_PAGE: usize = 50;
 
-/// The dashboard's routes (state: the replica's [`Core`], `core`).
-pub fn routes(core: Arc<Core>) -> Router<Arc<Core>> {
+/// The dashboard's routes (state: the replica's [`Core`], `core`), with at
+/// most `live_max` live streams open at once ([`live::cap_for`]).
+pub fn routes(core: Arc<Core>, live_max: usize) -> Router<Arc<Core>> {
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui/tasks") }))
         .route("/ui", get(|| async { Redirect::to("/ui/tasks") }))
         .route("/ui/", get(|| async { Redirect::to("/ui/tasks") }))
         .route("/ui/assets/app.js", get(|| async { asset("text/javascript; charset=utf-8", include_str!("assets/app.js")) }))
         .route("/ui/assets/style.css", get(|| async { asset("text/css; charset=utf-8", include_str!("assets/style.css")) }))
-        .route("/ui/login", get(session::login_form).post(session::login))
-        .route("/ui/logout", post(session::logout))
+        .route("/ui/login", get(session::login_form).post(session::login).route_layer(axum::middleware::from_fn(bounded_form)))
+        .route("/ui/logout", post(session::logout).route_layer(axum::middleware::from_fn(bounded_form)))
         .route("/ui/tasks", get(tasks))
         .route("/ui/tasks/{id}", get(task))
         .route("/ui/runs/{id}", get(run))
         .route("/ui/cluster", get(cluster))
         .route("/ui/events", get(events))
-        .route("/ui/live", get(live::stream))
+        .route("/ui/live", get(live::stream).layer(axum::Extension(live::Streams::new(live_max))))
         .merge(actions(core))
+}
+
+/// Every form the dashboard takes is read whole before its handler runs:
+/// at most [`MAX_FORM_BYTES`] (`413`), within the HTTP port's body
+/// timeout (`408`), one of the port's turns to read a body
+/// ([`crate::events::webhook::Bodies`], shared with webhooks: a client
+/// trickling forms holds a turn for the timeout, not a connection for
+/// ever).
+async fn bounded_form(
+    axum::Extension(bodies): axum::Extension<Arc<crate::events::webhook::Bodies>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    match crate::events::webhook::read_body(&bodies, &parts.headers, body, MAX_FORM_BYTES as u64, peer.ip()).await {
+        Ok((bytes, _turn)) => next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Err(r) => r,
+    }
 }
 
 /// The actions: `POST`s, each the gRPC call it names. A follower checks the
@@ -84,6 +104,7 @@ fn actions(core: Arc<Core>) -> Router<Arc<Core>> {
         .route("/ui/runs/{id}/cancel", post(cancel))
         .route("/ui/runs/{id}/rerun", post(rerun))
         .route_layer(axum::middleware::from_fn_with_state(core, to_leader))
+        .route_layer(axum::middleware::from_fn(bounded_form))
 }
 
 /// Most bytes an action's form may have.
@@ -227,7 +248,13 @@ impl RunsQuery {
             }
             let secs = crate::schedule::parse_duration(s)
                 .map_err(|e| Error::invalid(field, format!("{s:?}: an RFC 3339 time or a duration ago ({e})")))?;
-            Ok(Some(now - chrono::Duration::seconds(secs.min(i64::MAX as u64 / 1000) as i64)))
+            i64::try_from(secs)
+                .ok()
+                .and_then(chrono::Duration::try_seconds)
+                .and_then(|d| now.checked_sub_signed(d))
+                .filter(|t| t.timestamp() >= 0)
+                .map(Some)
+                .ok_or_else(|| Error::invalid(field, format!("{s:?}: too long ago")))
         };
         let status = match self.status.as_str() {
             "" => None,
