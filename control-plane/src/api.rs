@@ -898,26 +898,20 @@ impl Core {
                 .filter(|n| n.run_id == run.run_id)
                 .collect()
         });
-        let task = run.task_id.clone();
-        let downstream = match self.engine().await {
-            Ok(e) => match e.query(move |c, _| c.followers_of(&task)).await {
-                Ok(followers) => {
-                    let mut out = Vec::new();
-                    for f in followers {
-                        let id = crate::model::event::after_run_id(&f, &run.run_id);
-                        match self.get_run(&id).await {
-                            Ok(r) => out.push(RunSummary::of(&r)),
-                            Err(Error::NotFound { .. }) => {}
-                            Err(e) => return (notes, Err(e)),
-                        }
-                    }
-                    Ok(out)
+        let downstream = async {
+            let task = run.task_id.clone();
+            let followers = self.engine().await?.query(move |c, _| c.followers_of(&task)).await?;
+            let mut out = Vec::new();
+            for f in followers {
+                match self.get_run(&crate::model::event::after_run_id(&f, &run.run_id)).await {
+                    Ok(r) => out.push(RunSummary::of(&r)),
+                    Err(Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
                 }
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
+            }
+            Ok(out)
         };
-        (notes, downstream)
+        (notes, downstream.await)
     }
 
     /// One run: as the leader knows it now when it is active here (start

@@ -513,20 +513,26 @@ impl Repo {
                 Err(e) => tracing::error!(key = %kv.key, error = %e, "unreadable task"),
             }
         }
+        Ok((self.with_cursors(records).await?, next))
+    }
+
+    /// Each task with its cursor (`None`: it never fired, or its cursor is
+    /// unreadable — logged), read in as few transactions as the store
+    /// allows.
+    async fn with_cursors(&self, records: Vec<TaskRecord>) -> Result<Vec<(TaskRecord, Option<Cursor>)>> {
         let cursors = self.get_many(records.iter().map(|r| self.keys.cursor(&r.spec.task_id)), usize::MAX).await?;
-        let mut out = Vec::with_capacity(records.len());
-        for (rec, kv) in records.into_iter().zip(cursors) {
-            let cursor = match kv.map(|kv| codec::decode::<Cursor>("cursor", &kv.value)) {
-                Some(Ok(c)) => Some(c),
-                Some(Err(e)) => {
-                    tracing::error!(task_id = %rec.spec.task_id, error = %e, "unreadable cursor");
-                    None
-                }
-                None => None,
-            };
-            out.push((rec, cursor));
-        }
-        Ok((out, next))
+        Ok(records
+            .into_iter()
+            .zip(cursors)
+            .map(|(rec, kv)| {
+                let cursor = kv.and_then(|kv| {
+                    codec::decode::<Cursor>("cursor", &kv.value)
+                        .map_err(|e| tracing::error!(task_id = %rec.spec.task_id, error = %e, "unreadable cursor"))
+                        .ok()
+                });
+                (rec, cursor)
+            })
+            .collect())
     }
 
     /// Tasks after `after_id` in id order whose stored bytes pass `raw` (a
@@ -567,20 +573,7 @@ impl Repo {
             }
         }
         let next = if ended { String::new() } else { self.keys.id_after(&prefix, &after).unwrap_or_default().to_string() };
-        let cursors = self.get_many(records.iter().map(|r| self.keys.cursor(&r.spec.task_id)), usize::MAX).await?;
-        let out = records
-            .into_iter()
-            .zip(cursors)
-            .map(|(rec, kv)| {
-                let cursor = kv.and_then(|kv| {
-                    codec::decode::<Cursor>("cursor", &kv.value)
-                        .map_err(|e| tracing::error!(task_id = %rec.spec.task_id, error = %e, "unreadable cursor"))
-                        .ok()
-                });
-                (rec, cursor)
-            })
-            .collect();
-        Ok((out, next))
+        Ok((self.with_cursors(records).await?, next))
     }
 
     /// Changes to task definitions committed after this call returns.
