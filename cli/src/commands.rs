@@ -16,7 +16,7 @@ use pb::task_service_client::TaskServiceClient;
 use punchclock_control_plane::bootstrap::{self, ServerConfig, StoreSpec};
 use punchclock_control_plane::clock::{Clock, SystemClock};
 use punchclock_control_plane::engine::retention::RetentionConfig;
-use punchclock_control_plane::schedule::{CronSchedule, Schedule};
+use punchclock_control_plane::schedule::{CronSchedule, Schedule, Shape};
 use punchclock_control_plane::timing::Timing;
 use punchclock_proto::v1 as pb;
 use tokio_stream::StreamExt;
@@ -1457,10 +1457,10 @@ async fn runner(a: RunnerArgs, auth: &ClientAuthArgs) -> Res {
 }
 
 fn preview(a: PreviewArgs, fmt: Format) -> Res {
-    let s = CronSchedule::parse(&a.expr, &a.tz, 0).map_err(|e| e.to_string())?;
+    let s = CronSchedule::parse(&a.expr, &a.tz, Default::default()).map_err(|e| e.to_string())?;
     let zone = s.timezone();
     let after = a.after.unwrap_or_else(|| SystemClock.now());
-    let times = punchclock_control_plane::api::preview_times(&[Schedule::Cron(std::sync::Arc::new(s))], after, a.count);
+    let times = punchclock_control_plane::api::preview_times(&[Schedule::plain(Shape::Cron(std::sync::Arc::new(s)))], after, a.count);
     if times.is_empty() {
         return Err(format!("{:?} has no fire time after {}", a.expr, after.to_rfc3339_opts(SecondsFormat::Secs, true)));
     }

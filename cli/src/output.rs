@@ -116,6 +116,7 @@ pub fn run_json(r: &pb::Run) -> Value {
         "event": json_field(&r.event_json),
         "upstream": json_field(&r.upstream_json),
         "next_attempt_at": t(&r.next_attempt_at),
+        "fire_at": t(&r.fire_at),
         "error": opt_str(&r.error),
         "params": params,
         "stdout_tail": r.stdout_tail,

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::model::{Cursor, Definition, RunRecord, TaskRecord, TaskSpec};
 use crate::repo::history::{self, HistoryQuery, HistoryStore};
 use crate::repo::{ApplyOutcome, Repo, record_for};
-use crate::schedule::{CronSchedule, Schedule, next_slot};
+use crate::schedule::{CronSchedule, Schedule, Shape, next_slot};
 use crate::views::{RunSummary, RunnerView, SlotCell, TaskSummary};
 
 /// Most fire times one preview returns.
@@ -169,12 +169,15 @@ fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Co
     for i in 0..spec.all_triggers().len() {
         let Some(s) = spec.compile_trigger(i) else { continue };
         let s = s?;
-        if !matches!(s, Schedule::Once { .. }) && s.next_after(now).is_none() {
+        if !matches!(s.shape, Shape::Once { .. }) && s.next_after(now).is_none() {
             let path = if spec.trigger.is_some() && i == 0 {
                 "trigger".to_string()
             } else {
                 format!("triggers[{}]", i - usize::from(spec.trigger.is_some()))
             };
+            if s.shape.next_after(now).is_some() {
+                return Err(Error::invalid(format!("{path}.end_at"), "is past: the trigger has no slot left"));
+            }
             return Err(Error::invalid(format!("{path}.expr"), "has no fire time after now"));
         }
     }
@@ -727,17 +730,14 @@ impl Core {
         let (schedules, zone) = match (expr.is_empty(), task_id.is_empty()) {
             (false, true) => {
                 let tz = if tz.is_empty() { "UTC" } else { tz };
-                let c = CronSchedule::parse(expr, tz, 0).map_err(|e| e.at("preview"))?;
+                let c = CronSchedule::parse(expr, tz, Default::default()).map_err(|e| e.at("preview"))?;
                 let z = c.timezone();
-                (vec![Schedule::Cron(std::sync::Arc::new(c))], Some(z))
+                (vec![Schedule::plain(Shape::Cron(std::sync::Arc::new(c)))], Some(z))
             }
             (true, false) => {
                 let view = self.get_task(task_id).await?;
                 let s = view.record.spec.schedules()?;
-                let z = s.iter().find_map(|s| match s {
-                    Schedule::Cron(c) => Some(c.timezone()),
-                    _ => None,
-                });
+                let z = s.iter().find_map(Schedule::zone);
                 (s, z)
             }
             _ => return Err(Error::invalid("expr", "give either expr (with timezone) or task_id")),

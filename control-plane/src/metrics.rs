@@ -426,9 +426,8 @@ impl Metrics {
     /// Counts one lifecycle event.
     pub fn observe(&self, ev: &Lifecycle) {
         let agent = |r: &RunRecord| AgentLabel { agent_id: r.agent_id.clone() };
-        let secs = |r: &RunRecord, t: chrono::DateTime<chrono::Utc>| {
-            ((t - r.scheduled_at).num_microseconds().unwrap_or(i64::MAX).max(0) as f64) / 1e6
-        };
+        let secs =
+            |r: &RunRecord, t: chrono::DateTime<chrono::Utc>| ((t - r.due_at()).num_microseconds().unwrap_or(i64::MAX).max(0) as f64) / 1e6;
         match ev {
             Lifecycle::LeadershipGained { .. } | Lifecycle::LeadershipLost { .. } => {
                 self.leadership_changes.inc();

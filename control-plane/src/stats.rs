@@ -108,7 +108,7 @@ impl Acc {
         if run.attempt_count() > 1 {
             s.retried += 1;
         }
-        let ms = |t: DateTime<Utc>| u64::try_from((t - run.scheduled_at).num_milliseconds()).unwrap_or(0);
+        let ms = |t: DateTime<Utc>| u64::try_from((t - run.due_at()).num_milliseconds()).unwrap_or(0);
         if let Some(a) = run.attempts.first() {
             self.dispatch.push(ms(a.dispatched_at));
         }

@@ -40,6 +40,7 @@ async fn a_task_can_be_applied_and_read_typed() {
                 expr: "0 30 8 * * *".into(),
                 timezone: "Asia/Shanghai".into(),
                 jitter_seconds: 0,
+                ..Default::default()
             })),
         }],
         execution: Some(pb::Execution {
@@ -182,6 +183,15 @@ fn full_files() -> Vec<serde_json::Value> {
                          {"type": "webhook", "path": "/hooks/full-c", "auth": "none"},
                          {"type": "after", "task": "full_a", "status": "succeeded"}],
             "execution": {"overlap_policy": "queue"}}),
+        // Issue 37: bounds, jitter: auto, DST policies, a wall-clock interval.
+        json!({"task_id": "full_d", "agent_id": "true_agent",
+            "trigger": {"type": "cron", "expr": "0 30 2 * * *", "timezone": "Europe/Berlin", "jitter": "auto",
+                        "dst": {"gap": "skip", "repeat": "both"}, "start_at": "2026-01-01T00:00:00Z",
+                        "end_at": "2036-01-01T00:00:00Z", "max_runs": 100}}),
+        json!({"task_id": "full_e", "agent_id": "true_agent",
+            "trigger": {"type": "interval", "every": "1d", "start_at": "2026-03-27T08:00:00Z", "wall_clock": true,
+                        "timezone": "Europe/Berlin", "dst": {"gap": "shift"}, "jitter": "auto",
+                        "end_at": "2036-01-01T00:00:00Z", "max_runs": 5}}),
         // Only what is required.
         json!({"task_id": "bare", "agent_id": "true_agent"}),
     ]
@@ -235,14 +245,14 @@ async fn every_field_of_a_task_file_round_trips() {
     assert_eq!((q.max_pending, q.prefetch), (50, 10));
     // Nothing the user did not write: the bare task has no execution.
     assert_eq!(
-        typed[3].0,
+        typed[5].0,
         pb::TaskDefinition { task_id: "bare".into(), agent_id: "true_agent".into(), ..Default::default() },
         "only the fields written"
     );
     // The effective definition has the defaults: the engine's values.
-    let bare_ex = typed[3].1.execution.as_ref().expect("effective execution");
+    let bare_ex = typed[5].1.execution.as_ref().expect("effective execution");
     assert_eq!((bare_ex.timeout_seconds, bare_ex.concurrency_limit, bare_ex.misfire_grace_seconds), (Some(3600), Some(1), Some(60)));
-    assert_eq!(typed[3].1.history.as_ref().and_then(|h| h.keep_last), Some(1000), "the server's history default");
+    assert_eq!(typed[5].1.history.as_ref().and_then(|h| h.keep_last), Some(1000), "the server's history default");
     let Some(pb::trigger::Kind::Queue(q)) = &typed[2].1.triggers[1].kind else { panic!("queue") };
     assert_eq!((q.max_pending, q.prefetch), (1000, 100), "queue defaults, prefetch too");
     // A list does not carry the effective definitions.

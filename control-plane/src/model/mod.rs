@@ -25,8 +25,16 @@ pub struct Cursor {
     pub last_slot: Option<DateTime<Utc>>,
     /// When the cursor was written (UTC).
     pub updated_at: Option<DateTime<Utc>>,
+    /// Runs its time slots have created (SKIPPED records not counted):
+    /// what a trigger's `max_runs` bounds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub time_runs: u64,
     /// The task's circuit breaker, once a run of a task with
     /// `execution.circuit_breaker` finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<breaker::Breaker>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }

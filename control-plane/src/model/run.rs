@@ -136,6 +136,9 @@ pub enum SkipReason {
     InvalidEvent,
     /// The run of the task it follows ended in a status it did not ask for.
     UpstreamUnmet,
+    /// Slots whose local time a daylight-saving change skipped, under
+    /// `dst.gap: skip` (recorded at the jump).
+    DstGap,
 }
 
 impl SkipReason {
@@ -150,6 +153,7 @@ impl SkipReason {
             SkipReason::BudgetExceeded => "budget_exceeded",
             SkipReason::InvalidEvent => "invalid_event",
             SkipReason::UpstreamUnmet => "upstream_unmet",
+            SkipReason::DstGap => "dst_gap",
         }
     }
 }
@@ -511,6 +515,11 @@ pub struct RunRecord {
     /// Earliest start of the next attempt (RETRYING, delayed PENDING).
     #[serde(default)]
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// When a jittered slot fired: `scheduled_at` (the nominal slot) plus
+    /// its trigger's jitter (`jitter_seconds`, `jitter: auto`). Lags count
+    /// from here. Absent without jitter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fire_at: Option<DateTime<Utc>>,
     /// Params given to the agent (task params merged with trigger params).
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
@@ -608,6 +617,7 @@ impl RunRecord {
             missed_until: None,
             pending_reason: None,
             next_attempt_at: None,
+            fire_at: None,
             params: serde_json::Map::new(),
             error: None,
             stdout_tail: String::new(),
@@ -733,6 +743,12 @@ impl RunRecord {
             counted += 1;
         }
         counted
+    }
+
+    /// When it was due: the jittered fire time of a slot, else its
+    /// `scheduled_at`. Lags count from here.
+    pub fn due_at(&self) -> DateTime<Utc> {
+        self.fire_at.unwrap_or(self.scheduled_at)
     }
 
     /// Whether some attempt still holds a concurrency slot: open, or ended

@@ -670,6 +670,23 @@ impl TaskSpec {
         if self.trigger.is_some() && !self.triggers.is_empty() {
             p.push(Error::invalid("triggers", "give either trigger or triggers, not both"));
         }
+        // `max_runs` is counted per task (its cursor): on one time trigger.
+        let bounded: Vec<usize> = (0..self.all_triggers().len())
+            .filter(|i| match self.all_triggers()[*i] {
+                TriggerSpec::Cron(c) => c.max_runs.is_some(),
+                TriggerSpec::Interval(iv) => iv.max_runs.is_some(),
+                _ => false,
+            })
+            .collect();
+        let times = self.all_triggers().iter().filter(|t| t.is_time()).count();
+        if let Some(i) = bounded.first()
+            && times > 1
+        {
+            p.push(Error::invalid(
+                format!("{}.max_runs", self.trigger_path(*i)),
+                "counts the task's time slots: give it on a task with one time trigger",
+            ));
+        }
         for (i, t) in self.all_triggers().iter().enumerate() {
             for e in t.problems(&self.trigger_path(i)) {
                 p.push(e);

@@ -89,7 +89,7 @@ impl TriggerSpec {
                 p.push(Error::invalid(format!("{path}.jitter_seconds"), format!("must be at most {MAX_JITTER_SECONDS} (1 day)")));
             }
             match schedule::compile(t, path) {
-                Ok(Schedule::Interval { period_ms, .. }) if (jitter as i64) * 1000 >= period_ms => {
+                Ok(Schedule { shape: schedule::Shape::Interval { period_ms, .. }, .. }) if (jitter as i64) * 1000 >= period_ms => {
                     p.push(Error::invalid(format!("{path}.jitter_seconds"), "must be shorter than the interval"));
                 }
                 Ok(_) => {}

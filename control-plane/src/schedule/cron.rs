@@ -26,6 +26,15 @@
 //!   fixed-time slot fires at the first occurrence only; a wildcard slot at
 //!   both.
 //!
+//! A trigger's `dst` policy replaces either half of that rule (README
+//! "DST"): `gap: shift` runs a skipped slot at the jump (as fixed-time
+//! expressions do), `gap: skip` leaves it a SKIPPED `dst_gap` record there
+//! ([`CronSchedule::gap_slots`]); `repeat: first | last | both` runs a
+//! repeated slot at its first, its second or both occurrences (each its
+//! own instant, so its own run id). Without a policy, fixed-time
+//! expressions shift and take the first occurrence; wildcard ones drop the
+//! gap's slots without a record and take both occurrences.
+//!
 //! croner walks the wall clock (naive local times, no zone); this module
 //! maps each wall clock time to instants by the zone's offsets around it.
 
@@ -36,20 +45,84 @@ use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{self, CronParser, Seconds};
 
+use super::spec::{DstSpec, GapRule, RepeatRule};
 use crate::error::Error;
 
-/// A parsed cron expression bound to an IANA zone.
+/// A parsed cron expression bound to an IANA zone and a DST policy.
 #[derive(Debug, Clone)]
 pub struct CronSchedule {
     cron: Cron,
     tz: Tz,
     /// The expression as written.
     pub expr: String,
-    /// Jitter bound in milliseconds.
-    pub jitter_ms: u64,
     /// Neither the minute nor the hour field starts with `*` (see the
-    /// module doc): DST gaps and overlaps fire such slots once.
+    /// module doc): by default DST gaps and overlaps fire such slots once.
     fixed_time: bool,
+    /// The DST policy, each half resolved.
+    rules: DstRules,
+}
+
+/// A DST policy with both halves decided: a trigger's `dst`, and cronie's
+/// rule for the expression's shape where it says nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DstRules {
+    /// Slots in a gap.
+    pub gap: Gap,
+    /// Slots in a repeated hour.
+    pub repeat: RepeatRule,
+}
+
+/// What slots in a DST gap do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Gap {
+    /// Run at the jump (`gap: shift`).
+    Shift,
+    /// A SKIPPED `dst_gap` record at the jump (`gap: skip`).
+    Skip,
+    /// Nothing at all: cronie's rule for wildcard expressions, the
+    /// default when `dst.gap` is not given.
+    Omit,
+}
+
+impl DstRules {
+    /// `spec`'s halves; a half not given is cronie's for a fixed-time
+    /// (`fixed`) or a wildcard expression.
+    pub fn resolve(spec: DstSpec, fixed: bool) -> DstRules {
+        DstRules {
+            gap: match spec.gap {
+                Some(GapRule::Shift) => Gap::Shift,
+                Some(GapRule::Skip) => Gap::Skip,
+                None if fixed => Gap::Shift,
+                None => Gap::Omit,
+            },
+            repeat: spec.repeat.unwrap_or(if fixed { RepeatRule::First } else { RepeatRule::Both }),
+        }
+    }
+
+    /// The instants of wall clock time `c` in `tz` under these rules,
+    /// earliest first: one, two (`both`) or none in a repeated hour's
+    /// choice, and for a time in a gap the jump (`shift`, `skip`) or none.
+    pub fn instants(self, tz: Tz, c: NaiveDateTime) -> Vec<DateTime<Utc>> {
+        match tz.from_local_datetime(&c) {
+            LocalResult::Single(a) => vec![a.to_utc()],
+            LocalResult::Ambiguous(a, b) => match self.repeat {
+                RepeatRule::First => vec![a.to_utc()],
+                RepeatRule::Last => vec![b.to_utc()],
+                RepeatRule::Both => vec![a.to_utc(), b.to_utc()],
+            },
+            LocalResult::None => match self.gap {
+                Gap::Omit => Vec::new(),
+                Gap::Shift | Gap::Skip => gap_jump(tz, c).into_iter().collect(),
+            },
+        }
+    }
+}
+
+/// The instant a gap containing wall clock time `c` ends (the first
+/// instant with the new offset).
+pub fn gap_jump(tz: Tz, c: NaiveDateTime) -> Option<DateTime<Utc>> {
+    let guess = c.and_utc().timestamp() - offset_of(tz, c.and_utc().timestamp()).num_seconds();
+    transition_of(tz, guess - NEAR_SECONDS, guess + NEAR_SECONDS).map(|t| t.at)
 }
 
 /// How far an offset change reaches in wall clock time: more than the
@@ -375,13 +448,14 @@ impl CronSchedule {
     /// (`minute field "61": ...`), an unknown zone, or a schedule that can
     /// never fire (`0 0 30 2 *`). What is accepted: the README's
     /// "Schedules and cron semantics".
-    pub fn parse(expr: &str, tz: &str, jitter_ms: u64) -> Result<Self, CronError> {
+    pub fn parse(expr: &str, tz: &str, dst: DstSpec) -> Result<Self, CronError> {
         let tz = Tz::from_str(tz)
             .map_err(|_| CronError::Zone(format!("unknown time zone {tz:?} (use an IANA name such as \"Asia/Shanghai\")")))?;
         let read = read(expr)?;
         let cron = croner_parser(read.dom_and_dow).parse(&read.croner).map_err(|e| CronError::Expr(format!("{expr:?}: {e}")))?;
         let trimmed = expr.trim_matches([' ', '\t']);
-        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), jitter_ms, fixed_time: read.fixed_time };
+        let rules = DstRules::resolve(dst, read.fixed_time);
+        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), fixed_time: read.fixed_time, rules };
         // A calendar-impossible schedule (Feb 30, Apr 31) has no slot at all.
         let probe = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single().unwrap_or_default();
         if s.next_after(probe).is_none() {
@@ -401,9 +475,15 @@ impl CronSchedule {
         self.fixed_time
     }
 
+    /// The DST policy it runs by.
+    pub fn dst_rules(&self) -> DstRules {
+        self.rules
+    }
+
     /// First fire time strictly after `t`, or `None` if there is none
     /// (before year 5000, croner's search bound). Daylight saving time as
-    /// the module doc says.
+    /// the module doc says; a gap's slots under `gap: skip` are the jump
+    /// too (see [`CronSchedule::gap_slots`]).
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let Some(tr) = self.transition_in(t.timestamp() - NEAR_SECONDS, t.timestamp() + NEAR_SECONDS) else {
             // No offset change near `t`: the next wall clock match after
@@ -412,10 +492,13 @@ impl CronSchedule {
         };
         let Transition { at, before, after } = tr;
         let at_wall = |o: Duration| wall(at, o);
+        let (gap_kept, repeat) = (self.rules.gap != Gap::Omit, self.rules.repeat);
         if t < at {
-            // Wall clock before the change: `t + before`.
+            // Wall clock before the change: `t + before`. In a fall back,
+            // `last` leaves the repeated times to their second occurrence.
+            let first_end = if after < before && repeat == RepeatRule::Last { at_wall(after) } else { at_wall(before) };
             if let Ok(c) = self.cron.find_next_occurrence(&wall(t, before), false)
-                && c < at_wall(before)
+                && c < first_end
             {
                 return from_wall(c, before);
             }
@@ -423,25 +506,24 @@ impl CronSchedule {
         let (from, inclusive) = if after > before {
             // Spring forward: wall clock `[at + before, at + after)` never happens.
             if t < at {
-                if self.fixed_time
+                if gap_kept
                     && let Ok(c) = self.cron.find_next_occurrence(&at_wall(before), true)
                     && c <= at_wall(after)
                 {
-                    // cronie runs the fixed-time slots it skipped at once.
+                    // Shifted (or recorded) at the jump; a slot at the jump
+                    // itself is the same instant.
                     return Some(at);
                 }
-                // `at + after` itself: a fixed-time slot there was the one above.
-                (at_wall(after), !self.fixed_time)
+                (at_wall(after), !gap_kept)
             } else {
                 (wall(t, after), false)
             }
         } else {
-            // Fall back: wall clock `[at + after, at + before)` happens twice;
-            // a fixed-time slot only the first time.
+            // Fall back: wall clock `[at + after, at + before)` happens twice.
             let repeat_end = at_wall(before);
             if t < at {
-                if self.fixed_time { (repeat_end, true) } else { (at_wall(after), true) }
-            } else if self.fixed_time && wall(t, after) < repeat_end {
+                if repeat == RepeatRule::First { (repeat_end, true) } else { (at_wall(after), true) }
+            } else if repeat == RepeatRule::First && wall(t, after) < repeat_end {
                 (repeat_end, true)
             } else {
                 (wall(t, after), false)
@@ -450,11 +532,40 @@ impl CronSchedule {
         self.walk(t, from, inclusive)
     }
 
+    /// The slots of a gap that `gap: skip` records at `at` instead of
+    /// running: how many wall clock matches fall in the gap that ends at
+    /// `at` (0 when `at` ends no gap, the policy is not `skip`, or `at`
+    /// is itself a match: that slot runs, and the gap's fold into it).
+    pub fn gap_slots(&self, at: DateTime<Utc>) -> u64 {
+        if self.rules.gap != Gap::Skip {
+            return 0;
+        }
+        let Some(tr) = self.transition_in(at.timestamp() - 1, at.timestamp()) else { return 0 };
+        if tr.at != at || tr.after <= tr.before {
+            return 0;
+        }
+        let (lo, hi) = (wall(at, tr.before), wall(at, tr.after));
+        if self.cron.is_time_matching(&hi).unwrap_or(false) {
+            return 0;
+        }
+        let mut n = 0;
+        let mut from = lo;
+        let mut inclusive = true;
+        while let Ok(c) = self.cron.find_next_occurrence(&from, inclusive) {
+            if c >= hi || n >= 100_000 {
+                break;
+            }
+            n += 1;
+            from = c;
+            inclusive = false;
+        }
+        n
+    }
+
     /// The first slot after `t` at or after wall clock `from` (strictly
     /// after with `inclusive` false), mapping each wall clock match to its
-    /// instants: one, the earlier of two in an overlap (both for wildcard
-    /// schedules, the first after `t`), or in a gap the instant the gap
-    /// ends (fixed-time schedules; wildcard ones go on past the gap).
+    /// instants by the rules ([`DstRules::instants`]); a gap the rules
+    /// omit is walked past.
     fn walk(&self, t: DateTime<Utc>, mut from: NaiveDateTime, mut inclusive: bool) -> Option<DateTime<Utc>> {
         // Each turn moves past one wall clock match; only matches at or
         // before `t` (a few, next to an offset change) or inside a far gap
@@ -462,28 +573,23 @@ impl CronSchedule {
         for _ in 0..100_000 {
             let c = self.cron.find_next_occurrence(&from, inclusive).ok()?;
             match self.tz.from_local_datetime(&c) {
-                LocalResult::Single(a) if a.to_utc() > t => return Some(a.to_utc()),
-                LocalResult::Ambiguous(a, b) => {
-                    if a.to_utc() > t {
-                        return Some(a.to_utc());
-                    }
-                    if !self.fixed_time && b.to_utc() > t {
-                        return Some(b.to_utc());
-                    }
-                }
                 LocalResult::None => {
                     // `c` is in a gap: the change lies within a few hours
                     // of `c` read with any nearby offset.
                     let guess = c.and_utc().timestamp() - self.offset_at(c.and_utc().timestamp()).num_seconds();
                     let tr = self.transition_in(guess - NEAR_SECONDS, guess + NEAR_SECONDS)?;
-                    if self.fixed_time && tr.at > t {
+                    if self.rules.gap != Gap::Omit && tr.at > t {
                         return Some(tr.at);
                     }
                     from = wall(tr.at, tr.after);
                     inclusive = true;
                     continue;
                 }
-                LocalResult::Single(_) => {}
+                _ => {
+                    if let Some(i) = self.rules.instants(self.tz, c).into_iter().find(|i| *i > t) {
+                        return Some(i);
+                    }
+                }
             }
             from = c;
             inclusive = false;
@@ -493,25 +599,55 @@ impl CronSchedule {
 
     /// The zone's offset (local − UTC) at Unix second `s`.
     fn offset_at(&self, s: i64) -> Duration {
-        let at = DateTime::from_timestamp(s, 0).unwrap_or_default();
-        Duration::seconds(i64::from(self.tz.offset_from_utc_datetime(&at.naive_utc()).fix().local_minus_utc()))
+        offset_of(self.tz, s)
     }
 
     /// The offset change in `(lo, hi]` (Unix seconds), if the offsets at
     /// the two ends differ: the first second with the new offset.
     fn transition_in(&self, lo: i64, hi: i64) -> Option<Transition> {
-        let before = self.offset_at(lo);
-        if self.offset_at(hi) == before {
-            return None;
-        }
-        let (mut lo, mut hi) = (lo, hi);
-        // offset_at(lo) == before, offset_at(hi) != before.
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if self.offset_at(mid) == before { lo = mid } else { hi = mid }
-        }
-        Some(Transition { at: DateTime::from_timestamp(hi, 0)?, before, after: self.offset_at(hi) })
+        transition_of(self.tz, lo, hi)
     }
+}
+
+/// `tz`'s offset (local − UTC) at Unix second `s`.
+fn offset_of(tz: Tz, s: i64) -> Duration {
+    let at = DateTime::from_timestamp(s, 0).unwrap_or_default();
+    Duration::seconds(i64::from(tz.offset_from_utc_datetime(&at.naive_utc()).fix().local_minus_utc()))
+}
+
+/// `tz`'s offset change in `(lo, hi]` (Unix seconds), if the offsets at
+/// the two ends differ: the first second with the new offset.
+fn transition_of(tz: Tz, lo: i64, hi: i64) -> Option<Transition> {
+    let before = offset_of(tz, lo);
+    if offset_of(tz, hi) == before {
+        return None;
+    }
+    let (mut lo, mut hi) = (lo, hi);
+    // offset_of(lo) == before, offset_of(hi) != before.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if offset_of(tz, mid) == before { lo = mid } else { hi = mid }
+    }
+    Some(Transition { at: DateTime::from_timestamp(hi, 0)?, before, after: offset_of(tz, hi) })
+}
+
+/// The next offset changes of `tz` after `t`, up to `n` of them within
+/// two years: (the change, the offset before, the offset after).
+pub fn transitions_after(tz: Tz, t: DateTime<Utc>, n: usize) -> Vec<(DateTime<Utc>, Duration, Duration)> {
+    let mut out = Vec::new();
+    let mut lo = t.timestamp();
+    let end = lo + 2 * 366 * 86_400;
+    // Offsets are probed a day apart: two changes of a zone are months apart.
+    while out.len() < n && lo < end {
+        let hi = lo + 86_400;
+        if let Some(tr) = transition_of(tz, lo, hi) {
+            out.push((tr.at, tr.before, tr.after));
+            lo = tr.at.timestamp();
+        } else {
+            lo = hi;
+        }
+    }
+    out
 }
 
 /// One change of a zone's UTC offset.
@@ -555,7 +691,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(file).expect("cases parse");
         for c in v["cases"].as_array().expect("cases") {
             let id = c["id"].as_str().unwrap_or("?");
-            let s = CronSchedule::parse(c["expr"].as_str().unwrap_or(""), c["timezone"].as_str().unwrap_or("UTC"), 0)
+            let s = CronSchedule::parse(c["expr"].as_str().unwrap_or(""), c["timezone"].as_str().unwrap_or("UTC"), DstSpec::default())
                 .unwrap_or_else(|e| panic!("{id}: {e}"));
             let mut t: DateTime<Utc> = c["after"].as_str().unwrap_or("").parse().expect("after");
             for want in c["expected"].as_array().expect("expected") {
@@ -567,31 +703,34 @@ mod tests {
         }
         for c in v["invalid"].as_array().expect("invalid") {
             let id = c["id"].as_str().unwrap_or("?");
-            let r = CronSchedule::parse(c["expr"].as_str().unwrap_or(""), c["timezone"].as_str().unwrap_or("UTC"), 0);
+            let r = CronSchedule::parse(c["expr"].as_str().unwrap_or(""), c["timezone"].as_str().unwrap_or("UTC"), DstSpec::default());
             assert!(r.is_err(), "invalid case {id} was accepted");
         }
     }
 
     #[test]
     fn errors_name_the_cron_field() {
-        let e = CronSchedule::parse("0 61 * * *", "UTC", 0).expect_err("bad minute").to_string();
+        let e = CronSchedule::parse("0 61 * * *", "UTC", DstSpec::default()).expect_err("bad minute").to_string();
         assert!(e.contains("hour field") || e.contains("minute field"), "{e}");
-        let e = CronSchedule::parse("0 61 * * *", "UTC", 0).expect_err("bad").to_string();
+        let e = CronSchedule::parse("0 61 * * *", "UTC", DstSpec::default()).expect_err("bad").to_string();
         // 5 fields are minute-first: "0 61" puts 61 in the hour field.
         assert!(e.contains("hour field \"61\""), "{e}");
-        let e = CronSchedule::parse("61 * * * *", "UTC", 0).expect_err("bad").to_string();
+        let e = CronSchedule::parse("61 * * * *", "UTC", DstSpec::default()).expect_err("bad").to_string();
         assert!(e.contains("minute field \"61\""), "{e}");
-        let e = CronSchedule::parse("0 0 * * *", "Mars/Olympus", 0).expect_err("bad zone").to_string();
+        let e = CronSchedule::parse("0 0 * * *", "Mars/Olympus", DstSpec::default()).expect_err("bad zone").to_string();
         assert!(e.contains("Mars/Olympus"), "{e}");
         // Several bad fields: the first is named.
-        let e = CronSchedule::parse("61 25 * * *", "UTC", 0).expect_err("bad").to_string();
+        let e = CronSchedule::parse("61 25 * * *", "UTC", DstSpec::default()).expect_err("bad").to_string();
         assert!(e.contains("minute field \"61\""), "{e}");
-        let e = CronSchedule::parse("*/70 * * * *", "UTC", 0).expect_err("step").to_string();
+        let e = CronSchedule::parse("*/70 * * * *", "UTC", DstSpec::default()).expect_err("step").to_string();
         assert!(e.contains("step 70 is larger than the field's range 0-59"), "{e}");
-        let e = CronSchedule::parse("0 0 * * L", "UTC", 0).expect_err("L").to_string();
+        let e = CronSchedule::parse("0 0 * * L", "UTC", DstSpec::default()).expect_err("L").to_string();
         assert!(e.contains("L alone matches no day") && e.contains("5L"), "{e}");
-        assert!(CronSchedule::parse("0 0 L * *", "UTC", 0).is_ok() && CronSchedule::parse("0 0 * * 5L", "UTC", 0).is_ok());
-        let e = CronSchedule::parse("0 0 30 2 *", "UTC", 0).expect_err("never").to_string();
+        assert!(
+            CronSchedule::parse("0 0 L * *", "UTC", DstSpec::default()).is_ok()
+                && CronSchedule::parse("0 0 * * 5L", "UTC", DstSpec::default()).is_ok()
+        );
+        let e = CronSchedule::parse("0 0 30 2 *", "UTC", DstSpec::default()).expect_err("never").to_string();
         assert!(e.contains("never fire"), "{e}");
     }
 
@@ -599,7 +738,7 @@ mod tests {
     /// match; croner alone treated `*/2` as restricted and used OR.
     #[test]
     fn stepped_star_day_field_means_and() {
-        let s = CronSchedule::parse("0 0 */2 * MON", "UTC", 0).expect("parse");
+        let s = CronSchedule::parse("0 0 */2 * MON", "UTC", DstSpec::default()).expect("parse");
         let mut t: DateTime<Utc> = "2026-02-01T00:00:00Z".parse().expect("t");
         let mut got = Vec::new();
         for _ in 0..3 {
@@ -608,7 +747,7 @@ mod tests {
         }
         assert_eq!(got, vec!["2026-02-09T00:00:00+00:00", "2026-02-23T00:00:00+00:00", "2026-03-09T00:00:00+00:00"]);
         // Both restricted: OR (the shared dom-dow-or case covers it too).
-        let s = CronSchedule::parse("0 0 1 * MON", "UTC", 0).expect("parse");
+        let s = CronSchedule::parse("0 0 1 * MON", "UTC", DstSpec::default()).expect("parse");
         let t: DateTime<Utc> = "2026-02-01T00:00:00Z".parse().expect("t");
         assert_eq!(s.next_after(t).map(|d| d.to_rfc3339()), Some("2026-02-02T00:00:00+00:00".to_string()));
     }
@@ -616,20 +755,20 @@ mod tests {
     #[test]
     fn aliases_and_seven_fields() {
         let t: DateTime<Utc> = "2026-11-30T10:15:00Z".parse().expect("t");
-        let hourly = CronSchedule::parse("@hourly", "UTC", 0).expect("alias");
+        let hourly = CronSchedule::parse("@hourly", "UTC", DstSpec::default()).expect("alias");
         assert_eq!(hourly.next_after(t), Some("2026-11-30T11:00:00Z".parse().expect("t")));
-        let midnight = CronSchedule::parse("@midnight", "UTC", 0).expect("alias");
+        let midnight = CronSchedule::parse("@midnight", "UTC", DstSpec::default()).expect("alias");
         assert_eq!(midnight.next_after(t), Some("2026-12-01T00:00:00Z".parse().expect("t")));
-        let y = CronSchedule::parse("0 0 0 1 1 * 2028", "UTC", 0).expect("7 fields");
+        let y = CronSchedule::parse("0 0 0 1 1 * 2028", "UTC", DstSpec::default()).expect("7 fields");
         assert_eq!(y.next_after(t), Some("2028-01-01T00:00:00Z".parse().expect("t")));
-        let last = CronSchedule::parse("0 12 L * *", "UTC", 0).expect("L");
+        let last = CronSchedule::parse("0 12 L * *", "UTC", DstSpec::default()).expect("L");
         assert_eq!(last.next_after(t), Some("2026-11-30T12:00:00Z".parse().expect("t")));
     }
 
     /// The first `n` fire times of `expr` (UTC) strictly after `after`, as
     /// RFC 3339 dates at UTC.
     fn fires(expr: &str, after: &str, n: usize) -> Vec<String> {
-        let s = CronSchedule::parse(expr, "UTC", 0).unwrap_or_else(|e| panic!("{expr:?}: {e}"));
+        let s = CronSchedule::parse(expr, "UTC", DstSpec::default()).unwrap_or_else(|e| panic!("{expr:?}: {e}"));
         let mut t: DateTime<Utc> = after.parse().expect("after");
         let mut out = Vec::new();
         for _ in 0..n {
@@ -640,7 +779,7 @@ mod tests {
     }
 
     fn refused(expr: &str) -> String {
-        match CronSchedule::parse(expr, "UTC", 0) {
+        match CronSchedule::parse(expr, "UTC", DstSpec::default()) {
             Ok(_) => panic!("{expr:?} was accepted"),
             Err(e) => e.to_string(),
         }
@@ -698,7 +837,7 @@ mod tests {
             fires("0 *,5 * * *", "2026-03-01T00:00:00Z", 3),
             ["2026-03-01T01:00:00Z", "2026-03-01T02:00:00Z", "2026-03-01T03:00:00Z"]
         );
-        assert!(!CronSchedule::parse("*,5 3 * * *", "UTC", 0).expect("parse").is_fixed_time(), "minute starts with *");
+        assert!(!CronSchedule::parse("*,5 3 * * *", "UTC", DstSpec::default()).expect("parse").is_fixed_time(), "minute starts with *");
         // Day-of-week starts with `*`: cronie's DOW_STAR, so both day fields
         // must match: the 1st of each month.
         assert_eq!(
@@ -801,7 +940,7 @@ mod tests {
     /// at which a 5-field expression's job would start in `[from, until)`
     /// (jobs started at one instant counted once).
     fn cronie_slots(expr: &str, tz: Tz, from: DateTime<Utc>, until: DateTime<Utc>) -> Vec<DateTime<Utc>> {
-        let c = CronSchedule::parse(expr, &tz.to_string(), 0).expect("parse");
+        let c = CronSchedule::parse(expr, &tz.to_string(), DstSpec::default()).expect("parse");
         let matches = |w: NaiveDateTime| c.cron.is_time_matching(&w).unwrap_or(false);
         let wall_minute = |i: DateTime<Utc>| i.with_timezone(&tz).naive_local();
         let mut out = Vec::new();
@@ -873,13 +1012,13 @@ mod tests {
             for change in changes {
                 let at: DateTime<Utc> = change.parse().expect("instant");
                 let (from, until) = (at - Duration::hours(30), at + Duration::hours(30));
-                let probe = CronSchedule::parse("@daily", zone, 0).expect("parse");
+                let probe = CronSchedule::parse("@daily", zone, DstSpec::default()).expect("parse");
                 let t = probe.transition_in(from.timestamp(), until.timestamp()).expect("a change in the window");
                 assert_eq!(t.at, at, "{zone}: the change of 2026");
                 for expr in exprs {
                     let want = cronie_slots(expr, tz, from, until);
                     assert!(!want.is_empty(), "{expr:?} in {zone}");
-                    let s = CronSchedule::parse(expr, zone, 0).expect("parse");
+                    let s = CronSchedule::parse(expr, zone, DstSpec::default()).expect("parse");
                     let mut got = Vec::new();
                     let mut t = from - Duration::seconds(1);
                     while let Some(n) = s.next_after(t) {
@@ -918,7 +1057,7 @@ mod tests {
             ("0 *,5 * * *", false),
             ("0 5,* * * *", true),
         ] {
-            assert_eq!(CronSchedule::parse(expr, "UTC", 0).expect("parse").is_fixed_time(), fixed, "{expr}");
+            assert_eq!(CronSchedule::parse(expr, "UTC", DstSpec::default()).expect("parse").is_fixed_time(), fixed, "{expr}");
         }
     }
 }

@@ -145,7 +145,7 @@ mod tests {
     }
 
     fn every_minute() -> Vec<Schedule> {
-        vec![Schedule::Interval { period_ms: 60_000, anchor: t("2026-01-01T00:00:00Z"), jitter_ms: 0 }]
+        vec![Schedule::plain(crate::schedule::Shape::Interval { period_ms: 60_000, anchor: t("2026-01-01T00:00:00Z"), wall: None })]
     }
 
     #[test]

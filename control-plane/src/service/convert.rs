@@ -49,6 +49,7 @@ pub fn skip_to_pb(s: Option<SkipReason>) -> pb::SkipReason {
         Some(SkipReason::BudgetExceeded) => pb::SkipReason::BudgetExceeded,
         Some(SkipReason::InvalidEvent) => pb::SkipReason::InvalidEvent,
         Some(SkipReason::UpstreamUnmet) => pb::SkipReason::UpstreamUnmet,
+        Some(SkipReason::DstGap) => pb::SkipReason::DstGap,
     }
 }
 
@@ -175,6 +176,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
         missed_until: ots(r.missed_until),
         pending_reason: r.pending_reason.clone().unwrap_or_default(),
         next_attempt_at: ots(r.next_attempt_at),
+        fire_at: ots(r.fire_at),
         context_json: serde_json::json!({ "params": r.params }).to_string(),
         stdout_tail: r.stdout_tail.clone(),
         stderr_tail: r.stderr_tail.clone(),

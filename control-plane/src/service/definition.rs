@@ -52,6 +52,10 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
                     if c.jitter_seconds > 0 {
                         v["jitter_seconds"] = c.jitter_seconds.into();
                     }
+                    if let Some(at) = &c.start_at {
+                        v["start_at"] = instant_json(at, path("start_at"))?;
+                    }
+                    time_fields_json(&mut v, &c.jitter, c.dst.as_ref(), c.end_at.as_ref(), c.max_runs, path)?;
                     v
                 }
                 Some(pb::trigger::Kind::Interval(iv)) => {
@@ -69,6 +73,13 @@ pub fn definition_json(d: &pb::TaskDefinition) -> Result<Value> {
                     if iv.jitter_seconds > 0 {
                         v["jitter_seconds"] = iv.jitter_seconds.into();
                     }
+                    if iv.wall_clock {
+                        v["wall_clock"] = true.into();
+                    }
+                    if !iv.timezone.is_empty() {
+                        v["timezone"] = iv.timezone.clone().into();
+                    }
+                    time_fields_json(&mut v, &iv.jitter, iv.dst.as_ref(), iv.end_at.as_ref(), iv.max_runs, path)?;
                     v
                 }
                 Some(pb::trigger::Kind::Once(once)) => {
@@ -447,6 +458,54 @@ pub fn typed_json(d: &pb::TaskDefinition) -> Value {
     definition_json(d).unwrap_or(Value::Null)
 }
 
+/// A DST policy as the API sends it.
+fn dst_pb(d: crate::schedule::DstSpec) -> pb::DstPolicy {
+    pb::DstPolicy {
+        gap: d.gap.map(|g| g.as_str().to_string()).unwrap_or_default(),
+        repeat: d.repeat.map(|r| r.as_str().to_string()).unwrap_or_default(),
+    }
+}
+
+/// An instant of a typed definition as the task file writes it, or an
+/// error at `field`.
+fn instant_json(t: &prost_types::Timestamp, field: String) -> Result<Value> {
+    let at = from_timestamp(t).ok_or_else(|| Error::invalid(field, "not a valid timestamp"))?;
+    Ok(at.to_rfc3339().into())
+}
+
+/// The fields cron and interval triggers share — `jitter`, `dst`,
+/// `end_at`, `max_runs` — written into `v` as the task file has them
+/// (their values are checked when the document is read).
+fn time_fields_json(
+    v: &mut Value,
+    jitter: &str,
+    dst: Option<&pb::DstPolicy>,
+    end_at: Option<&prost_types::Timestamp>,
+    max_runs: Option<u64>,
+    path: impl Fn(&str) -> String,
+) -> Result<()> {
+    if !jitter.is_empty() {
+        v["jitter"] = jitter.into();
+    }
+    if let Some(d) = dst {
+        let mut o = Map::new();
+        if !d.gap.is_empty() {
+            o.insert("gap".into(), d.gap.clone().into());
+        }
+        if !d.repeat.is_empty() {
+            o.insert("repeat".into(), d.repeat.clone().into());
+        }
+        v["dst"] = Value::Object(o);
+    }
+    if let Some(t) = end_at {
+        v["end_at"] = instant_json(t, path("end_at"))?;
+    }
+    if let Some(n) = max_runs {
+        v["max_runs"] = n.into();
+    }
+    Ok(())
+}
+
 /// A duration as `history.max_age` writes it: `30d`, `12h`, `90m`, `45s`.
 fn duration_text(seconds: i64) -> String {
     match seconds {
@@ -472,12 +531,23 @@ fn typed(spec: &TaskSpec, fill: Option<&crate::engine::retention::RetentionConfi
                     expr: c.expr.clone(),
                     timezone: c.timezone.clone().or_else(|| filled.then(|| "UTC".to_string())).unwrap_or_default(),
                     jitter_seconds: c.jitter_seconds,
+                    jitter: c.jitter.map(|_| "auto".to_string()).unwrap_or_default(),
+                    dst: c.dst.map(dst_pb),
+                    start_at: c.start_at.map(to_timestamp),
+                    end_at: c.end_at.map(to_timestamp),
+                    max_runs: c.max_runs,
                 }),
                 TriggerSpec::Interval(iv) => pb::trigger::Kind::Interval(pb::IntervalTrigger {
                     every: iv.every.clone().unwrap_or_default(),
                     every_seconds: iv.every_seconds,
                     start_at: iv.start_at.or(filled.then_some(DateTime::<Utc>::UNIX_EPOCH)).map(to_timestamp),
                     jitter_seconds: iv.jitter_seconds,
+                    jitter: iv.jitter.map(|_| "auto".to_string()).unwrap_or_default(),
+                    wall_clock: iv.wall_clock,
+                    timezone: iv.timezone.clone().or_else(|| (filled && iv.wall_clock).then(|| "UTC".to_string())).unwrap_or_default(),
+                    dst: iv.dst.map(dst_pb),
+                    end_at: iv.end_at.map(to_timestamp),
+                    max_runs: iv.max_runs,
                 }),
                 TriggerSpec::Once(o) => pb::trigger::Kind::Once(pb::OnceTrigger { at: Some(to_timestamp(o.at)) }),
                 TriggerSpec::Event(e) => pb::trigger::Kind::Event(pb::EventTrigger { topic: e.topic.clone() }),
@@ -680,6 +750,14 @@ mod tests {
                              {"type": "webhook", "path": "/hooks/full-c", "auth": "none"},
                              {"type": "after", "task": "full_a", "status": "succeeded"}],
                 "execution": {}}),
+            json!({"task_id": "full_d", "agent_id": "report_agent",
+                "trigger": {"type": "cron", "expr": "0 30 2 * * *", "timezone": "Europe/Berlin", "jitter": "auto",
+                            "dst": {"gap": "skip", "repeat": "both"}, "start_at": "2026-01-01T00:00:00Z",
+                            "end_at": "2036-01-01T00:00:00Z", "max_runs": 100}}),
+            json!({"task_id": "full_e", "agent_id": "report_agent",
+                "trigger": {"type": "interval", "every": "1d", "start_at": "2026-03-27T08:00:00Z", "wall_clock": true,
+                            "timezone": "Europe/Berlin", "dst": {"gap": "shift"}, "jitter": "auto",
+                            "end_at": "2036-01-01T00:00:00Z", "max_runs": 5}}),
         ]
     }
 

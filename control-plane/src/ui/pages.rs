@@ -789,7 +789,7 @@ mod tests {
     use super::*;
 
     fn cron(expr: &str, tz: Option<&str>) -> String {
-        cron_words(&CronTrigger { expr: expr.into(), timezone: tz.map(str::to_string), jitter_seconds: 0 })
+        cron_words(&CronTrigger { expr: expr.into(), timezone: tz.map(str::to_string), ..Default::default() })
     }
 
     #[test]

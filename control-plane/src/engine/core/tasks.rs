@@ -19,7 +19,7 @@ use crate::engine::lifecycle::Lifecycle;
 use crate::model::run::{SkipReason, TriggerKind, slot_run_id};
 use crate::model::task::MisfirePolicy;
 use crate::model::{Cursor, RunRecord, TaskRecord};
-use crate::schedule::{Schedule, SlotWindow, count_slots, jitter_for, next_slot, plan_due_slots};
+use crate::schedule::{Schedule, Shape, SlotWindow, count_slots, next_slot, plan_due_slots};
 
 /// The compiled triggers of a definition. Compiled when needed rather than
 /// kept per task (a parsed cron holds a year bitmap of ~5 KB: see the
@@ -51,6 +51,14 @@ impl std::fmt::Display for LateCause {
             LateCause::Busy => write!(f, "this leader was busy or stopped"),
         }
     }
+}
+
+/// Runs the task's time triggers may still create under `max_runs`
+/// (`None`: no bound). One time trigger of a task may have it (see
+/// `TaskSpec::validate`).
+fn runs_left(e: &TaskEntry, scheds: &[Schedule]) -> Option<u64> {
+    let max = scheds.iter().find_map(|s| s.bounds.max_runs)?;
+    Some(max.saturating_sub(e.cursor.as_ref().map_or(0, |c| c.time_runs)))
 }
 
 impl TaskEntry {
@@ -197,8 +205,8 @@ impl EngineCore {
         let created = e.record.created_at;
         let past: Vec<DateTime<Utc>> = schedules(&e.record)
             .iter()
-            .filter_map(|s| match s {
-                Schedule::Once { at } if *at <= created => Some(*at),
+            .filter_map(|s| match s.shape {
+                Shape::Once { at } if at <= created => Some(at),
                 _ => None,
             })
             .collect();
@@ -218,7 +226,7 @@ impl EngineCore {
         }
         let rec = e.record.clone();
         if !exists {
-            self.admit_slot(now, &rec, at, TriggerKind::Once, &HashSet::new());
+            self.admit_slot(now, &rec, &schedules(&rec), at, TriggerKind::Once, &HashSet::new());
         }
         self.set_cursor(now, task_id, rec.created_at);
     }
@@ -250,8 +258,11 @@ impl EngineCore {
             return;
         }
         let scheds = schedules(&e.record);
+        if runs_left(e, &scheds) == Some(0) {
+            return;
+        }
         let Some((slot, sched)) = next_slot(&scheds, e.baseline()) else { return };
-        let fire_at = slot.checked_add_signed(jitter_for(task_id, slot, sched.jitter_ms())).unwrap_or(slot);
+        let fire_at = sched.fire_at(task_id, slot);
         let generation = e.generation;
         self.timers.push_wall(fire_at, Timer::Fire { task_id: task_id.to_string(), generation });
     }
@@ -315,13 +326,17 @@ impl EngineCore {
     /// more to do than `budget` allowed (the cursor is at the last slot
     /// handled).
     fn plan_and_admit(&mut self, now: Now, task_id: &str, def: &TaskRecord, until: DateTime<Utc>, budget: &mut usize) -> bool {
+        let scheds = schedules(def);
         let Some(e) = self.tasks.get(task_id) else { return true };
+        if runs_left(e, &scheds) == Some(0) {
+            // `max_runs` reached: no more slots (README "Bounds and jitter").
+            return true;
+        }
         if self.clocks.loaded_at > e.baseline()
             && !self.plan_missed(now, task_id, def, std::cmp::min(self.clocks.loaded_at, until), budget, LateCause::NoLeader)
         {
             return false;
         }
-        let scheds = schedules(def);
         let grace = chrono::Duration::seconds(def.spec.execution.misfire_grace_seconds.min(i64::MAX as u64 / 1000) as i64);
         // A `run_all` catch-up goes on as it began (its runs queue behind
         // each other).
@@ -337,7 +352,7 @@ impl EngineCore {
         loop {
             let Some(baseline) = self.tasks.get(task_id).map(|e| last.unwrap_or_else(|| e.baseline())) else { return true };
             let Some((slot, sched)) = next_slot(&scheds, baseline) else { break };
-            if slot > until {
+            if slot > until || self.tasks.get(task_id).is_some_and(|e| runs_left(e, &scheds) == Some(0)) {
                 break;
             }
             if *budget == 0 {
@@ -350,7 +365,7 @@ impl EngineCore {
             if lag > chrono::Duration::seconds(1) {
                 tracing::info!(task_id, slot = %slot, lag_ms = lag.num_milliseconds(), "slot runs late, within misfire_grace_seconds: this leader was busy");
             }
-            self.admit_slot(now, def, slot, sched.kind().into(), &HashSet::new());
+            self.admit_slot(now, def, &scheds, slot, sched.kind().into(), &HashSet::new());
             *budget -= 1;
             last = Some(slot);
         }
@@ -391,7 +406,8 @@ impl EngineCore {
         let ex = &def.spec.execution;
         let (policy, grace) = (ex.misfire_policy, ex.misfire_grace_seconds);
         let scheds = schedules(def);
-        let plan = plan_due_slots(&scheds, SlotWindow { after: e.baseline(), now: until }, policy, grace, *budget);
+        let cap = runs_left(e, &scheds).map_or(*budget, |left| (*budget).min(usize::try_from(left).unwrap_or(usize::MAX)));
+        let plan = plan_due_slots(&scheds, SlotWindow { after: e.baseline(), now: until }, policy, grace, cap);
         let kind = scheds.first().map_or(TriggerKind::Cron, |s| s.kind().into());
         if let Some(range) = plan.skipped {
             let why = match policy {
@@ -410,7 +426,7 @@ impl EngineCore {
         let catchup = plan.run.len() > 1 || plan.more || self.tasks.get(task_id).is_some_and(|e| !e.catchup.is_empty());
         let mut batch = self.tasks.get(task_id).map(|e| e.catchup.clone()).unwrap_or_default();
         for (slot, kind) in &plan.run {
-            if let Some(run_id) = self.admit_slot(now, def, *slot, (*kind).into(), &batch)
+            if let Some(run_id) = self.admit_slot(now, def, &scheds, *slot, (*kind).into(), &batch)
                 && catchup
             {
                 batch.insert(run_id);
@@ -426,22 +442,45 @@ impl EngineCore {
         !plan.more
     }
 
-    /// Creates the run of one slot under the overlap policy (see
-    /// `runs.rs`). Returns its id when created.
+    /// Creates the run of one slot of `scheds` (the definition's
+    /// schedules) under the overlap policy (see `runs.rs`), or its
+    /// SKIPPED `dst_gap` record when it stands for local times a DST change
+    /// skipped under `dst.gap: skip`. Returns its id when a run was created;
+    /// a run that is not SKIPPED counts toward `max_runs`.
     fn admit_slot(
         &mut self,
         now: Now,
         def: &TaskRecord,
+        scheds: &[Schedule],
         slot: DateTime<Utc>,
         kind: TriggerKind,
         batch: &HashSet<String>,
     ) -> Option<String> {
         let spec = &def.spec;
+        let gap = scheds.iter().map(|s| s.gap_slots(slot)).max().unwrap_or(0);
+        if gap > 0 {
+            let why = format!("{gap} slot(s) at local times the daylight-saving change at {slot} skipped (dst.gap: skip)");
+            self.skip_record(now, def, kind, SkipReason::DstGap, (gap, slot, slot), why);
+            return None;
+        }
         let mut run = RunRecord::pending(slot_run_id(&spec.task_id, slot), &spec.task_id, &spec.agent_id, kind, slot, now.wall);
         run.params = spec.params();
         run.priority = spec.execution.priority;
+        if let Some(sched) = scheds.iter().find(|s| s.next_after(slot - chrono::Duration::milliseconds(1)) == Some(slot))
+            && sched.jitter_ms() > 0
+        {
+            run.fire_at = Some(sched.fire_at(&spec.task_id, slot));
+        }
         let id = run.run_id.clone();
-        self.admit(now, run, spec, batch).then_some(id)
+        if !self.admit(now, run, spec, batch) {
+            return None;
+        }
+        if self.runs.get(&id).is_some_and(|r| r.status != crate::model::RunStatus::Skipped)
+            && let Some(c) = self.tasks.get_mut(&spec.task_id).map(|e| e.cursor.get_or_insert_with(Cursor::default))
+        {
+            c.time_runs += 1;
+        }
+        Some(id)
     }
 
     /// A SKIPPED record covering `range` (`(count, first, last)`); its id is

@@ -316,7 +316,7 @@ fn a_turn_of_catch_up_fires_is_bounded_by_its_runs() {
             let mut rec = H::new()
                 .record(every_10s(&format!("t{i}"), serde_json::json!({"misfire_policy": "run_all", "misfire_grace_seconds": 3600})));
             rec.created_at = t0() - Duration::seconds(300);
-            (rec, Some(Cursor { last_slot: Some(t0() - Duration::seconds(200)), updated_at: None, breaker: None }))
+            (rec, Some(Cursor { last_slot: Some(t0() - Duration::seconds(200)), updated_at: None, breaker: None, time_runs: 0 }))
         })
         .collect();
     let mut h = H::loaded(t0(), tasks, Vec::new());
@@ -341,7 +341,7 @@ fn run_all_queues_missed_slots_behind_each_other() {
     let created = t0() - Duration::seconds(75);
     let mut rec = H::new().record(every_10s("t", serde_json::json!({"misfire_policy": "run_all", "misfire_grace_seconds": 3600})));
     rec.created_at = created;
-    let cursor = Cursor { last_slot: Some(t0() - Duration::seconds(70)), updated_at: None, breaker: None };
+    let cursor = Cursor { last_slot: Some(t0() - Duration::seconds(70)), updated_at: None, breaker: None, time_runs: 0 };
     let mut h = H::loaded(t0(), vec![(rec, Some(cursor))], Vec::new());
     let fx = h.advance(Duration::zero());
     let created: Vec<&RunRecord> =
@@ -372,7 +372,7 @@ fn run_all_queues_missed_slots_behind_each_other() {
 fn misfires_coalesce_into_one_record_with_the_cursor() {
     let mut rec = H::new().record(every_10s("t", serde_json::json!({})));
     rec.created_at = t0() - Duration::hours(1);
-    let cursor = Cursor { last_slot: Some(t0() - Duration::minutes(30)), updated_at: None, breaker: None };
+    let cursor = Cursor { last_slot: Some(t0() - Duration::minutes(30)), updated_at: None, breaker: None, time_runs: 0 };
     let mut h = H::loaded(t0() + Duration::seconds(5), vec![(rec, Some(cursor))], Vec::new());
     let fx = h.advance(Duration::zero());
     let group = fx.writes.iter().find(|g| g.iter().any(|op| matches!(op, StoreOp::PutCursor { .. }))).expect("a group with the cursor");
@@ -871,7 +871,7 @@ fn slots_due_before_a_pause_are_settled_after_redeclaration() {
         usage: None,
         ..Default::default()
     });
-    let cursor = Cursor { last_slot: Some(start - Duration::seconds(10)), updated_at: None, breaker: None };
+    let cursor = Cursor { last_slot: Some(start - Duration::seconds(10)), updated_at: None, breaker: None, time_runs: 0 };
     let mut h = H::loaded(start, vec![(rec.clone(), Some(cursor))], vec![running]);
     // Two slots fire while r1 has not said Hello: deferred.
     let fx = h.advance(Duration::seconds(15));
@@ -1760,4 +1760,91 @@ fn consecutive_skips_of_one_reason_are_one_record() {
         })
         .collect();
     assert_eq!(created, vec![("t.20261201T100120Z".to_string(), Some(1))]);
+}
+
+/// All stored records (last state of each), by run id.
+fn stored_all(h: &H) -> BTreeMap<String, RunRecord> {
+    let mut out = BTreeMap::new();
+    for op in h.log.iter().flat_map(|fx| fx.writes.iter().flatten()) {
+        if let StoreOp::CreateRun(r) | StoreOp::PutRun(r) = op {
+            out.insert(r.run_id.clone(), (**r).clone());
+        }
+    }
+    out
+}
+
+/// Moves the clock `secs` seconds a second at a time, firing what is due.
+fn walk(h: &mut H, secs: i64) {
+    for _ in 0..secs {
+        h.advance(Duration::seconds(1));
+    }
+}
+
+/// `max_runs: 3` creates three runs and then no more slots: no timer, no
+/// record; `end_at` leaves no slot after it (issue 37, bounds).
+#[test]
+fn max_runs_and_end_at_bound_the_slots() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "three", "agent_id": "a",
+        "trigger": {"type": "interval", "every_seconds": 10, "max_runs": 3},
+        "execution": {"overlap_policy": "queue", "concurrency_limit": 10}}));
+    let end = t0() + Duration::seconds(25);
+    h.task(serde_json::json!({"task_id": "ends", "agent_id": "a",
+        "trigger": {"type": "cron", "expr": "*/5 * * * * *", "end_at": end.to_rfc3339()},
+        "execution": {"overlap_policy": "queue", "concurrency_limit": 10}}));
+    walk(&mut h, 120);
+    let runs = stored_all(&h);
+    let of = |task: &str| runs.values().filter(|r| r.task_id == task).map(|r| (r.scheduled_at, r.status)).collect::<Vec<_>>();
+    let three = of("three");
+    assert_eq!(three.len(), 3, "{three:?}");
+    assert!(three.iter().all(|(_, s)| *s == RunStatus::Pending), "{three:?}");
+    let ends = of("ends");
+    assert_eq!(ends.len(), 5, "slots at +5..+25 s: {ends:?}");
+    assert!(ends.iter().all(|(at, _)| *at <= end), "{ends:?}");
+    // Nothing armed for either task: a later advance makes nothing.
+    walk(&mut h, 600);
+    assert_eq!(stored_all(&h).len(), runs.len());
+}
+
+/// `dst.gap: skip` leaves one SKIPPED `dst_gap` record at the jump for the
+/// slots the change skipped; `repeat: both` runs the repeated slot twice
+/// with two run ids (Berlin, 2026).
+#[test]
+fn dst_policies_record_every_slot_once() {
+    let start: DateTime<Utc> = "2026-03-28T23:00:00Z".parse().expect("t");
+    let mut h = H::at(start);
+    h.task(serde_json::json!({"task_id": "gap", "agent_id": "a",
+        "trigger": {"type": "cron", "expr": "*/20 2 * * *", "timezone": "Europe/Berlin", "dst": {"gap": "skip"}},
+        "execution": {"overlap_policy": "queue", "concurrency_limit": 10}}));
+    walk(&mut h, 4 * 3600);
+    let runs = stored_all(&h);
+    let gap: Vec<&RunRecord> = runs.values().filter(|r| r.task_id == "gap").collect();
+    assert_eq!(gap.len(), 1, "{gap:#?}");
+    assert_eq!((gap[0].status, gap[0].skip_reason, gap[0].missed_count), (RunStatus::Skipped, Some(SkipReason::DstGap), Some(3)));
+    assert_eq!(gap[0].scheduled_at, "2026-03-29T01:00:00Z".parse::<DateTime<Utc>>().expect("t"));
+
+    let start: DateTime<Utc> = "2026-10-24T23:00:00Z".parse().expect("t");
+    let mut h = H::at(start);
+    h.task(serde_json::json!({"task_id": "twice", "agent_id": "a",
+        "trigger": {"type": "cron", "expr": "30 2 * * *", "timezone": "Europe/Berlin", "dst": {"repeat": "both"}},
+        "execution": {"overlap_policy": "queue", "concurrency_limit": 10}}));
+    walk(&mut h, 4 * 3600);
+    let ids: Vec<String> = stored_all(&h).into_keys().filter(|k| k.starts_with("twice.")).collect();
+    assert_eq!(ids, ["twice.20261025T003000Z", "twice.20261025T013000Z"]);
+}
+
+/// `jitter: auto`: the run records its nominal slot and when it fired, the
+/// offset the same for every slot of the task.
+#[test]
+fn auto_jitter_fires_at_the_tasks_offset() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "spread", "agent_id": "a",
+        "trigger": {"type": "cron", "expr": "0 * * * * *", "jitter": "auto"},
+        "execution": {"overlap_policy": "queue", "concurrency_limit": 10}}));
+    walk(&mut h, 190);
+    let runs: Vec<RunRecord> = stored_all(&h).into_values().filter(|r| r.task_id == "spread").collect();
+    assert_eq!(runs.len(), 3, "{runs:#?}");
+    let offsets: Vec<i64> = runs.iter().map(|r| (r.fire_at.expect("fire_at") - r.scheduled_at).num_milliseconds()).collect();
+    assert!(offsets.iter().all(|o| *o == offsets[0] && (0..6_000).contains(o)), "{offsets:?}");
+    assert!(runs.iter().all(|r| r.scheduled_at.timestamp_subsec_millis() == 0 && r.scheduled_at.timestamp() % 60 == 0));
 }
