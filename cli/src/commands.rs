@@ -816,6 +816,13 @@ struct PreviewArgs {
     /// How many (1..=1000).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=i64::from(punchclock_control_plane::api::MAX_PREVIEW)))]
     count: u32,
+    /// DST policy for slots whose local time a change skips: shift (run at
+    /// the jump) or skip (a SKIPPED dst_gap record). Default: cronie's rule.
+    #[arg(long = "dst-gap", value_parser = ["shift", "skip"])]
+    dst_gap: Option<String>,
+    /// DST policy for slots whose local time happens twice: first, last or both.
+    #[arg(long = "dst-repeat", value_parser = ["first", "last", "both"])]
+    dst_repeat: Option<String>,
 }
 
 impl Cli {
@@ -1457,19 +1464,33 @@ async fn runner(a: RunnerArgs, auth: &ClientAuthArgs) -> Res {
 }
 
 fn preview(a: PreviewArgs, fmt: Format) -> Res {
-    let s = CronSchedule::parse(&a.expr, &a.tz, Default::default()).map_err(|e| e.to_string())?;
+    use punchclock_control_plane::schedule::{DstSpec, GapRule, RepeatRule};
+    let dst = DstSpec {
+        gap: a.dst_gap.as_deref().map(|g| if g == "skip" { GapRule::Skip } else { GapRule::Shift }),
+        repeat: a.dst_repeat.as_deref().map(|r| match r {
+            "last" => RepeatRule::Last,
+            "both" => RepeatRule::Both,
+            _ => RepeatRule::First,
+        }),
+    };
+    let s = CronSchedule::parse(&a.expr, &a.tz, dst).map_err(|e| e.to_string())?;
     let zone = s.timezone();
     let after = a.after.unwrap_or_else(|| SystemClock.now());
-    let times = punchclock_control_plane::api::preview_times(&[Schedule::plain(Shape::Cron(std::sync::Arc::new(s)))], after, a.count);
+    let sched = Schedule::plain(Shape::Cron(std::sync::Arc::new(s)));
+    let times = punchclock_control_plane::api::preview_times(std::slice::from_ref(&sched), after, a.count);
     if times.is_empty() {
         return Err(format!("{:?} has no fire time after {}", a.expr, after.to_rfc3339_opts(SecondsFormat::Secs, true)));
     }
     let local: Vec<String> = times.iter().map(|t| t.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::AutoSi, true)).collect();
+    let notes = sched.dst_effects(after);
     if fmt == Format::Json {
         print_json(&serde_json::json!(local));
     } else {
         for l in local {
             println!("{l}");
+        }
+        for n in notes {
+            println!("DST: {n}");
         }
     }
     Ok(())

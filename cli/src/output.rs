@@ -422,7 +422,18 @@ pub fn task_details(tk: &pb::Task, next: &pb::PreviewScheduleResponse) -> Vec<(&
             format!("{}; opens after {} failed run(s) in a row for {} s", breaker_text(b), cb["failure_threshold"], cb["cooldown_seconds"]),
         ));
     }
+    let fires: Vec<String> = if next.jittered_times.len() == fires.len() {
+        fires.into_iter().zip(&next.jittered_times).map(|(f, j)| format!("{f} fires {}", t(&Some(*j)).as_str().unwrap_or(""))).collect()
+    } else {
+        fires
+    };
     rows.push(("next fires", if fires.is_empty() { "-".into() } else { fires.join(", ") }));
+    if !tk.ended.is_empty() {
+        rows.push(("ended", tk.ended.clone()));
+    }
+    for n in &next.notes {
+        rows.push(("time", n.clone()));
+    }
     rows.push(("last slot", j["last_slot_at"].as_str().unwrap_or("-").to_string()));
     rows.push(("updated", j["updated_at"].as_str().unwrap_or("-").to_string()));
     rows

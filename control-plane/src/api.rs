@@ -30,6 +30,9 @@ pub const MAX_TASK_PAGE: u32 = 1000;
 pub const DEFAULT_RUN_LIMIT: u32 = 100;
 /// Most runs one `ListRuns` returns (a larger `limit` is capped).
 pub const MAX_RUN_LIMIT: u32 = 1000;
+/// Tasks firing at one instant without jitter from which `apply` warns.
+pub const CROWDED_INSTANT: usize = 50;
+
 /// Longest warning text returned with an apply.
 const MAX_WARNING_BYTES: usize = 300;
 /// Attempts of an optimistic read-modify-write before giving up.
@@ -44,6 +47,22 @@ pub struct TaskView {
     pub cursor: Option<Cursor>,
     /// Next nominal slot (UTC), if any and not paused.
     pub next_fire_at: Option<DateTime<Utc>>,
+    /// Why its time triggers have no slot left, when their bounds ended
+    /// them: `end_at 2026-12-01T00:00:00Z passed`, `max_runs 3 reached`.
+    pub ended: Option<String>,
+}
+
+/// A preview of a schedule ([`Core::preview`]).
+#[derive(Debug, Clone, Default)]
+pub struct Preview {
+    /// The nominal slots (UTC).
+    pub times: Vec<DateTime<Utc>>,
+    /// When each fires: its slot plus the trigger's jitter.
+    pub fires: Vec<DateTime<Utc>>,
+    /// The zone the slots are read in.
+    pub zone: Option<chrono_tz::Tz>,
+    /// DST effects at the zone's next changes, jitter, an ended bound.
+    pub notes: Vec<String>,
 }
 
 /// What `ApplyTask` did.
@@ -182,6 +201,29 @@ fn validate_spec(spec_json: &str, now: DateTime<Utc>, config: &crate::config::Co
         }
     }
     Ok(def)
+}
+
+/// Why a task's time triggers have no slot left, when their bounds ended
+/// them (`max_runs` counted in its cursor, `end_at` past `now`); `None`
+/// while a slot may come, or for a task without time triggers.
+pub fn ended_by_bounds(record: &TaskRecord, cursor: Option<&Cursor>, now: DateTime<Utc>) -> Option<String> {
+    let scheds = record.spec.schedules().ok()?;
+    if scheds.is_empty() {
+        return None;
+    }
+    let runs = cursor.map_or(0, |c| c.time_runs);
+    if let Some(max) = scheds.iter().find_map(|s| s.bounds.max_runs)
+        && runs >= max
+    {
+        return Some(format!("max_runs {max} reached ({runs} runs)"));
+    }
+    let base = cursor.and_then(|c| c.last_slot).unwrap_or(record.created_at).max(now);
+    if next_slot(&scheds, base).is_some() {
+        return None;
+    }
+    let ends: Vec<DateTime<Utc>> = scheds.iter().filter_map(|s| s.bounds.end).collect();
+    let end = ends.iter().max()?;
+    Some(format!("end_at {} passed", end.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
 }
 
 /// Shared state of the API services.
@@ -374,6 +416,7 @@ impl Core {
         let mut warnings = self.agent_warnings(&def.spec).await;
         warnings.extend(self.sink_warnings(&def.spec));
         warnings.extend(self.check_across(&[&def.spec]).await?.into_values().flatten());
+        warnings.extend(self.time_warnings(&[&def.spec], now).await.into_values().flatten());
         for _ in 0..CAS_ATTEMPTS {
             let prev = self.repo.get_task(&def.spec.task_id).await?;
             let (rec, outcome) = record_for(&def, prev.as_ref().map(|(r, _)| r), now);
@@ -412,6 +455,9 @@ impl Core {
             .await
             .map_err(|e| Error::Internal(format!("validation task failed: {e}")))??;
         let mut across = self.check_across(&defs.iter().map(|d| &d.spec).collect::<Vec<_>>()).await?;
+        for (task, w) in self.time_warnings(&defs.iter().map(|d| &d.spec).collect::<Vec<_>>(), now).await {
+            across.entry(task).or_default().extend(w);
+        }
         let outcomes = if dry_run {
             self.repo.preview_apply(&defs, now).await?
         } else {
@@ -505,6 +551,53 @@ impl Core {
             }
         }
         Ok(warnings)
+    }
+
+    /// Warnings about time by task: slots a DST change in the next two
+    /// years skips or repeats, with what the trigger's `dst` policy does
+    /// to them ([`Schedule::dst_effects`]); and, on the leader, a next fire
+    /// shared with [`CROWDED_INSTANT`] or more tasks without jitter
+    /// ("480 tasks fire at 2026-12-08T09:00:00Z: ... jitter: auto").
+    async fn time_warnings(&self, specs: &[&TaskSpec], now: DateTime<Utc>) -> std::collections::HashMap<String, Vec<String>> {
+        let mut out: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
+        // Tasks share expressions: the effects of one are worked out once.
+        let mut effects: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
+        let mut next: Vec<(String, DateTime<Utc>)> = Vec::new();
+        for spec in specs {
+            for (i, t) in spec.all_triggers().iter().enumerate() {
+                let Some(Ok(s)) = spec.compile_trigger(i) else { continue };
+                let key = serde_json::to_string(t).unwrap_or_default();
+                let lines = effects.entry(key).or_insert_with(|| s.dst_effects(now));
+                let path = spec.trigger_path(i);
+                out.entry(spec.task_id.clone()).or_default().extend(lines.iter().map(|l| format!("{path}: {l}")));
+                if s.jitter_ms() == 0
+                    && let Some(n) = s.next_after(now)
+                {
+                    next.push((spec.task_id.clone(), n));
+                }
+            }
+        }
+        let Some(engine) = self.engine.read().ok().and_then(|g| g.clone()) else { return out };
+        if next.is_empty() {
+            return out;
+        }
+        let instants: std::collections::HashSet<DateTime<Utc>> = next.iter().map(|(_, n)| *n).collect();
+        let exclude: std::collections::HashSet<String> = specs.iter().map(|s| s.task_id.clone()).collect();
+        let mut crowd = engine.query(move |core, _| core.fires_at(&instants, &exclude)).await.unwrap_or_default();
+        // The tasks of this apply crowd an instant too.
+        for (_, n) in &next {
+            *crowd.entry(*n).or_insert(0) += 1;
+        }
+        for (task, n) in next {
+            let count = crowd.get(&n).copied().unwrap_or(0);
+            if count >= CROWDED_INSTANT {
+                out.entry(task).or_default().push(format!(
+                    "{count} tasks fire at {} UTC: add jitter: auto to spread them (a tenth of the period, at most 15 minutes, the same offset every time)",
+                    n.format("%Y-%m-%dT%H:%M:%S")
+                ));
+            }
+        }
+        out
     }
 
     /// "notify names webhook://X, which this replica's --config does not
@@ -605,7 +698,9 @@ impl Core {
             let base = record.resumed_at.map_or(base, |r| base.max(r));
             record.spec.schedules().ok().and_then(|s| next_slot(&s, base).map(|(t, _)| t))
         };
-        TaskView { record, cursor, next_fire_at }
+        let ended = ended_by_bounds(&record, cursor.as_ref(), self.clock.now());
+        let next_fire_at = if ended.is_some() { None } else { next_fire_at };
+        TaskView { record, cursor, next_fire_at, ended }
     }
 
     /// One task with its cursor.
@@ -713,36 +808,55 @@ impl Core {
         Ok(runs.iter().map(|r| SlotCell { summary: RunSummary::of(r) }).collect())
     }
 
-    /// Fire times of `expr` in `tz` strictly after `after`, or of a task's triggers.
+    /// Fire times of `expr` in `tz` (under the DST policy `dst`) strictly
+    /// after `after`, or of a task's triggers: the nominal slots, when
+    /// each fires (jitter), and notes — what the DST policy does at the
+    /// zone's next changes, the jitter, a bound that ended the task.
     pub async fn preview(
         &self,
         expr: &str,
         tz: &str,
+        dst: crate::schedule::DstSpec,
         task_id: &str,
         after: Option<DateTime<Utc>>,
         count: u32,
-    ) -> Result<(Vec<DateTime<Utc>>, Option<chrono_tz::Tz>)> {
+    ) -> Result<Preview> {
         let after = after.unwrap_or_else(|| self.clock.now());
         if count > MAX_PREVIEW {
             return Err(Error::invalid("count", format!("at most {MAX_PREVIEW} fire times (got {count})")));
         }
         let count = if count == 0 { 5 } else { count };
-        let (schedules, zone) = match (expr.is_empty(), task_id.is_empty()) {
+        let (schedules, id, mut notes) = match (expr.is_empty(), task_id.is_empty()) {
             (false, true) => {
                 let tz = if tz.is_empty() { "UTC" } else { tz };
-                let c = CronSchedule::parse(expr, tz, Default::default()).map_err(|e| e.at("preview"))?;
-                let z = c.timezone();
-                (vec![Schedule::plain(Shape::Cron(std::sync::Arc::new(c)))], Some(z))
+                let c = CronSchedule::parse(expr, tz, dst).map_err(|e| e.at("preview"))?;
+                (vec![Schedule::plain(Shape::Cron(std::sync::Arc::new(c)))], String::new(), Vec::new())
             }
             (true, false) => {
                 let view = self.get_task(task_id).await?;
                 let s = view.record.spec.schedules()?;
-                let z = s.iter().find_map(Schedule::zone);
-                (s, z)
+                (s, task_id.to_string(), view.ended.map(|e| format!("no slot left: {e}")).into_iter().collect())
             }
             _ => return Err(Error::invalid("expr", "give either expr (with timezone) or task_id")),
         };
-        Ok((preview_times(&schedules, after, count), zone))
+        let times = if notes.is_empty() { preview_times(&schedules, after, count) } else { Vec::new() };
+        let fires = times
+            .iter()
+            .map(|t| next_slot(&schedules, *t - chrono::Duration::milliseconds(1)).map_or(*t, |(_, s)| s.fire_at(&id, *t)))
+            .collect();
+        for s in &schedules {
+            notes.extend(s.dst_effects(after));
+            match s.jitter {
+                crate::schedule::Jitter::Auto(ms) => notes.push(format!(
+                    "jitter: auto: each slot fires {} ms after it (a fixed offset of this task, bound {} ms: a tenth of the period, at most 15 min)",
+                    crate::schedule::auto_offset(&id, ms).num_milliseconds(),
+                    ms
+                )),
+                crate::schedule::Jitter::PerSlot(ms) => notes.push(format!("jitter_seconds: each slot fires up to {} s after it", ms / 1000)),
+                crate::schedule::Jitter::None => {}
+            }
+        }
+        Ok(Preview { zone: schedules.iter().find_map(Schedule::zone), times, fires, notes })
     }
 
     /// Manual trigger (leader).

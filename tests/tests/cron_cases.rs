@@ -54,6 +54,7 @@ async fn every_cron_case_previews_and_fires_at_its_expected_times() {
                 task_id: String::new(),
                 after: Some(ts(after)),
                 count: expected.len() as u32,
+                ..Default::default()
             })
             .await
             .unwrap_or_else(|e| panic!("{id}: preview failed: {e}"))
@@ -102,6 +103,7 @@ async fn every_invalid_cron_case_is_rejected_naming_the_problem() {
                 task_id: String::new(),
                 after: None,
                 count: 3,
+                ..Default::default()
             })
             .await
             .expect_err(id);

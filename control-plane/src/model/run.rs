@@ -552,6 +552,11 @@ pub struct RunRecord {
     /// The dedup key its creation claimed (event runs with a dedup window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup: Option<super::event::DedupClaim>,
+    /// A delayed run not yet admitted: its task's policies (overlap,
+    /// breaker, resources, budgets) decide it at its `next_attempt_at`, as
+    /// they decide a slot when it is due; until then it holds nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub awaiting_admission: bool,
     /// Fencing token of the leader that last wrote the record.
     #[serde(default)]
     pub fencing_token: u64,
@@ -627,6 +632,7 @@ impl RunRecord {
             interruptions: 0,
             elided_attempts: ElidedAttempts::default(),
             dedup: None,
+            awaiting_admission: false,
             fencing_token: 0,
             updated_at: now,
             trace_id: String::new(),

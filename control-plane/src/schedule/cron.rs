@@ -532,6 +532,21 @@ impl CronSchedule {
         self.walk(t, from, inclusive)
     }
 
+    /// The wall clock matches in `[lo, hi)`, at most `cap` of them.
+    pub fn matches_in(&self, lo: NaiveDateTime, hi: NaiveDateTime, cap: usize) -> Vec<NaiveDateTime> {
+        let mut out = Vec::new();
+        let (mut from, mut inclusive) = (lo, true);
+        while out.len() < cap
+            && let Ok(c) = self.cron.find_next_occurrence(&from, inclusive)
+            && c < hi
+        {
+            out.push(c);
+            from = c;
+            inclusive = false;
+        }
+        out
+    }
+
     /// The slots of a gap that `gap: skip` records at `at` instead of
     /// running: how many wall clock matches fall in the gap that ends at
     /// `at` (0 when `at` ends no gap, the policy is not `skip`, or `at`

@@ -199,6 +199,78 @@ impl Schedule {
     }
 }
 
+/// Most DST changes [`Schedule::dst_effects`] looks at.
+pub const DST_LOOKAHEAD: usize = 2;
+
+impl Schedule {
+    /// What the DST policy does at the zone's next [`DST_LOOKAHEAD`]
+    /// changes after `after` (within two years) to slots whose local time
+    /// the change skips or repeats, in words: one line per change that
+    /// touches a slot (`Europe/Berlin 2027-03-28T01:00:00Z (02:00 → 03:00,
+    /// an hour skipped): 3 slot(s) at 02:00, 02:20, 02:40 do not exist;
+    /// dst.gap skip: one SKIPPED dst_gap record at the jump`). Empty for
+    /// a schedule without a zone or whose slots no change touches.
+    pub fn dst_effects(&self, after: DateTime<Utc>) -> Vec<String> {
+        let (tz, rules) = match &self.shape {
+            Shape::Cron(c) => (c.timezone(), c.dst_rules()),
+            Shape::Interval { wall: Some((tz, rules)), .. } => (*tz, *rules),
+            _ => return Vec::new(),
+        };
+        let mut out = Vec::new();
+        for (at, before, after_off) in transitions_after(tz, after, DST_LOOKAHEAD) {
+            let gap = after_off > before;
+            let (lo, hi) = if gap {
+                (at.naive_utc() + before, at.naive_utc() + after_off)
+            } else {
+                (at.naive_utc() + after_off, at.naive_utc() + before)
+            };
+            let hit: Vec<chrono::NaiveDateTime> = match &self.shape {
+                Shape::Cron(c) => c.matches_in(lo, hi, 1000),
+                Shape::Interval { anchor, period_ms, .. } => {
+                    let local = anchor.with_timezone(&tz);
+                    let days = period_ms / 86_400_000;
+                    let c = lo.date().and_time(local.time());
+                    let on_day = (c.date() - local.date_naive()).num_days().rem_euclid(days) == 0;
+                    if c >= lo && c < hi && on_day { vec![c] } else { Vec::new() }
+                }
+                Shape::Once { .. } => Vec::new(),
+            };
+            if hit.is_empty() || self.bounds.end.is_some_and(|e| e < at - Duration::hours(3)) {
+                continue;
+            }
+            let shown: Vec<String> = hit.iter().take(6).map(|c| c.format("%H:%M:%S").to_string()).collect();
+            let more = if hit.len() > 6 { format!(" and {} more", hit.len() - 6) } else { String::new() };
+            let fmt = |o: Duration| {
+                let m = o.num_minutes();
+                format!("{}{:02}:{:02}", if m < 0 { '-' } else { '+' }, m.abs() / 60, m.abs() % 60)
+            };
+            let change =
+                format!("{tz} {} (UTC{} → UTC{})", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), fmt(before), fmt(after_off));
+            let what = if gap {
+                match rules.gap {
+                    Gap::Shift => {
+                        format!("dst.gap shift: they run once at the jump, {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    }
+                    Gap::Skip => "dst.gap skip: one SKIPPED dst_gap record at the jump, no run".to_string(),
+                    Gap::Omit => {
+                        "they do not run and leave no record (cronie's rule for * and steps; set dst.gap to shift or skip to choose)"
+                            .to_string()
+                    }
+                }
+            } else {
+                match rules.repeat {
+                    RepeatRule::First => "dst.repeat first: each runs once, at its first occurrence".to_string(),
+                    RepeatRule::Last => "dst.repeat last: each runs once, at its second occurrence".to_string(),
+                    RepeatRule::Both => "dst.repeat both: each runs twice, each occurrence its own run".to_string(),
+                }
+            };
+            let kind = if gap { "do not exist" } else { "happen twice" };
+            out.push(format!("{change}: {} slot(s) at {}{more} local {kind}; {what}", hit.len(), shown.join(", ")));
+        }
+        out
+    }
+}
+
 impl Shape {
     /// The first slot strictly after `t`, ignoring bounds.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {

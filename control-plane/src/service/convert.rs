@@ -215,6 +215,7 @@ pub fn task_to_pb(v: &TaskView, effective: Option<&crate::engine::retention::Ret
         created_at: Some(ts(v.record.created_at)),
         updated_at: Some(ts(v.record.updated_at)),
         next_fire_at: ots(v.next_fire_at),
+        ended: v.ended.clone().unwrap_or_default(),
         last_slot_at: ots(v.cursor.as_ref().and_then(|c| c.last_slot)),
         breaker: v.record.spec.execution.circuit_breaker.map(|_| {
             let b = v.cursor.as_ref().and_then(|c| c.breaker.clone()).unwrap_or_default();

@@ -27,7 +27,7 @@ impl TaskSvc {
 }
 
 fn view(record: crate::model::TaskRecord) -> TaskView {
-    TaskView { record, cursor: None, next_fire_at: None }
+    TaskView { record, cursor: None, next_fire_at: None, ended: None }
 }
 
 /// Most definitions one `ApplyTasks` call takes.
@@ -210,7 +210,24 @@ impl TaskService for TaskSvc {
     async fn preview_schedule(&self, req: Request<pb::PreviewScheduleRequest>) -> Result<Response<pb::PreviewScheduleResponse>, Status> {
         let r = req.into_inner();
         let after = r.after.as_ref().and_then(from_timestamp);
-        let (times, zone) = self.0.preview(&r.expr, &r.timezone, &r.task_id, after, r.count).await.map_err(status)?;
+        let dst = crate::schedule::DstSpec {
+            gap: match r.dst_gap.as_str() {
+                "" => None,
+                "shift" => Some(crate::schedule::GapRule::Shift),
+                "skip" => Some(crate::schedule::GapRule::Skip),
+                g => return Err(status(Error::invalid("dst_gap", format!("{g:?}: shift or skip")))),
+            },
+            repeat: match r.dst_repeat.as_str() {
+                "" => None,
+                "first" => Some(crate::schedule::RepeatRule::First),
+                "last" => Some(crate::schedule::RepeatRule::Last),
+                "both" => Some(crate::schedule::RepeatRule::Both),
+                x => return Err(status(Error::invalid("dst_repeat", format!("{x:?}: first, last or both")))),
+            },
+        };
+        let p = self.0.preview(&r.expr, &r.timezone, dst, &r.task_id, after, r.count).await.map_err(status)?;
+        let (times, zone) = (p.times, p.zone);
+        let jittered_times = if p.fires != times { p.fires.into_iter().map(to_timestamp).collect() } else { Vec::new() };
         let local_times = times
             .iter()
             .map(|t| match zone {
@@ -218,7 +235,12 @@ impl TaskService for TaskSvc {
                 None => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
             })
             .collect();
-        Ok(Response::new(pb::PreviewScheduleResponse { fire_times: times.into_iter().map(to_timestamp).collect(), local_times }))
+        Ok(Response::new(pb::PreviewScheduleResponse {
+            fire_times: times.into_iter().map(to_timestamp).collect(),
+            local_times,
+            notes: p.notes,
+            jittered_times,
+        }))
     }
 }
 

@@ -283,7 +283,7 @@ async fn task(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<
         let hq = rq.query(&id, now)?;
         let (runs, next) = core.list_runs(hq.clone(), &rq.page).await?;
         let next = next.map(|c| history::encode_token(&hq, &c)).unwrap_or_default();
-        let fires = core.preview("", "", &id, None, 5).await.unwrap_or_default();
+        let fires = core.preview("", "", Default::default(), &id, None, 5).await.unwrap_or_default();
         let slots = core.recent_slots(&id, TASK_CELLS).await?;
         Ok::<_, Error>(pages::task(&viewer, &view, &fires, &slots, &runs, &rq, &next, now))
     };

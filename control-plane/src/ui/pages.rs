@@ -234,7 +234,7 @@ pub fn trigger_words(t: &crate::model::trigger::TriggerSpec) -> String {
 
 /// The next `n` fires of a task after `now` (none for event-only tasks).
 fn next_fires(t: &TaskView, now: DateTime<Utc>, n: u32) -> Vec<DateTime<Utc>> {
-    if t.record.paused {
+    if t.record.paused || t.ended.is_some() {
         return Vec::new();
     }
     t.record.spec.schedules().map(|s| crate::api::preview_times(&s, now, n)).unwrap_or_default()
@@ -410,7 +410,10 @@ pub fn tasks(
                             @if t.record.paused { span.badge.paused { "paused" } }
                         }
                         td { @for tr in &triggers { div { (trigger_words(tr)) } } }
-                        td.fires { @for f in next_fires(t, now, 3) { div { (in_zone(f, zone.as_deref())) } } }
+                        td.fires {
+                            @for f in next_fires(t, now, 3) { div { (in_zone(f, zone.as_deref())) } }
+                            @if let Some(e) = &t.ended { div.muted { "ended: " (e) } }
+                        }
                         td { div.cells id={ "slots-" (spec.task_id) } data-max=(super::TASK_CELLS) { @for c in &r.slots { (cell(c)) } } }
                         td.num { (lags(&r.slots, |s| s.dispatch_lag_ms)) }
                         td.num { (lags(&r.slots, |s| s.start_lag_ms)) }
@@ -437,7 +440,7 @@ pub fn tasks(
 pub fn task(
     viewer: &Viewer,
     t: &TaskView,
-    fires: &(Vec<DateTime<Utc>>, Option<chrono_tz::Tz>),
+    fires: &crate::api::Preview,
     slots: &[SlotCell],
     runs: &[RunRecord],
     rq: &RunsQuery,
@@ -447,7 +450,7 @@ pub fn task(
     let spec = &t.record.spec;
     let id = &spec.task_id;
     let seg = path_segment(id);
-    let zone = fires.1.map(|z| z.name().to_string());
+    let zone = fires.zone.map(|z| z.name().to_string());
     let applied = t
         .record
         .applied
@@ -463,7 +466,15 @@ pub fn task(
             dt { "Triggers" } dd { @for tr in spec.all_triggers() { div { (trigger_words(tr)) } } }
             dt { "Overlap" } dd { (serde_json::to_value(spec.execution.overlap_policy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()) }
             dt { "Misfires" } dd { (serde_json::to_value(spec.execution.misfire_policy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()) ", grace " (spec.execution.misfire_grace_seconds) " s" }
-            dt { "Next fires" } dd { @for f in &fires.0 { div { (in_zone(*f, zone.as_deref())) } } @if fires.0.is_empty() { "none" } }
+            dt { "Next fires" } dd {
+                @for (f, at) in fires.times.iter().zip(&fires.fires) {
+                    div { (in_zone(*f, zone.as_deref())) @if at != f { span.muted { " fires " (utc(*at)) } } }
+                }
+                @if fires.times.is_empty() { "none" }
+            }
+            @if !fires.notes.is_empty() {
+                dt { "Time notes" } dd { @for n in &fires.notes { div.note { (n) } } }
+            }
             dt { "Breaker" } dd { (breaker_words(t).unwrap_or_else(|| "closed".into())) }
             @if let Some(c) = &t.cursor { @if let Some(l) = c.last_slot { dt { "Last slot" } dd { (utc(l)) } } }
         }
@@ -489,7 +500,7 @@ pub fn task(
             }
             span.now title={ "now: " (utc(now)) } { "now" }
             div.cells.planned aria-label="planned slots" {
-                @for f in &fires.0 {
+                @for f in &fires.times {
                     span.cell.planned title={ "planned: " (in_zone(*f, zone.as_deref())) } aria-label={ "planned " (utc(*f)) } {}
                 }
             }

@@ -429,7 +429,7 @@ mod tests {
         let record = |doc: serde_json::Value| {
             let rec = TaskRecord::new(Definition::from_json(&doc.to_string()).expect("valid"), t(0));
             let raw = crate::repo::codec::encode(&rec).expect("encode");
-            (crate::api::TaskView { record: rec, cursor: None, next_fire_at: None }, raw)
+            (crate::api::TaskView { record: rec, cursor: None, next_fire_at: None, ended: None }, raw)
         };
         let tasks = [
             record(serde_json::json!({"task_id": "Daily-Report", "agent_id": "writer", "labels": {"team": "Needle"}})),

@@ -133,6 +133,13 @@ impl EngineCore {
         let start_timeout =
             self.run_task(run_id).map(|t| self.start_timeout(&t)).unwrap_or(chrono::Duration::seconds(DEFAULT_START_TIMEOUT_SECONDS));
         let Some(run) = self.runs.get_mut(run_id) else { return };
+        if run.awaiting_admission
+            && let Some(at) = run.next_attempt_at
+        {
+            // Admission first, even when due already (a new leader loading it).
+            self.timers.push_wall(at, Timer::RunDue { run_id: run_id.to_string(), at });
+            return;
+        }
         if let Some(at) = run.next_attempt_at.filter(|t| *t > now.wall) {
             let timer = Timer::RunDue { run_id: run_id.to_string(), at };
             if elapsed {
@@ -296,6 +303,7 @@ impl EngineCore {
         run.error = Some(why);
         run.pending_reason = None;
         run.next_attempt_at = None;
+        run.awaiting_admission = false;
         run.start_by = None;
         if let Some(e) = self.tasks.get_mut(&task_id) {
             e.skips = None;
@@ -462,10 +470,16 @@ impl EngineCore {
             self.claim(now, claim);
         }
         if at > now.wall {
+            // Admitted when due, through the same policies as a slot
+            // (issue 37): recorded now (an accepted trigger is never lost),
+            // holding nothing until then.
             run.next_attempt_at = Some(at);
-            run.pending_reason = Some(format!("delayed until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+            run.awaiting_admission = true;
+            run.pending_reason = Some(format!("delayed until {}; admitted then", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+            self.create_awaiting(now, run);
+        } else {
+            self.admit(now, run, &spec, &HashSet::new());
         }
-        self.admit(now, run, &spec, &HashSet::new());
         self.fx.replies.push((reply, Reply::Trigger(Ok(Triggered { run_id, scheduled_at: at, created: true }))));
         Ok(())
     }
@@ -920,8 +934,81 @@ impl EngineCore {
         if run.status == RunStatus::Retrying {
             run.status = RunStatus::Pending;
         }
+        if run.awaiting_admission {
+            self.admit_due(now, run_id);
+            return;
+        }
         run.next_attempt_at = None;
         self.touch(now, run_id, Urgency::Lazy);
+        self.make_ready(now, run_id, true);
+    }
+
+    /// Records a run whose admission waits for its `next_attempt_at`
+    /// (`awaiting_admission`): no policy is asked yet, nothing reserved.
+    fn create_awaiting(&mut self, now: Now, run: RunRecord) {
+        let run_id = run.run_id.clone();
+        tracing::info!(run_id = %run_id, "run created; admitted when due");
+        self.create(now, run);
+        if let Some(r) = self.event_run(&run_id) {
+            self.fx.events.push(Lifecycle::RunCreated(r));
+        }
+        self.make_ready(now, &run_id, false);
+    }
+
+    /// A delayed run is due: the policies decide it now, as they decide a
+    /// slot ([`Self::admit`]) — it waits, it cancels the running ones, or
+    /// it ends SKIPPED at its due time — and what they reserve is charged
+    /// to it.
+    fn admit_due(&mut self, now: Now, run_id: &str) {
+        let Some(run) = self.runs.get(run_id).cloned() else { return };
+        let Some(def) = self.tasks.get(&run.task_id).filter(|e| !e.deleted).map(|e| e.record.spec.clone()) else {
+            self.finish(now, run_id, RunStatus::Cancelled, "task deleted before the run was due".into());
+            return;
+        };
+        let me: HashSet<String> = [run_id.to_string()].into();
+        let active = self.counts.active(&run.task_id, now.wall, &me);
+        let listed = if def.execution.overlap_policy == crate::model::task::OverlapPolicy::CancelRunning {
+            self.counts.active_runs(&run.task_id, now.wall, &me)
+        } else {
+            Vec::new()
+        };
+        let breaker = self.tasks.get(&run.task_id).and_then(|e| e.cursor.as_ref()?.breaker.clone());
+        let q = AdmitQuery { now: now.wall, run: &run, task: &def, active, active_runs: &listed, breaker: breaker.as_ref() };
+        let mut pending_reason = None;
+        match self.policies.admit(&q) {
+            Admit::Pass => {}
+            Admit::Waiting(reason) => pending_reason = Some(reason),
+            Admit::AfterCancelling { cancel, reason, waiting } => {
+                for old in cancel {
+                    let _ = self.cancel(now, &old, &reason);
+                }
+                pending_reason = Some(waiting);
+            }
+            Admit::Skip { reason, why } => {
+                self.skip_pending(now, run_id, reason, why);
+                return;
+            }
+            Admit::SkipAndPause { reason, why } => {
+                self.skip_pending(now, run_id, reason, why.clone());
+                self.fx.pauses.push((run.task_id.clone(), why));
+                return;
+            }
+        }
+        let q = AdmitQuery { now: now.wall, run: &run, task: &def, active, active_runs: &listed, breaker: breaker.as_ref() };
+        let mut writes = self.policies.created(&q);
+        let Some(r) = self.runs.get_mut(run_id) else { return };
+        writes.retain(|w| match w {
+            Write::Charges(c) => {
+                r.charges.extend(c.iter().cloned());
+                false
+            }
+            _ => true,
+        });
+        r.awaiting_admission = false;
+        r.next_attempt_at = None;
+        r.pending_reason = pending_reason;
+        self.touch(now, run_id, Urgency::Now);
+        self.apply_writes(now, run_id, writes);
         self.make_ready(now, run_id, true);
     }
 

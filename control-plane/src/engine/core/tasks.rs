@@ -519,6 +519,29 @@ impl EngineCore {
         self.writes.cursor(task_id, Some(cursor));
     }
 
+    /// How many tasks fire next at each of `instants` (their armed fire,
+    /// jitter included; a task changed since its timer was armed counted
+    /// by its current one only): what `apply` warns about when many share
+    /// one instant. One pass over the armed timers.
+    ///
+    /// Tasks in `exclude` are not counted.
+    pub fn fires_at(
+        &self,
+        instants: &HashSet<DateTime<Utc>>,
+        exclude: &HashSet<String>,
+    ) -> std::collections::HashMap<DateTime<Utc>, usize> {
+        let mut out = std::collections::HashMap::new();
+        for (at, task, generation) in self.timers.fires() {
+            if instants.contains(&at)
+                && !exclude.contains(task)
+                && self.tasks.get(task).is_some_and(|e| e.generation == generation && !e.deleted)
+            {
+                *out.entry(at).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+
     /// True while a run of the task holds an attempt recovered at load whose
     /// runner has not yet said Hello (its entry is still the placeholder of
     /// session 0). The takeover rule of DESIGN (Store and leadership): wait

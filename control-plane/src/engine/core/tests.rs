@@ -1848,3 +1848,49 @@ fn auto_jitter_fires_at_the_tasks_offset() {
     assert!(offsets.iter().all(|o| *o == offsets[0] && (0..6_000).contains(o)), "{offsets:?}");
     assert!(runs.iter().all(|r| r.scheduled_at.timestamp_subsec_millis() == 0 && r.scheduled_at.timestamp() % 60 == 0));
 }
+
+/// A delayed trigger is admitted when due, not when made (issue 37): with
+/// `overlap_policy: skip` and a run active when it is made, it runs if
+/// that run ended by its due time; one due while a run is active is
+/// SKIPPED at its due time. Before this, the first was skipped at once.
+#[test]
+fn delayed_triggers_are_admitted_when_due() {
+    let mut h = H::new();
+    h.task(serde_json::json!({"task_id": "d", "agent_id": "a", "execution": {"overlap_policy": "skip"}}));
+    let (s, _) = h.hello("r1", &["a"], 4);
+    let fx = h.trigger("d", "first");
+    let first = one_assign(&fx);
+    let delayed = |h: &mut H, key: &str| {
+        let req = TriggerRequest {
+            task_id: "d".into(),
+            params: Default::default(),
+            not_before: None,
+            delay_seconds: 10,
+            idempotency_key: Some(key.into()),
+            idempotency_window: None,
+            caller_trace: None,
+            baggage: String::new(),
+        };
+        h.core.handle(h.clocks(), Input::Trigger { reply: 2, req, explicit_key: false });
+        h.drain()
+    };
+    delayed(&mut h, "later");
+    let later = h.stored("d.manual-later").expect("recorded when accepted");
+    assert_eq!(later.status, RunStatus::Pending, "not skipped while the first runs: {later:?}");
+    assert!(later.awaiting_admission);
+    h.tick(5, &[("r1", s)]);
+    h.finished("r1", s, &first, ReportedOutcome::Succeeded);
+    let fx = h.tick(6, &[("r1", s)]);
+    assert_eq!(one_assign(&fx).run_id, "d.manual-later", "admitted at its due time, the first run ended");
+    // Due while a run is active: SKIPPED then, not when made.
+    let running = h.run("d.manual-later");
+    assert_eq!(running.status, RunStatus::Running);
+    delayed(&mut h, "busy");
+    assert_eq!(h.stored("d.manual-busy").map(|r| r.status), Some(RunStatus::Pending));
+    h.tick(9, &[("r1", s)]);
+    assert_eq!(h.stored("d.manual-busy").map(|r| r.status), Some(RunStatus::Pending), "nothing decided before its time");
+    h.tick(2, &[("r1", s)]);
+    let busy = h.stored("d.manual-busy").expect("record");
+    assert_eq!((busy.status, busy.skip_reason), (RunStatus::Skipped, Some(SkipReason::ConcurrencyLimit)), "{busy:?}");
+    assert!(busy.finished_at.expect("finished") >= t0() + Duration::seconds(20), "skipped at its due time");
+}

@@ -65,6 +65,14 @@ impl Timers {
         self.wall.push(Reverse((at, self.seq, t)));
     }
 
+    /// The armed fires: `(when, task, generation)`, stale ones included.
+    pub(super) fn fires(&self) -> impl Iterator<Item = (DateTime<Utc>, &str, u64)> {
+        self.wall.iter().filter_map(|Reverse((at, _, t))| match t {
+            Timer::Fire { task_id, generation } => Some((*at, task_id.as_str(), *generation)),
+            _ => None,
+        })
+    }
+
     /// A timer for when the monotonic clock reaches `at`.
     pub(super) fn push_mono(&mut self, at: Mono, t: Timer) {
         self.seq += 1;
