@@ -744,6 +744,22 @@ enum RunsCmd {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Re-run a run with its input (params, event, upstream): a new run
+    /// `RUN.rerun-N` with `rerun_of`; or, without RUN, every run of --task
+    /// in --status (and --since/--until) that has no re-run yet, each
+    /// once (repeating creates nothing). Served by the leader.
+    Rerun {
+        /// The run to re-run (or give --task and --status).
+        run_id: Option<String>,
+        #[command(flatten)]
+        q: RunQueryArgs,
+        /// Say what would be re-run; create nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// At most this many in bulk (1..=10000).
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        limit: u32,
+    },
     /// Delete finished runs beyond their tasks' history now (the leader
     /// does it every --retention-interval).
     Prune {
@@ -1778,7 +1794,7 @@ async fn list_runs(rc: &mut RunServiceClient<client::Conn>, mut req: pb::ListRun
 }
 
 async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
-    let channel = if matches!(c, RunsCmd::Cancel { .. } | RunsCmd::Prune { .. }) {
+    let channel = if matches!(c, RunsCmd::Cancel { .. } | RunsCmd::Prune { .. } | RunsCmd::Rerun { .. }) {
         client::connect_leader(endpoint).await?
     } else {
         client::connect(endpoint).await?
@@ -1791,6 +1807,49 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
         RunsCmd::Get { run_id } => {
             let r = rc.get_run(pb::GetRunRequest { run_id }).await.map_err(grpc)?.into_inner();
             print_json(&run_json(&r));
+            Ok(())
+        }
+        RunsCmd::Rerun { run_id, q, dry_run, limit } => {
+            let req = match run_id {
+                Some(run_id) => pb::RerunRunsRequest { run_id, dry_run, ..Default::default() },
+                None => {
+                    if q.task.is_empty() || q.status.is_none() {
+                        return Err("runs rerun: give a RUN, or --task and --status (with --since/--until) to re-run in bulk".into());
+                    }
+                    let l = q.request(chrono::Utc::now(), true)?;
+                    pb::RerunRunsRequest {
+                        task_id: l.task_id,
+                        status: output::status_name(l.status).to_string(),
+                        since: l.scheduled_from,
+                        until: l.scheduled_to,
+                        dry_run,
+                        limit,
+                        ..Default::default()
+                    }
+                }
+            };
+            let r = rc.rerun_runs(req).await.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&serde_json::json!(
+                    r.results
+                        .iter()
+                        .map(|x| serde_json::json!({
+                    "of": x.of, "run_id": x.run_id, "created": x.created, "skipped": x.skipped}))
+                        .collect::<Vec<_>>()
+                ));
+            } else {
+                let created = r.results.iter().filter(|x| x.created).count();
+                for x in &r.results {
+                    let what = match (x.created, x.skipped.is_empty(), dry_run) {
+                        (_, _, true) => "would re-run as",
+                        (true, _, _) => "re-run as",
+                        (false, false, _) => "left: has re-run",
+                        (false, true, _) => "re-run exists:",
+                    };
+                    println!("{} {what} {}", x.of, x.run_id);
+                }
+                println!("{} re-run(s) created, {} listed", created, r.results.len());
+            }
             Ok(())
         }
         RunsCmd::Cancel { run_id, reason } => {

@@ -117,6 +117,8 @@ pub fn run_json(r: &pb::Run) -> Value {
         "upstream": json_field(&r.upstream_json),
         "next_attempt_at": t(&r.next_attempt_at),
         "fire_at": t(&r.fire_at),
+        "rerun_of": opt_str(&r.rerun_of),
+        "reruns": r.reruns,
         "error": opt_str(&r.error),
         "params": params,
         "stdout_tail": r.stdout_tail,

@@ -52,6 +52,19 @@ pub struct TaskView {
     pub ended: Option<String>,
 }
 
+/// One re-run ([`Core::rerun`], [`Core::rerun_matching`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rerun {
+    /// The run re-run.
+    pub of: String,
+    /// Its re-run (with a dry run: the id it would get).
+    pub run_id: String,
+    /// False: it existed already, or a dry run.
+    pub created: bool,
+    /// Why it was left out (it has a re-run already).
+    pub skipped: Option<String>,
+}
+
 /// A preview of a schedule ([`Core::preview`]).
 #[derive(Debug, Clone, Default)]
 pub struct Preview {
@@ -1113,6 +1126,102 @@ impl Core {
     /// Cancels a run (leader).
     pub async fn cancel_run(&self, run_id: &str, reason: &str) -> Result<RunRecord> {
         self.engine().await?.cancel_run(run_id.to_string(), reason.to_string()).await
+    }
+
+    /// `runs rerun RUN`: a new run with `run_id`'s input — its params, its
+    /// event (`context.event`, a stored body stored again) and upstream —
+    /// under `{run_id}.rerun-{n}` (n: one more than its re-runs kept), with
+    /// `rerun_of`. Through the event admission: every policy applies, and
+    /// the id is create-if-absent. Leader only.
+    ///
+    /// Errors: `NotFound`; `FailedPrecondition` for a run not finished.
+    pub async fn rerun(&self, run_id: &str, dry_run: bool) -> Result<Rerun> {
+        let run = self.get_run(run_id).await?;
+        if !run.status.is_terminal() {
+            return Err(Error::FailedPrecondition(format!("run {run_id} is {}: re-run a run once it has ended", run.status.as_str())));
+        }
+        let n = self.repo.rerun_ids(run_id).await?.len() + 1;
+        let new = crate::model::run::rerun_run_id(run_id, n);
+        if dry_run {
+            return Ok(Rerun { of: run_id.to_string(), run_id: new, created: false, skipped: None });
+        }
+        let mut out = self.rerun_all(vec![(run, new)]).await?;
+        out.pop().ok_or_else(|| Error::Internal("no answer for the re-run".into()))
+    }
+
+    /// `runs rerun --task T --status S --since ..`: each run of `q`
+    /// (task, status, slot window; at most `q.limit`) that has no re-run
+    /// yet gets one, `{run}.rerun-1`, so the same call again creates
+    /// nothing; those with one say so. Leader only.
+    pub async fn rerun_matching(&self, q: HistoryQuery, dry_run: bool) -> Result<Vec<Rerun>> {
+        crate::model::task::validate_id("task_id", &q.task_id)?;
+        if q.status.is_none() {
+            return Err(Error::invalid("status", "a bulk re-run names the status it re-runs (e.g. FAILED)"));
+        }
+        let limit = q.limit;
+        let mut out = Vec::new();
+        let mut todo = Vec::new();
+        let (mut token, mut seen) = (String::new(), 0usize);
+        loop {
+            let mut page_q = q.clone();
+            page_q.limit = 500;
+            let (runs, next) = self.list_runs(page_q.clone(), &token).await?;
+            for run in runs {
+                if seen >= limit {
+                    break;
+                }
+                seen += 1;
+                let reruns = self.repo.rerun_ids(&run.run_id).await?;
+                if let Some(first) = reruns.first() {
+                    out.push(Rerun {
+                        of: run.run_id.clone(),
+                        run_id: first.clone(),
+                        created: false,
+                        skipped: Some("re-run already".into()),
+                    });
+                    continue;
+                }
+                let new = crate::model::run::rerun_run_id(&run.run_id, 1);
+                if dry_run {
+                    out.push(Rerun { of: run.run_id.clone(), run_id: new, created: false, skipped: None });
+                } else {
+                    todo.push((run, new));
+                }
+            }
+            match next {
+                Some(c) if seen < limit => token = history::encode_token(&page_q, &c),
+                _ => break,
+            }
+        }
+        for chunk in todo.chunks(256) {
+            out.extend(self.rerun_all(chunk.to_vec()).await?);
+        }
+        Ok(out)
+    }
+
+    /// Admits the re-runs `(run, new id)` as one batch of events.
+    async fn rerun_all(&self, runs: Vec<(RunRecord, String)>) -> Result<Vec<Rerun>> {
+        let engine = self.engine().await?;
+        let stored: Vec<String> =
+            runs.iter().filter(|(r, _)| r.event.as_ref().is_some_and(|e| e.body_stored)).map(|(r, _)| r.run_id.clone()).collect();
+        let mut bodies: std::collections::HashMap<String, Vec<u8>> = std::collections::HashMap::new();
+        for (id, body) in stored.iter().zip(self.repo.event_bodies(&stored).await?) {
+            if let Some(b) = body {
+                bodies.insert(id.clone(), b);
+            }
+        }
+        let now = self.clock.now();
+        let reqs = runs.iter().map(|(r, new)| crate::engine::EventRequest::rerun(r, new.clone(), bodies.remove(&r.run_id), now)).collect();
+        let answers = engine.events(reqs).await?;
+        runs.into_iter()
+            .zip(answers)
+            .map(|((r, _), a)| a.map(|a| Rerun { of: r.run_id, run_id: a.run_id, created: a.created, skipped: None }))
+            .collect()
+    }
+
+    /// The re-runs of `run_id` kept in the store (`rerun_of` read the other way).
+    pub async fn reruns_of(&self, run_id: &str) -> Result<Vec<String>> {
+        self.repo.rerun_ids(run_id).await
     }
 
     /// Matching runs now (as stored, a page at a time as the client reads

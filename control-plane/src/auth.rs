@@ -135,6 +135,7 @@ pub const METHODS: &[(&str, Access)] = &[
     ("/punchclock.v1.RunService/ListRuns", Access::Read),
     ("/punchclock.v1.RunService/GetRun", Access::Read),
     ("/punchclock.v1.RunService/CancelRun", Access::Operate),
+    ("/punchclock.v1.RunService/RerunRuns", Access::Operate),
     ("/punchclock.v1.RunService/PruneRuns", Access::Admin),
     ("/punchclock.v1.RunService/WatchRuns", Access::Read),
     ("/punchclock.v1.RunService/GetSchedulingStats", Access::Read),

@@ -82,6 +82,60 @@ pub struct EventRequest {
     /// the core's unit tests): the id deduplicates as long as its run is
     /// kept.
     pub dedup_window: Option<chrono::Duration>,
+    /// A re-run (`runs rerun`): the input of the run it re-runs, which the
+    /// new run gets instead of the task's and the event's own; its run id
+    /// (`{of}.rerun-{n}`) makes it create-if-absent like an event's.
+    pub rerun: Option<Box<Rerun>>,
+}
+
+/// What a re-run carries over from the run it re-runs.
+#[derive(Debug, Clone)]
+pub struct Rerun {
+    /// The run re-run.
+    pub of: String,
+    /// Its params, as it had them.
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// Its event (`context.event`), if an event started it.
+    pub event: Option<crate::model::event::EventInfo>,
+    /// The run it followed (`context.upstream`), if any.
+    pub upstream: Option<crate::model::event::Upstream>,
+}
+
+impl EventRequest {
+    /// The request of a re-run of `run` under `run_id`: a manual run with
+    /// `run`'s params, event (its stored body, `body`, stored again beside
+    /// the new run) and upstream, and `rerun_of`.
+    pub fn rerun(run: &crate::model::RunRecord, run_id: String, body: Option<Vec<u8>>, now: chrono::DateTime<chrono::Utc>) -> EventRequest {
+        use crate::model::event::{BodyEncoding, EventInfo};
+        use crate::model::run::TriggerKind;
+        let info = EventInfo {
+            source: TriggerKind::Manual,
+            name: "rerun".into(),
+            key: run.run_id.clone(),
+            received_at: now,
+            headers: Default::default(),
+            attributes: Default::default(),
+            body: None,
+            body_encoding: BodyEncoding::Json,
+            body_bytes: 0,
+            body_stored: false,
+        };
+        EventRequest {
+            task_id: run.task_id.clone(),
+            run_id,
+            info,
+            stored_body: body.map(std::sync::Arc::new),
+            priority: 0,
+            invalid: None,
+            dedup_window: None,
+            rerun: Some(Box::new(Rerun {
+                of: run.run_id.clone(),
+                params: run.params.clone(),
+                event: run.event.clone(),
+                upstream: run.upstream.clone(),
+            })),
+        }
+    }
 }
 
 /// What became of one [`EventRequest`], once committed.

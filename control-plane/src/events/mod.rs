@@ -57,6 +57,7 @@ pub fn event_request(
         priority: 0,
         invalid: None,
         dedup_window: Some(chrono::Duration::seconds(crate::model::trigger::DEFAULT_DEDUP_TTL_SECONDS as i64)),
+        rerun: None,
     }
 }
 

@@ -591,6 +591,10 @@ pub struct RunRecord {
     /// `context.upstream`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<super::event::Upstream>,
+    /// The run this one re-runs (`runs rerun`): with its params, event and
+    /// upstream, under id `{rerun_of}.rerun-{n}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
 }
 
 impl RunRecord {
@@ -643,6 +647,7 @@ impl RunRecord {
             charges: Vec::new(),
             event: None,
             upstream: None,
+            rerun_of: None,
         }
     }
 
@@ -782,6 +787,14 @@ pub fn slot_of_run_id(run_id: &str) -> Option<(&str, DateTime<Utc>)> {
     let format = if stamp.contains('.') { "%Y%m%dT%H%M%S%.3fZ" } else { "%Y%m%dT%H%M%SZ" };
     let t = chrono::NaiveDateTime::parse_from_str(stamp, format).ok()?;
     Some((task, t.and_utc()))
+}
+
+/// What a re-run's id adds to the id of the run it re-runs.
+pub const RERUN_INFIX: &str = ".rerun-";
+
+/// Run id of the `n`-th re-run (1-based) of `run_id`: `{run_id}.rerun-{n}`.
+pub fn rerun_run_id(run_id: &str, n: usize) -> String {
+    format!("{run_id}{RERUN_INFIX}{n}")
 }
 
 /// Run id of a manual trigger: `{task_id}.manual-{key}`.

@@ -660,6 +660,15 @@ impl Repo {
             .boxed())
     }
 
+    /// The ids of the re-runs of `run_id` kept in the store
+    /// (`{run_id}.rerun-{n}`, `runs rerun`), in key order; at most 1,000.
+    pub async fn rerun_ids(&self, run_id: &str) -> Result<Vec<String>> {
+        let prefix = format!("{}{}", self.keys.run(run_id), crate::model::run::RERUN_INFIX);
+        let page = self.store.range_page(&prefix, "", 1000, true).await?;
+        let runs = self.keys.runs();
+        Ok(page.iter().filter_map(|kv| kv.key.strip_prefix(&runs).map(str::to_string)).collect())
+    }
+
     /// The stored event bodies of `run_ids`, in order (`None`: none stored).
     pub async fn event_bodies(&self, run_ids: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
         let kvs = self.get_many(run_ids.iter().map(|id| self.keys.event_body(id)), 16).await?;

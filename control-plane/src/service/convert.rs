@@ -177,6 +177,8 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
         pending_reason: r.pending_reason.clone().unwrap_or_default(),
         next_attempt_at: ots(r.next_attempt_at),
         fire_at: ots(r.fire_at),
+        rerun_of: r.rerun_of.clone().unwrap_or_default(),
+        reruns: Vec::new(),
         context_json: serde_json::json!({ "params": r.params }).to_string(),
         stdout_tail: r.stdout_tail.clone(),
         stderr_tail: r.stderr_tail.clone(),

@@ -88,13 +88,43 @@ impl RunService for RunSvc {
 
     async fn get_run(&self, req: Request<pb::GetRunRequest>) -> Result<Response<pb::Run>, Status> {
         let run = self.0.get_run(&req.into_inner().run_id).await.map_err(status)?;
-        Ok(Response::new(run_to_pb(&run)))
+        let mut out = run_to_pb(&run);
+        out.reruns = self.0.reruns_of(&run.run_id).await.unwrap_or_default();
+        Ok(Response::new(out))
     }
 
     async fn cancel_run(&self, req: Request<pb::CancelRunRequest>) -> Result<Response<pb::Run>, Status> {
         let r = req.into_inner();
         let run = self.0.cancel_run(&r.run_id, &r.reason).await.map_err(status)?;
         Ok(Response::new(run_to_pb(&run)))
+    }
+
+    async fn rerun_runs(&self, req: Request<pb::RerunRunsRequest>) -> Result<Response<pb::RerunRunsResponse>, Status> {
+        let r = req.into_inner();
+        let results = if !r.run_id.is_empty() {
+            vec![self.0.rerun(&r.run_id, r.dry_run).await.map_err(status)?]
+        } else {
+            let status_filter = crate::model::RunStatus::parse(&r.status)
+                .ok_or_else(|| status(crate::error::Error::invalid("status", format!("{:?}: a run status such as FAILED", r.status))))?;
+            if r.limit > 10_000 {
+                return Err(status(crate::error::Error::invalid("limit", "at most 10000")));
+            }
+            let q = history::HistoryQuery {
+                task_id: r.task_id.clone(),
+                from: r.since.as_ref().and_then(punchclock_proto::time::from_timestamp),
+                to: r.until.as_ref().and_then(punchclock_proto::time::from_timestamp),
+                status: Some(status_filter),
+                limit: if r.limit == 0 { 1000 } else { r.limit as usize },
+                ..Default::default()
+            };
+            self.0.rerun_matching(q, r.dry_run).await.map_err(status)?
+        };
+        Ok(Response::new(pb::RerunRunsResponse {
+            results: results
+                .into_iter()
+                .map(|x| pb::RerunResult { of: x.of, run_id: x.run_id, created: x.created, skipped: x.skipped.unwrap_or_default() })
+                .collect(),
+        }))
     }
 
     async fn prune_runs(&self, req: Request<pb::PruneRunsRequest>) -> Result<Response<pb::PruneRunsResponse>, Status> {

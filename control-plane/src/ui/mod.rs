@@ -507,17 +507,11 @@ async fn cancel(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Pat
 }
 
 async fn rerun(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {
-    if let Err(r) = actor(&core, &headers, "/punchclock.v1.TaskService/TriggerTask", &f, &id) {
+    if let Err(r) = actor(&core, &headers, "/punchclock.v1.RunService/RerunRuns", &f, &id) {
         return r;
     }
-    let result = async {
-        let run = core.get_run(&id).await?;
-        let t = core.trigger(manual_run(&run.task_id, run.params.clone())).await?;
-        Ok::<_, Error>(t.run_id)
-    }
-    .await;
-    match result {
-        Ok(new) => done(&headers, &format!("/ui/runs/{}", pages::path_segment(&new)), said_of(&core, &new, "re-run").await),
+    match core.rerun(&id, false).await {
+        Ok(new) => done(&headers, &format!("/ui/runs/{}", pages::path_segment(&new.run_id)), said_of(&core, &new.run_id, "re-run").await),
         Err(e) => done(&headers, &format!("/ui/runs/{}", pages::path_segment(&id)), Err(e)),
     }
 }

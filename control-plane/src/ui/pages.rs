@@ -582,6 +582,7 @@ pub fn run(
                 }
             }
             @if let Some(e) = &r.event { dt { "Event" } dd { code { (serde_json::to_string(e).unwrap_or_default()) } } }
+            @if let Some(of) = &r.rerun_of { dt { "Re-run of" } dd { a.rerun-of href={ "/ui/runs/" (path_segment(of)) } { (of) } } }
             @if let Some(u) = &r.upstream {
                 dt { "Upstream" } dd {
                     a.upstream href={ "/ui/runs/" (path_segment(&u.run_id)) } { (u.run_id) } " of " (u.task) " (" (u.status.as_str()) ")"
@@ -593,13 +594,9 @@ pub fn run(
         @if viewer.can_operate() {
             div.actions {
                 @if !r.status.is_terminal() { (action_form(viewer, &format!("/ui/runs/{seg}/cancel"), "Cancel", true, html! {})) }
-                @if r.trigger != TriggerKind::Once || r.status.is_terminal() {
-                    // Until re-runs carry the event (the time issue's
-                    // re-runs), a run an event started is re-run with its
-                    // params only, and the button says so.
-                    (action_form(viewer, &format!("/ui/runs/{seg}/rerun"),
-                        if r.event.is_some() || r.upstream.is_some() { "Re-run with the same params (the event is not sent again)" } else { "Re-run with the same input" },
-                        false, html! {}))
+                @if r.status.is_terminal() {
+                    // A linked run with the same params, event and upstream.
+                    (action_form(viewer, &format!("/ui/runs/{seg}/rerun"), "Re-run with the same input", false, html! {}))
                 }
             }
         }

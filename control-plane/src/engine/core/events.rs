@@ -260,7 +260,16 @@ impl EngineCore {
         run.params = spec.params();
         run.priority = spec.execution.priority.saturating_add(ev.priority).clamp(*PRIORITY_RANGE.start(), *PRIORITY_RANGE.end());
         let name = ev.info.name.clone();
-        run.event = Some(ev.info);
+        match ev.rerun {
+            // A re-run: the input of the run it re-runs, as it had it.
+            Some(r) => {
+                run.params = r.params;
+                run.event = r.event;
+                run.upstream = r.upstream;
+                run.rerun_of = Some(r.of);
+            }
+            None => run.event = Some(ev.info),
+        }
         let run_id = run.run_id.clone();
         if let Some(why) = ev.invalid {
             self.skip_one(now, &run, SkipReason::InvalidEvent, why);

@@ -113,7 +113,9 @@ impl EngineCore {
         // follower with the end of the run it follows, an event's alone.
         let home = if run.trigger.is_slot() {
             Home::Task
-        } else if let Some(up) = run.upstream.as_ref() {
+        } else if let Some(up) = run.upstream.as_ref().filter(|_| run.rerun_of.is_none()) {
+            // (A re-run of a follower carries its upstream but is made
+            // alone, long after that run ended.)
             Home::With(up.run_id.clone())
         } else {
             Home::Own
