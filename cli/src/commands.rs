@@ -72,6 +72,9 @@ enum Cmd {
     /// Connected runners.
     #[command(subcommand)]
     Runners(RunnersCmd),
+    /// Backfills (`task backfill`): list, get, pause, resume, cancel.
+    #[command(subcommand)]
+    Backfills(BackfillsCmd),
     /// Shared resources (the control plane's config `resources:`): in use,
     /// waiting, what their rates allow now, held back until when.
     #[command(subcommand)]
@@ -580,6 +583,35 @@ enum TaskCmd {
     Resume { task_id: String },
     /// Close a task's circuit breaker by hand (its next run is admitted).
     ResetBreaker { task_id: String },
+    /// Run the task's own slots over a past range (README "Backfills"):
+    /// `--reprocess missing` (slots with no record), `failed` (slots that
+    /// ended FAILED or TIMEOUT, as linked runs) or `all`. Prints the
+    /// backfill (follow it with `backfills get ID`), or with --dry-run
+    /// what each slot would get.
+    Backfill {
+        task_id: String,
+        /// First slot (RFC 3339, or a duration ago: "30d").
+        #[arg(long)]
+        from: String,
+        /// Last slot (RFC 3339, or a duration ago; default now).
+        #[arg(long)]
+        to: Option<String>,
+        /// missing, failed or all.
+        #[arg(long, default_value = "missing", value_parser = ["missing", "failed", "all"])]
+        reprocess: String,
+        /// Its runs live at once (1..=1000).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        max_concurrent: u32,
+        /// oldest or newest first.
+        #[arg(long, default_value = "oldest", value_parser = ["oldest", "newest"])]
+        order: String,
+        /// continue or stop at a failed run.
+        #[arg(long, default_value = "continue", value_parser = ["continue", "stop"])]
+        on_failure: String,
+        /// List what each slot would get; create nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Start a manual run.
     Trigger {
         task_id: String,
@@ -772,6 +804,23 @@ enum RunsCmd {
         #[arg(long, default_value = "")]
         task: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum BackfillsCmd {
+    /// Every backfill (of --task), newest first.
+    List {
+        #[arg(long, default_value = "")]
+        task: String,
+    },
+    /// One backfill: state, cursor, counters.
+    Get { id: String },
+    /// Freeze its cursor: it creates nothing until resumed.
+    Pause { id: String },
+    /// Go on from its cursor.
+    Resume { id: String },
+    /// Stop it for good (its record stays; its runs go on).
+    Cancel { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -1090,6 +1139,36 @@ pub async fn run(cli: Cli, open_files: Option<u64>) -> Res {
             // Scripts and probes can tell a cluster without a leader.
             if s.leader_id.is_empty() {
                 return Err("no leader: nothing is scheduled until one is elected".into());
+            }
+            Ok(())
+        }
+        Cmd::Backfills(c) => {
+            let leader = !matches!(c, BackfillsCmd::List { .. } | BackfillsCmd::Get { .. });
+            let ch = if leader { client::connect_leader(&cli.endpoint).await? } else { client::connect(&cli.endpoint).await? };
+            let mut tc = TaskServiceClient::new(ch).max_decoding_message_size(MAX_MESSAGE);
+            let change = |id: String, action: &str| pb::ChangeBackfillRequest { id, action: action.into() };
+            let one = match c {
+                BackfillsCmd::List { task } => {
+                    let r = tc.list_backfills(pb::ListBackfillsRequest { task_id: task }).await.map_err(grpc)?.into_inner();
+                    if fmt == Format::Json {
+                        print_json(&serde_json::json!(r.backfills.iter().map(output::backfill_json).collect::<Vec<_>>()));
+                    } else {
+                        for b in &r.backfills {
+                            println!("{}", output::backfill_text(b));
+                        }
+                    }
+                    return Ok(());
+                }
+                BackfillsCmd::Get { id } => tc.get_backfill(pb::GetBackfillRequest { id }).await,
+                BackfillsCmd::Pause { id } => tc.change_backfill(change(id, "pause")).await,
+                BackfillsCmd::Resume { id } => tc.change_backfill(change(id, "resume")).await,
+                BackfillsCmd::Cancel { id } => tc.change_backfill(change(id, "cancel")).await,
+            };
+            let b = one.map_err(grpc)?.into_inner();
+            if fmt == Format::Json {
+                print_json(&output::backfill_json(&b));
+            } else {
+                println!("{}", output::backfill_text(&b));
             }
             Ok(())
         }
@@ -1521,7 +1600,7 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
     // when it can be reached (only it can warn that no runner serves an
     // agent); everything else any replica serves.
     let channel = match &c {
-        TaskCmd::Trigger { .. } => client::connect_leader(endpoint).await?,
+        TaskCmd::Trigger { .. } | TaskCmd::Backfill { .. } => client::connect_leader(endpoint).await?,
         TaskCmd::Apply { .. } => match client::connect_leader(endpoint).await {
             Ok(ch) => ch,
             Err(_) => client::connect(endpoint).await?,
@@ -1695,6 +1774,52 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
         }
         TaskCmd::Resume { task_id } => {
             show(&tc.resume_task(pb::ResumeTaskRequest { task_id }).await.map_err(grpc)?.into_inner());
+            Ok(())
+        }
+        TaskCmd::Backfill { task_id, from, to, reprocess, max_concurrent, order, on_failure, dry_run } => {
+            let now = chrono::Utc::now();
+            let at = |flag: &str, v: &str| -> Result<prost_types::Timestamp, String> {
+                let t = match chrono::DateTime::parse_from_rfc3339(v) {
+                    Ok(t) => t.with_timezone(&chrono::Utc),
+                    Err(_) => {
+                        let secs = punchclock_control_plane::schedule::parse_duration(v)
+                            .map_err(|e| format!("{flag}: {e} (an RFC 3339 time, or a duration ago such as 30d)"))?;
+                        now - chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 1000).min(i64::MAX / 1000))
+                    }
+                };
+                Ok(punchclock_proto::time::to_timestamp(t))
+            };
+            let req = pb::BackfillTaskRequest {
+                task_id,
+                from: Some(at("--from", &from)?),
+                to: Some(match &to {
+                    Some(v) => at("--to", v)?,
+                    None => punchclock_proto::time::to_timestamp(now),
+                }),
+                reprocess,
+                max_concurrent,
+                order,
+                on_failure,
+                dry_run,
+            };
+            let r = tc.backfill_task(req).await.map_err(grpc)?.into_inner();
+            match (&r.backfill, fmt) {
+                (Some(b), Format::Json) => print_json(&output::backfill_json(b)),
+                (Some(b), _) => println!("{}", output::backfill_text(b)),
+                (None, Format::Json) => print_json(&serde_json::json!(
+                    r.listing
+                        .iter()
+                        .map(|x| serde_json::json!({"slot": output::t(&x.slot), "run_id": x.run_id, "verdict": x.verdict}))
+                        .collect::<Vec<_>>()
+                )),
+                (None, _) => {
+                    for x in &r.listing {
+                        println!("{} {} {}", output::t(&x.slot).as_str().unwrap_or("-"), x.run_id, x.verdict);
+                    }
+                    let would = r.listing.iter().filter(|x| x.verdict.starts_with("would_")).count();
+                    println!("{} slot(s), {would} would run (dry run: nothing created)", r.listing.len());
+                }
+            }
             Ok(())
         }
         TaskCmd::ResetBreaker { task_id } => {

@@ -543,3 +543,36 @@ pub fn notification_json(n: &pb::Notification) -> Value {
         "updated_at": t(&n.updated_at),
     })
 }
+
+/// A backfill as JSON (`-o json`).
+pub fn backfill_json(b: &pb::Backfill) -> Value {
+    json!({
+        "id": b.id, "task_id": b.task_id, "from": t(&b.from), "to": t(&b.to),
+        "reprocess": b.reprocess, "max_concurrent": b.max_concurrent, "order": b.order, "on_failure": b.on_failure,
+        "state": b.state, "cursor": t(&b.cursor),
+        "planned": b.planned, "created": b.created, "left": b.left, "succeeded": b.succeeded, "failed": b.failed,
+        "other": b.other, "remaining": b.remaining, "in_flight": b.in_flight, "reason": b.reason,
+        "created_at": t(&b.created_at), "updated_at": t(&b.updated_at),
+    })
+}
+
+/// A backfill in a line: `bf-nightly-1765 nightly running: 120/720 planned
+/// created, 100 left, 118 succeeded, 0 failed, 500 remaining (cursor ...)`.
+pub fn backfill_text(b: &pb::Backfill) -> String {
+    let reason = if b.reason.is_empty() { String::new() } else { format!(" — {}", b.reason) };
+    format!(
+        "{} {} {}: {} planned, {} created, {} left alone, {} succeeded, {} failed, {} other, {} remaining, {} live (cursor {}){reason}",
+        b.id,
+        b.task_id,
+        b.state,
+        b.planned,
+        b.created,
+        b.left,
+        b.succeeded,
+        b.failed,
+        b.other,
+        b.remaining,
+        b.in_flight.len(),
+        t(&b.cursor).as_str().unwrap_or("-"),
+    )
+}

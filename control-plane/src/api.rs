@@ -52,6 +52,15 @@ pub struct TaskView {
     pub ended: Option<String>,
 }
 
+/// A backfill started, or a dry run's listing ([`Core::backfill`]).
+#[derive(Debug, Clone, Default)]
+pub struct BackfillPlan {
+    /// The backfill started (none for a dry run).
+    pub backfill: Option<crate::model::backfill::Backfill>,
+    /// A dry run: each slot, the run it concerns, what it would get.
+    pub listing: Vec<(DateTime<Utc>, String, String)>,
+}
+
 /// One re-run ([`Core::rerun`], [`Core::rerun_matching`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rerun {
@@ -1217,6 +1226,87 @@ impl Core {
             .zip(answers)
             .map(|((r, _), a)| a.map(|a| Rerun { of: r.run_id, run_id: a.run_id, created: a.created, skipped: None }))
             .collect()
+    }
+
+    /// `task backfill`: validates `spec` (its range, at most
+    /// [`crate::model::backfill::MAX_BACKFILL_SLOTS`] slots of the task's
+    /// time triggers), then either lists what each slot would get
+    /// (`dry_run`: nothing is written) or starts the backfill on the leader.
+    ///
+    /// Errors: `InvalidArgument` naming the field; `NotFound` (task).
+    pub async fn backfill(&self, spec: crate::model::backfill::BackfillSpec, dry_run: bool) -> Result<BackfillPlan> {
+        use crate::engine::core::sources::backfill::{BackfillOp, plan_slots};
+        use crate::model::backfill::{Backfill, BackfillState, MAX_BACKFILL_SLOTS, decide};
+        let now = self.clock.now();
+        spec.validate(now)?;
+        let view = self.get_task(&spec.task_id).await?;
+        let scheds = view.record.spec.schedules()?;
+        if scheds.is_empty() {
+            return Err(Error::invalid("task_id", "the task has no time trigger: it has no slots to backfill"));
+        }
+        let slots = plan_slots(&scheds, spec.from, spec.to, spec.order)
+            .ok_or_else(|| Error::invalid("from", format!("the range has more than {MAX_BACKFILL_SLOTS} slots; backfill it in parts")))?;
+        if !dry_run {
+            let id = format!("bf-{}-{}", spec.task_id, now.timestamp_millis());
+            let rec = Backfill {
+                id,
+                spec,
+                state: BackfillState::Running,
+                cursor: None,
+                planned: slots.len() as u64,
+                created: 0,
+                left: 0,
+                succeeded: 0,
+                failed: 0,
+                other: 0,
+                in_flight: Vec::new(),
+                reason: String::new(),
+                created_at: now,
+                updated_at: now,
+            };
+            let b = self.engine().await?.backfill(BackfillOp::Create(Box::new(rec))).await?;
+            return Ok(BackfillPlan { backfill: Some(b), listing: Vec::new() });
+        }
+        let mut listing = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let run_id = crate::model::run::slot_run_id(&spec.task_id, slot);
+            if scheds.iter().any(|s| s.gap_slots(slot) > 0) {
+                listing.push((slot, run_id, "dst_gap".to_string()));
+                continue;
+            }
+            let run = match self.get_run(&run_id).await {
+                Ok(r) => Some(r),
+                Err(Error::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            let linked = crate::model::run::rerun_run_id(&run_id, 1);
+            let rerun_exists = run.is_some() && self.repo.get_run(&linked).await?.is_some();
+            let verdict = decide(spec.reprocess, run.as_ref(), rerun_exists);
+            let shown = if verdict == crate::model::backfill::Verdict::Rerun { linked } else { run_id };
+            listing.push((slot, shown, verdict.words()));
+        }
+        Ok(BackfillPlan { backfill: None, listing })
+    }
+
+    /// Backfills as stored: one task's (`task_id` non-empty) or all, newest first.
+    pub async fn backfills(&self, task_id: &str) -> Result<Vec<crate::model::backfill::Backfill>> {
+        let mut all: Vec<_> =
+            self.repo.load_backfills().await?.into_iter().filter(|b| task_id.is_empty() || b.spec.task_id == task_id).collect();
+        all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| a.id.cmp(&b.id)));
+        Ok(all)
+    }
+
+    /// One backfill as stored.
+    pub async fn get_backfill(&self, id: &str) -> Result<crate::model::backfill::Backfill> {
+        self.repo.get_backfill(id).await?.ok_or_else(|| Error::NotFound { kind: "backfill", id: id.to_string() })
+    }
+
+    /// `backfills pause|resume|cancel` (leader).
+    pub async fn change_backfill(
+        &self,
+        op: crate::engine::core::sources::backfill::BackfillOp,
+    ) -> Result<crate::model::backfill::Backfill> {
+        self.engine().await?.backfill(op).await
     }
 
     /// The re-runs of `run_id` kept in the store (`rerun_of` read the other way).

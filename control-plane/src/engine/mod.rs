@@ -194,6 +194,10 @@ pub(crate) enum Command {
         task_id: String,
         reply: oneshot::Sender<Result<crate::model::breaker::Breaker>>,
     },
+    Backfill {
+        op: core::sources::backfill::BackfillOp,
+        reply: oneshot::Sender<Result<crate::model::backfill::Backfill>>,
+    },
     ReleaseResource {
         resource: String,
         reply: oneshot::Sender<Result<crate::views::ResourceView>>,
@@ -329,6 +333,15 @@ impl EngineHandle {
     /// has no `execution.circuit_breaker`).
     pub async fn reset_breaker(&self, task_id: String) -> Result<crate::model::breaker::Breaker> {
         self.ask(|reply| Command::ResetBreaker { task_id, reply }).await?
+    }
+
+    /// Creates, pauses, resumes or cancels a backfill; returns it once the
+    /// change is committed.
+    ///
+    /// Errors: `NotFound` (no such backfill or task), `FailedPrecondition`
+    /// (it has finished; an id taken).
+    pub async fn backfill(&self, op: core::sources::backfill::BackfillOp) -> Result<crate::model::backfill::Backfill> {
+        self.ask(|reply| Command::Backfill { op, reply }).await?
     }
 
     /// Ends a resource's hold-back by hand; returns the resource once the

@@ -121,6 +121,7 @@ enum Pending {
     ResetBreaker(oneshot::Sender<Result<crate::model::breaker::Breaker>>),
     ReleaseResource(oneshot::Sender<Result<crate::views::ResourceView>>),
     Events(oneshot::Sender<Vec<Result<super::EventAdmitted>>>),
+    Backfill(oneshot::Sender<Result<crate::model::backfill::Backfill>>),
 }
 
 /// The engine task's state.
@@ -177,6 +178,7 @@ impl Engine {
         let runs = cfg.repo.load_active_runs().await?;
         let ledgers = cfg.repo.load_ledgers().await?;
         let holds = cfg.repo.load_holds().await?;
+        let backfills = cfg.repo.load_backfills().await?;
         let mut core = EngineCore::new(CoreConfig { timing: cfg.timing, token: cfg.leadership.token, leader_id: cfg.leader_id });
         let mut config = cfg.config.subscribe();
         core.configure(config.borrow_and_update().clone());
@@ -187,6 +189,7 @@ impl Engine {
         let now = cfg.clock.read();
         let core = tokio::task::spawn_blocking(move || {
             core.load(now, tasks, runs);
+            core.restore_backfills(now, backfills);
             core
         })
         .await
@@ -431,6 +434,10 @@ impl Engine {
                 let id = self.reply_id(Pending::ResetBreaker(reply));
                 self.core.handle(now, Input::ResetBreaker { reply: id, task_id });
             }
+            Command::Backfill { op, reply } => {
+                let id = self.reply_id(Pending::Backfill(reply));
+                self.core.handle(now, Input::Backfill { reply: id, op });
+            }
             Command::ReleaseResource { resource, reply } => {
                 let id = self.reply_id(Pending::ReleaseResource(reply));
                 self.core.handle(now, Input::ReleaseResource { reply: id, resource });
@@ -552,6 +559,9 @@ impl Engine {
                     let _ = tx.send(r);
                 }
                 (Some(Pending::ReleaseResource(tx)), Reply::ReleaseResource(r)) => {
+                    let _ = tx.send(r);
+                }
+                (Some(Pending::Backfill(tx)), Reply::Backfill(r)) => {
                     let _ = tx.send(r);
                 }
                 (Some(Pending::Events(tx)), Reply::Events(r)) => {

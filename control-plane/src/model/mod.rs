@@ -1,6 +1,7 @@
 //! The domain model: tasks (what users write), runs (what happened), and
 //! schedule cursors. No transport types here.
 
+pub mod backfill;
 pub mod breaker;
 pub mod budget;
 pub mod event;

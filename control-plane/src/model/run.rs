@@ -79,6 +79,8 @@ pub enum TriggerKind {
     Queue,
     /// The end of a run of a task it follows (`after`).
     After,
+    /// A backfill of the task's slots (`task backfill`).
+    Backfill,
 }
 
 impl From<crate::schedule::TimeKind> for TriggerKind {
@@ -103,6 +105,7 @@ impl TriggerKind {
             TriggerKind::Webhook => "webhook",
             TriggerKind::Queue => "queue",
             TriggerKind::After => "after",
+            TriggerKind::Backfill => "backfill",
         }
     }
 
@@ -595,6 +598,9 @@ pub struct RunRecord {
     /// upstream, under id `{rerun_of}.rerun-{n}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<String>,
+    /// The backfill that made it (`trigger: backfill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill_id: Option<String>,
 }
 
 impl RunRecord {
@@ -648,6 +654,7 @@ impl RunRecord {
             event: None,
             upstream: None,
             rerun_of: None,
+            backfill_id: None,
         }
     }
 

@@ -116,6 +116,14 @@ impl Keys {
     pub fn event_body(&self, run_id: &str) -> String {
         format!("{}events/{run_id}", self.prefix)
     }
+    /// `{prefix}backfills/`: every backfill.
+    pub fn backfills(&self) -> String {
+        format!("{}backfills/", self.prefix)
+    }
+    /// `{prefix}backfills/{id}`: a [`crate::model::backfill::Backfill`].
+    pub fn backfill(&self, id: &str) -> String {
+        format!("{}backfills/{id}", self.prefix)
+    }
     /// `{prefix}outbox/`: notifications to deliver (pending) or dead-lettered.
     pub fn outbox(&self) -> String {
         format!("{}outbox/", self.prefix)

@@ -215,6 +215,9 @@ pub enum StoreOp {
     },
     /// Put a notification in the outbox (with the run state it reports).
     PutNotification(Box<crate::model::notification::Notification>),
+    /// A backfill's record (its cursor and counters, with the run that
+    /// moved them).
+    PutBackfill(Box<crate::model::backfill::Backfill>),
     /// The body of the event that started a run, too large for its
     /// record: stored beside it, in the same group (`events/{run_id}`).
     PutEventBody {
@@ -660,6 +663,21 @@ impl Repo {
             .boxed())
     }
 
+    /// Every backfill (a few hundred at most: finished ones are kept as
+    /// records until deleted by hand).
+    pub async fn load_backfills(&self) -> Result<Vec<crate::model::backfill::Backfill>> {
+        let (kvs, _) = self.store.range(&self.keys.backfills()).await?;
+        kvs.iter().map(|kv| codec::decode("backfill", &kv.value)).collect()
+    }
+
+    /// One backfill.
+    pub async fn get_backfill(&self, id: &str) -> Result<Option<crate::model::backfill::Backfill>> {
+        match self.store.get(&self.keys.backfill(id)).await? {
+            Some(kv) => Ok(Some(codec::decode("backfill", &kv.value)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The ids of the re-runs of `run_id` kept in the store
     /// (`{run_id}.rerun-{n}`, `runs rerun`), in key order; at most 1,000.
     pub async fn rerun_ids(&self, run_id: &str) -> Result<Vec<String>> {
@@ -770,6 +788,7 @@ impl Repo {
             StoreOp::PutEventBody { run_id, body } => {
                 (Vec::new(), vec![TxnOp::put(self.keys.event_body(run_id), body.to_vec())], Vec::new())
             }
+            StoreOp::PutBackfill(b) => (Vec::new(), vec![TxnOp::put(self.keys.backfill(&b.id), codec::encode(b)?)], Vec::new()),
             StoreOp::PutCharge { budget, window_start, run_id, amount } => (
                 Vec::new(),
                 vec![TxnOp::put(self.keys.budget_charge(budget, window_start.timestamp(), run_id), codec::encode(amount)?)],

@@ -19,6 +19,7 @@ pub fn trigger_to_pb(t: TriggerKind) -> pb::TriggerKind {
         TriggerKind::Webhook => pb::TriggerKind::Webhook,
         TriggerKind::Queue => pb::TriggerKind::Queue,
         TriggerKind::After => pb::TriggerKind::After,
+        TriggerKind::Backfill => pb::TriggerKind::Backfill,
     }
 }
 
@@ -34,6 +35,7 @@ pub fn trigger_from_pb(t: pb::TriggerKind) -> TriggerKind {
         pb::TriggerKind::Webhook => TriggerKind::Webhook,
         pb::TriggerKind::Queue => TriggerKind::Queue,
         pb::TriggerKind::After => TriggerKind::After,
+        pb::TriggerKind::Backfill => TriggerKind::Backfill,
     }
 }
 
@@ -178,6 +180,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::Run {
         next_attempt_at: ots(r.next_attempt_at),
         fire_at: ots(r.fire_at),
         rerun_of: r.rerun_of.clone().unwrap_or_default(),
+        backfill_id: r.backfill_id.clone().unwrap_or_default(),
         reruns: Vec::new(),
         context_json: serde_json::json!({ "params": r.params }).to_string(),
         stdout_tail: r.stdout_tail.clone(),
@@ -362,5 +365,33 @@ pub fn notification_to_pb(n: &crate::model::notification::Notification) -> pb::N
         created_at: Some(ts(n.created_at)),
         delivered_at: ots(n.delivered_at),
         updated_at: Some(ts(n.updated_at)),
+    }
+}
+
+/// A backfill as the API sends it.
+pub fn backfill_to_pb(b: &crate::model::backfill::Backfill) -> pb::Backfill {
+    let name = |v: serde_json::Result<serde_json::Value>| v.ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    pb::Backfill {
+        id: b.id.clone(),
+        task_id: b.spec.task_id.clone(),
+        from: Some(ts(b.spec.from)),
+        to: Some(ts(b.spec.to)),
+        reprocess: name(serde_json::to_value(b.spec.reprocess)),
+        max_concurrent: b.spec.max_concurrent,
+        order: name(serde_json::to_value(b.spec.order)),
+        on_failure: name(serde_json::to_value(b.spec.on_failure)),
+        state: b.state.as_str().into(),
+        cursor: ots(b.cursor),
+        planned: b.planned,
+        created: b.created,
+        left: b.left,
+        succeeded: b.succeeded,
+        failed: b.failed,
+        other: b.other,
+        remaining: b.remaining(),
+        in_flight: b.in_flight.clone(),
+        reason: b.reason.clone(),
+        created_at: Some(ts(b.created_at)),
+        updated_at: Some(ts(b.updated_at)),
     }
 }

@@ -207,6 +207,68 @@ impl TaskService for TaskSvc {
         }))
     }
 
+    async fn backfill_task(&self, req: Request<pb::BackfillTaskRequest>) -> Result<Response<pb::BackfillTaskResponse>, Status> {
+        use crate::model::backfill::{BackfillSpec, OnFailure, Order, Reprocess};
+        let r = req.into_inner();
+        let at = |field: &str, t: &Option<prost_types::Timestamp>| {
+            t.as_ref().and_then(from_timestamp).ok_or_else(|| status(Error::invalid(field, "required (an instant)")))
+        };
+        let spec = BackfillSpec {
+            task_id: r.task_id.clone(),
+            from: at("from", &r.from)?,
+            to: at("to", &r.to)?,
+            reprocess: match r.reprocess.as_str() {
+                "" | "missing" => Reprocess::Missing,
+                "failed" => Reprocess::Failed,
+                "all" => Reprocess::All,
+                x => return Err(status(Error::invalid("reprocess", format!("{x:?}: missing, failed or all")))),
+            },
+            max_concurrent: r.max_concurrent.max(1),
+            order: match r.order.as_str() {
+                "" | "oldest" => Order::Oldest,
+                "newest" => Order::Newest,
+                x => return Err(status(Error::invalid("order", format!("{x:?}: oldest or newest")))),
+            },
+            on_failure: match r.on_failure.as_str() {
+                "" | "continue" => OnFailure::Continue,
+                "stop" => OnFailure::Stop,
+                x => return Err(status(Error::invalid("on_failure", format!("{x:?}: continue or stop")))),
+            },
+        };
+        let plan = self.0.backfill(spec, r.dry_run).await.map_err(status)?;
+        Ok(Response::new(pb::BackfillTaskResponse {
+            backfill: plan.backfill.as_ref().map(super::convert::backfill_to_pb),
+            listing: plan
+                .listing
+                .into_iter()
+                .map(|(slot, run_id, verdict)| pb::BackfillSlot { slot: Some(to_timestamp(slot)), run_id, verdict })
+                .collect(),
+        }))
+    }
+
+    async fn list_backfills(&self, req: Request<pb::ListBackfillsRequest>) -> Result<Response<pb::ListBackfillsResponse>, Status> {
+        let all = self.0.backfills(&req.into_inner().task_id).await.map_err(status)?;
+        Ok(Response::new(pb::ListBackfillsResponse { backfills: all.iter().map(super::convert::backfill_to_pb).collect() }))
+    }
+
+    async fn get_backfill(&self, req: Request<pb::GetBackfillRequest>) -> Result<Response<pb::Backfill>, Status> {
+        let b = self.0.get_backfill(&req.into_inner().id).await.map_err(status)?;
+        Ok(Response::new(super::convert::backfill_to_pb(&b)))
+    }
+
+    async fn change_backfill(&self, req: Request<pb::ChangeBackfillRequest>) -> Result<Response<pb::Backfill>, Status> {
+        use crate::engine::core::sources::backfill::BackfillOp;
+        let r = req.into_inner();
+        let op = match r.action.as_str() {
+            "pause" => BackfillOp::Pause(r.id),
+            "resume" => BackfillOp::Resume(r.id),
+            "cancel" => BackfillOp::Cancel(r.id),
+            x => return Err(status(Error::invalid("action", format!("{x:?}: pause, resume or cancel")))),
+        };
+        let b = self.0.change_backfill(op).await.map_err(status)?;
+        Ok(Response::new(super::convert::backfill_to_pb(&b)))
+    }
+
     async fn preview_schedule(&self, req: Request<pb::PreviewScheduleRequest>) -> Result<Response<pb::PreviewScheduleResponse>, Status> {
         let r = req.into_inner();
         let after = r.after.as_ref().and_then(from_timestamp);

@@ -30,6 +30,8 @@ struct Flags {
     delay: Option<DateTime<Utc>>,
     scheduled_at: DateTime<Utc>,
     terminal: bool,
+    /// A backfill made it.
+    backfill: bool,
 }
 
 impl Flags {
@@ -42,6 +44,7 @@ impl Flags {
             delay: (run.status == RunStatus::Pending && run.attempts.is_empty()).then_some(run.next_attempt_at).flatten(),
             scheduled_at: run.scheduled_at,
             terminal,
+            backfill: run.backfill_id.is_some(),
         }
     }
 }
@@ -55,6 +58,8 @@ struct TaskCounts {
     live: usize,
     /// Holders that may be delayed (few: delayed manual triggers, requeue pauses).
     delayed: HashSet<String>,
+    /// Holders a backfill made.
+    backfill: usize,
 }
 
 impl TaskCounts {
@@ -67,6 +72,7 @@ impl TaskCounts {
         apply(&mut self.holders, f.holder);
         apply(&mut self.waiting, f.waiting);
         apply(&mut self.live, f.live);
+        apply(&mut self.backfill, f.holder && f.backfill);
         if f.holder && f.delay.is_some() {
             if sign > 0 {
                 self.delayed.insert(id.to_string());
@@ -115,6 +121,12 @@ impl Counts {
         let delayed = t.delayed.iter().filter(|id| t.runs.get(*id).and_then(|f| f.delay).is_some_and(|d| d > now)).count();
         let excepted = except.iter().filter(|id| t.runs.get(*id).is_some_and(|f| f.holder && f.delay.is_none_or(|d| d <= now))).count();
         t.holders.saturating_sub(delayed).saturating_sub(excepted)
+    }
+
+    /// Runs a backfill made holding a slot of the task: a live slot's
+    /// admission leaves them out (live slots keep their place).
+    pub(super) fn backfill_holders(&self, task_id: &str) -> usize {
+        self.tasks.get(task_id).map_or(0, |t| t.backfill)
     }
 
     /// Those runs (for `overlap_policy: cancel_running`, which picks the oldest).

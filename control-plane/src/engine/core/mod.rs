@@ -29,6 +29,7 @@ mod notify;
 pub mod policy;
 mod runners;
 mod runs;
+pub mod sources;
 mod tasks;
 mod timers;
 mod writes;
@@ -105,6 +106,8 @@ pub enum Reply {
     ReleaseResource(Result<crate::views::ResourceView>),
     /// To [`Input::Events`]: one answer per event, in order.
     Events(Vec<Result<EventAdmitted>>),
+    /// To [`Input::Backfill`]: the backfill once its change is committed.
+    Backfill(Result<crate::model::backfill::Backfill>),
 }
 
 /// Why the core asked the shell to read a run.
@@ -121,6 +124,16 @@ pub enum ReadPurpose {
     Cancel {
         /// Reply to.
         reply: ReplyId,
+    },
+    /// A backfill's slot: its run (`slot_run` `None`), or the linked
+    /// re-run of that slot run (`slot_run` holding what the first read found).
+    Backfill {
+        /// The backfill.
+        id: String,
+        /// The slot.
+        slot: DateTime<Utc>,
+        /// The slot's run, once read.
+        slot_run: Option<Option<Box<RunRecord>>>,
     },
     /// A `once` slot before the task's creation, of a task that never
     /// fired: its run may exist from an earlier task with this id.
@@ -199,6 +212,13 @@ pub enum Input {
         run_id: String,
         /// Why.
         reason: String,
+    },
+    /// A backfill created, paused, resumed or cancelled.
+    Backfill {
+        /// Reply to.
+        reply: ReplyId,
+        /// What to do.
+        op: sources::backfill::BackfillOp,
     },
     /// `ResetBreaker`: close a task's circuit breaker by hand.
     ResetBreaker {
@@ -376,6 +396,11 @@ pub struct EngineCore {
     routes: events::Routes,
     /// Each task's runs holding slots, waiting, alive: counted as they change.
     counts: counts::Counts,
+    /// Backfills by id (`sources/backfill.rs`).
+    backfills: BTreeMap<String, sources::backfill::BackfillEntry>,
+    /// Backfills changed this turn, with the runs whose write groups carry
+    /// their record (none: a group of its own).
+    backfills_changed: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// What the core knows of the clocks.
@@ -460,7 +485,16 @@ impl EngineCore {
             claims: HashMap::new(),
             routes: events::Routes::default(),
             counts: counts::Counts::default(),
+            backfills: BTreeMap::new(),
+            backfills_changed: BTreeMap::new(),
         }
+    }
+
+    /// The backfills stored when this leader took over (after [`Self::load`]):
+    /// each goes on from its cursor.
+    pub fn restore_backfills(&mut self, now: Now, backfills: Vec<crate::model::backfill::Backfill>) {
+        self.load_backfills(now, backfills);
+        self.after_input(now);
     }
 
     /// Takes over from the store: tasks with their cursors, and the runs of
@@ -508,6 +542,10 @@ impl EngineCore {
             Input::Trigger { reply, req, explicit_key } => self.trigger(now, reply, req, explicit_key),
             Input::Cancel { reply, run_id, reason } => self.cancel_command(now, reply, &run_id, &reason),
             Input::ResetBreaker { reply, task_id } => self.reset_breaker(now, reply, &task_id),
+            Input::Backfill { reply, op } => {
+                let r = self.backfill_op(now, op);
+                self.fx.replies.push((reply, Reply::Backfill(r)));
+            }
             Input::ReleaseResource { reply, resource } => self.release_resource(now, reply, &resource),
             Input::Events { reply, events } => self.events(now, reply, events),
             Input::EventsLoaded { reply, found } => self.events_loaded(now, reply, found),
@@ -550,6 +588,7 @@ impl EngineCore {
                     self.writes.request_flush();
                 }
                 Timer::Wake => self.dispatch_needed = true,
+                Timer::BackfillStep { id } => self.backfill_timer(now, &id),
             }
             spent += self.writes.runs().saturating_sub(writes).max(1);
         }
@@ -566,6 +605,7 @@ impl EngineCore {
     /// Drains the effects decided so far. See [`Effects`] for the order the
     /// shell performs them in.
     pub fn poll_effects(&mut self) -> Effects {
+        self.flush_backfills();
         let (groups, written) = self.writes.drain(&self.runs);
         // A written run that is terminal and holds no agent leaves memory.
         for run_id in written {
@@ -733,7 +773,11 @@ impl EngineCore {
         run.fencing_token = token;
         self.policies.run_changed(run);
         self.counts.update(run);
+        let backfill = run.backfill_id.is_some() && run.status.is_terminal();
         self.writes.changed(run_id, urgency);
+        if backfill {
+            self.backfill_run_changed(now, run_id);
+        }
     }
 
     /// Asks for a lazy flush within `timing.progress_flush`.

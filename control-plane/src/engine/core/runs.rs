@@ -174,7 +174,12 @@ impl EngineCore {
         }
         // Counted, not walked (a task may have 100,000 runs waiting); listed
         // only for the policy that picks among them.
-        let active = self.counts.active(&run.task_id, now.wall, batch);
+        let mut active = self.counts.active(&run.task_id, now.wall, batch);
+        // Live slots keep their place: a backfill's runs do not count
+        // against them (they queue behind them at dispatch by priority).
+        if run.trigger != TriggerKind::Backfill {
+            active = active.saturating_sub(self.counts.backfill_holders(&run.task_id));
+        }
         let listed = if def.execution.overlap_policy == crate::model::task::OverlapPolicy::CancelRunning {
             self.counts.active_runs(&run.task_id, now.wall, batch)
         } else {
@@ -506,6 +511,7 @@ impl EngineCore {
             }
             ReadPurpose::LateReport { runner_id, session, report } => self.late_report_loaded(now, &runner_id, session, stored, *report),
             ReadPurpose::PastOnce { task_id, at } => self.past_once_loaded(now, &task_id, at, stored.is_some()),
+            ReadPurpose::Backfill { id, slot, slot_run } => self.backfill_read(now, &id, slot, slot_run, run_id, stored),
         }
     }
 

@@ -35,6 +35,8 @@ pub(super) enum Timer {
     Deadline { run_id: String, execution_id: String },
     /// A waiting run's start deadline passed.
     StartBy { run_id: String },
+    /// A backfill waits for its task's own schedule to pass a slot.
+    BackfillStep { id: String },
 }
 
 /// See the module docs.

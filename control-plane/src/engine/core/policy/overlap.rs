@@ -25,6 +25,11 @@ impl Policy for Overlap {
         if q.active < limit {
             return Admit::Pass;
         }
+        // A backfill's runs are never dropped for overlap: they queue
+        // (Temporal's backfilled actions are not either).
+        if q.run.trigger == crate::model::run::TriggerKind::Backfill {
+            return Admit::Waiting(format!("backfill run queued behind {} active run(s) (concurrency_limit {limit})", q.active));
+        }
         match ex.overlap_policy {
             OverlapPolicy::Skip => Admit::Skip {
                 reason: SkipReason::ConcurrencyLimit,
