@@ -354,6 +354,13 @@ pub async fn channel(addr: &str) -> Conn {
     with_token(endpoint(addr).connect().await.expect("connect"))
 }
 
+/// Task service client, or `None` while `addr` refuses connections (a
+/// replica just killed).
+pub async fn try_tasks(addr: &str) -> Option<TaskServiceClient<Conn>> {
+    let conn = endpoint(addr).connect().await.ok()?;
+    Some(TaskServiceClient::new(with_token(conn)).max_decoding_message_size(64 << 20))
+}
+
 /// Task service client.
 pub async fn tasks(addr: &str) -> TaskServiceClient<Conn> {
     TaskServiceClient::new(channel(addr).await).max_decoding_message_size(64 << 20)

@@ -97,6 +97,7 @@ async fn bounded_form(
 fn actions(core: Arc<Core>) -> Router<Arc<Core>> {
     Router::new()
         .route("/ui/tasks/{id}/trigger", post(trigger))
+        .route("/ui/tasks/{id}/backfill", post(backfill))
         .route("/ui/tasks/{id}/pause", post(pause))
         .route("/ui/tasks/{id}/resume", post(resume))
         .route("/ui/tasks/{id}/reset-breaker", post(reset_breaker))
@@ -357,6 +358,18 @@ pub struct ActionForm {
     /// Bulk actions: the selected task ids, comma-separated.
     #[serde(default)]
     pub tasks: String,
+    /// A backfill's first and last slot (RFC 3339, or a duration ago: `30d`).
+    #[serde(default)]
+    pub from: String,
+    /// See `from` (empty: now).
+    #[serde(default)]
+    pub to: String,
+    /// A backfill's `reprocess`: missing, failed or all.
+    #[serde(default)]
+    pub reprocess: String,
+    /// A backfill's `max_concurrent` (empty: 1).
+    #[serde(default)]
+    pub max_concurrent: String,
 }
 
 /// What an action answers: a fetch from the page's script gets a short
@@ -409,6 +422,55 @@ fn manual_run(task_id: &str, params: serde_json::Map<String, serde_json::Value>)
         caller_trace: None,
         baggage: String::new(),
     }
+}
+
+/// An instant of a form: RFC 3339, or a duration ago (`30d`), naming the field.
+fn form_instant(field: &str, text: &str, now: chrono::DateTime<chrono::Utc>) -> Result<chrono::DateTime<chrono::Utc>, Error> {
+    let text = text.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    let secs = crate::schedule::parse_duration(text)
+        .map_err(|e| Error::invalid(field, format!("{e}: an RFC 3339 time, or a duration ago such as 30d")))?;
+    Ok(now - chrono::Duration::seconds(i64::try_from(secs).unwrap_or(0).min(100 * 366 * 86_400)))
+}
+
+/// Starts a backfill of the task (checked as `BackfillTask`).
+async fn backfill(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {
+    use crate::model::backfill::{BackfillSpec, Reprocess};
+    if let Err(r) = actor(&core, &headers, "/punchclock.v1.TaskService/BackfillTask", &f, &id) {
+        return r;
+    }
+    let now = core.clock.now();
+    let spec = async {
+        Ok::<_, Error>(BackfillSpec {
+            task_id: id.clone(),
+            from: form_instant("from", &f.from, now)?,
+            to: if f.to.trim().is_empty() { now } else { form_instant("to", &f.to, now)? },
+            reprocess: match f.reprocess.as_str() {
+                "" | "missing" => Reprocess::Missing,
+                "failed" => Reprocess::Failed,
+                "all" => Reprocess::All,
+                x => return Err(Error::invalid("reprocess", format!("{x:?}: missing, failed or all"))),
+            },
+            max_concurrent: if f.max_concurrent.trim().is_empty() {
+                1
+            } else {
+                f.max_concurrent.trim().parse().map_err(|_| Error::invalid("max_concurrent", "a number from 1 to 1000"))?
+            },
+            order: Default::default(),
+            on_failure: Default::default(),
+        })
+    }
+    .await;
+    let result = match spec {
+        Ok(spec) => core.backfill(spec, false).await.map(|p| match p.backfill {
+            Some(b) => format!("backfill {} started: {} slot(s) planned", b.id, b.planned),
+            None => "nothing started".into(),
+        }),
+        Err(e) => Err(e),
+    };
+    done(&headers, &format!("/ui/tasks/{}", pages::path_segment(&id)), result)
 }
 
 async fn trigger(State(core): State<Arc<Core>>, headers: HeaderMap, Path(id): Path<String>, Form(f): Form<ActionForm>) -> Response {

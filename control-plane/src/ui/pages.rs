@@ -488,6 +488,16 @@ pub fn task(
                 } @else {
                     (action_form(viewer, &format!("/ui/tasks/{seg}/pause"), "Pause", true, html! {}))
                 }
+                @if !spec.schedules().unwrap_or_default().is_empty() {
+                    (action_form(viewer, &format!("/ui/tasks/{seg}/backfill"), "Backfill", false, html! {
+                        input type="text" name="from" placeholder="from: 30d or 2026-11-01T00:00:00Z" aria-label="backfill from";
+                        input type="text" name="to" placeholder="to (empty: now)" aria-label="backfill to";
+                        select name="reprocess" aria-label="reprocess" {
+                            option value="missing" { "missing slots" } option value="failed" { "failed slots" } option value="all" { "every slot" }
+                        }
+                        input type="number" name="max_concurrent" min="1" max="1000" value="1" aria-label="max concurrent";
+                    }))
+                }
                 @if spec.execution.circuit_breaker.is_some() {
                     (action_form(viewer, &format!("/ui/tasks/{seg}/reset-breaker"), "Reset breaker", true, html! {}))
                 }

@@ -334,20 +334,18 @@ impl EngineCore {
         }
     }
 
-    /// The turn's backfill records, each as it ends the turn: in the write
-    /// group of every run that changed it (its counters commit with that
-    /// run's creation or end), or in a group of its own. Every copy is the
-    /// same record, so the order the groups commit in does not matter.
+    /// The turn's backfill records, each written once as it ends the turn
+    /// (a store takes a key once per transaction, and an earlier copy
+    /// committing after a later one would undo it): in the write group of
+    /// a run that changed it this turn (its cursor and counters commit
+    /// with that run's creation or end), or in a group of its own.
     pub(in crate::engine::core) fn flush_backfills(&mut self) {
         for (id, runs) in std::mem::take(&mut self.backfills_changed) {
             let Some(e) = self.backfills.get(&id) else { continue };
             let rec = Box::new(e.rec.clone());
-            if runs.is_empty() {
-                self.writes.alone(vec![StoreOp::PutBackfill(rec)]);
-            } else {
-                for r in runs {
-                    self.writes.with_run(&r, [StoreOp::PutBackfill(rec.clone())]);
-                }
+            match runs.into_iter().next() {
+                Some(r) => self.writes.with_run(&r, [StoreOp::PutBackfill(rec)]),
+                None => self.writes.alone(vec![StoreOp::PutBackfill(rec)]),
             }
         }
     }
