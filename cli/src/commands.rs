@@ -1965,11 +1965,14 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
             } else {
                 let created = r.results.iter().filter(|x| x.created).count();
                 for x in &r.results {
-                    let what = match (x.created, x.skipped.is_empty(), dry_run) {
-                        (_, _, true) => "would re-run as",
-                        (true, _, _) => "re-run as",
-                        (false, false, _) => "left: has re-run",
-                        (false, true, _) => "re-run exists:",
+                    if !x.skipped.is_empty() {
+                        println!("{} left ({}): {}", x.of, x.skipped, x.run_id);
+                        continue;
+                    }
+                    let what = match (x.created, dry_run) {
+                        (_, true) => "would re-run as",
+                        (true, _) => "re-run as",
+                        (false, _) => "re-run exists:",
                     };
                     println!("{} {what} {}", x.of, x.run_id);
                 }

@@ -118,6 +118,7 @@ pub fn run_json(r: &pb::Run) -> Value {
         "next_attempt_at": t(&r.next_attempt_at),
         "fire_at": t(&r.fire_at),
         "rerun_of": opt_str(&r.rerun_of),
+        "backfill_id": opt_str(&r.backfill_id),
         "reruns": r.reruns,
         "error": opt_str(&r.error),
         "params": params,

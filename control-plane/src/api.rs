@@ -1149,7 +1149,17 @@ impl Core {
         if !run.status.is_terminal() {
             return Err(Error::FailedPrecondition(format!("run {run_id} is {}: re-run a run once it has ended", run.status.as_str())));
         }
-        let n = self.repo.rerun_ids(run_id).await?.len() + 1;
+        // One more than the highest kept (a pruned one never makes its
+        // number taken twice while a later one is kept).
+        let n = self
+            .repo
+            .rerun_ids(run_id)
+            .await?
+            .iter()
+            .filter_map(|id| id.rsplit_once(crate::model::run::RERUN_INFIX).and_then(|(_, n)| n.parse::<usize>().ok()))
+            .max()
+            .unwrap_or(0)
+            + 1;
         let new = crate::model::run::rerun_run_id(run_id, n);
         if dry_run {
             return Ok(Rerun { of: run_id.to_string(), run_id: new, created: false, skipped: None });
@@ -1180,6 +1190,17 @@ impl Core {
                     break;
                 }
                 seen += 1;
+                // A re-run is not re-run again in bulk (its run is re-run
+                // by hand): the same call again creates nothing.
+                if let Some(of) = &run.rerun_of {
+                    out.push(Rerun {
+                        of: run.run_id.clone(),
+                        run_id: run.run_id.clone(),
+                        created: false,
+                        skipped: Some(format!("a re-run of {of}")),
+                    });
+                    continue;
+                }
                 let reruns = self.repo.rerun_ids(&run.run_id).await?;
                 if let Some(first) = reruns.first() {
                     out.push(Rerun {

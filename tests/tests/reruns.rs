@@ -45,6 +45,14 @@ async fn a_failed_event_run_is_re_run_with_its_event() {
     // Asked again for the same run: a second re-run.
     let out = cli(&dev.addr, &["runs", "rerun", &first.run_id]);
     assert!(out.contains(&format!("{}.rerun-2", first.run_id)), "{out}");
+    // In bulk, a run with a re-run and the re-runs themselves are left:
+    // the failing re-runs make no re-runs of their own (a helper found the
+    // same call making `.rerun-1.rerun-1` each time).
+    wait_run(&dev.addr, "hook", Duration::from_secs(30), |r| r.run_id == format!("{}.rerun-2", first.run_id) && terminal(r)).await;
+    let bulk = cli(&dev.addr, &["runs", "rerun", "--task", "hook", "--status", "FAILED", "--since", "1h"]);
+    assert!(bulk.contains("0 re-run(s) created, 3 listed"), "{bulk}");
+    let got = runs(&dev.addr).await.get_run(pb::GetRunRequest { run_id: first.run_id.clone() }).await.expect("get").into_inner();
+    assert_eq!(got.reruns, vec![rerun_id.clone(), format!("{}.rerun-2", first.run_id)], "its own re-runs only");
     // A run not ended yet is refused, naming why.
     let out = punchclock_tests::cli_command(&dev.addr).args(["runs", "rerun", "hook.nothing"]).output().expect("cli");
     assert!(!out.status.success());

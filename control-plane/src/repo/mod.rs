@@ -684,7 +684,13 @@ impl Repo {
         let prefix = format!("{}{}", self.keys.run(run_id), crate::model::run::RERUN_INFIX);
         let page = self.store.range_page(&prefix, "", 1000, true).await?;
         let runs = self.keys.runs();
-        Ok(page.iter().filter_map(|kv| kv.key.strip_prefix(&runs).map(str::to_string)).collect())
+        // Its own re-runs only (`{run_id}.rerun-{n}`), not theirs
+        // (`{run_id}.rerun-1.rerun-1`).
+        Ok(page
+            .iter()
+            .filter(|kv| kv.key.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())))
+            .filter_map(|kv| kv.key.strip_prefix(&runs).map(str::to_string))
+            .collect())
     }
 
     /// The stored event bodies of `run_ids`, in order (`None`: none stored).

@@ -241,6 +241,11 @@ impl EngineCore {
         skipped.upstream = run.upstream.clone();
         skipped.params = run.params.clone();
         skipped.priority = run.priority;
+        // A re-run or a backfill's run stays linked (and a re-run of a
+        // follower is written alone, not with its long-ended upstream).
+        skipped.rerun_of = run.rerun_of.clone();
+        skipped.backfill_id = run.backfill_id.clone();
+        skipped.fire_at = run.fire_at;
         let run_id = skipped.run_id.clone();
         self.create(now, skipped);
         if run.trigger.is_slot()
