@@ -1149,23 +1149,31 @@ impl Core {
         if !run.status.is_terminal() {
             return Err(Error::FailedPrecondition(format!("run {run_id} is {}: re-run a run once it has ended", run.status.as_str())));
         }
-        // One more than the highest kept (a pruned one never makes its
-        // number taken twice while a later one is kept).
-        let n = self
-            .repo
-            .rerun_ids(run_id)
-            .await?
-            .iter()
-            .filter_map(|id| id.rsplit_once(crate::model::run::RERUN_INFIX).and_then(|(_, n)| n.parse::<usize>().ok()))
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let new = crate::model::run::rerun_run_id(run_id, n);
-        if dry_run {
-            return Ok(Rerun { of: run_id.to_string(), run_id: new, created: false, skipped: None });
+        // Another re-run of the same run made at the same moment takes the
+        // number first: the next one is tried (create-if-absent decides).
+        for _ in 0..8 {
+            // One more than the highest kept (a pruned one never makes its
+            // number taken twice while a later one is kept).
+            let n = self
+                .repo
+                .rerun_ids(run_id)
+                .await?
+                .iter()
+                .filter_map(|id| id.rsplit_once(crate::model::run::RERUN_INFIX).and_then(|(_, n)| n.parse::<usize>().ok()))
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let new = crate::model::run::rerun_run_id(run_id, n);
+            if dry_run {
+                return Ok(Rerun { of: run_id.to_string(), run_id: new, created: false, skipped: None });
+            }
+            let r =
+                self.rerun_all(vec![(run.clone(), new)]).await?.pop().ok_or_else(|| Error::Internal("no answer for the re-run".into()))?;
+            if r.created {
+                return Ok(r);
+            }
         }
-        let mut out = self.rerun_all(vec![(run, new)]).await?;
-        out.pop().ok_or_else(|| Error::Internal("no answer for the re-run".into()))
+        Err(Error::Unavailable { reason: format!("run {run_id} is being re-run concurrently; try again"), leader: None })
     }
 
     /// `runs rerun --task T --status S --since ..`: each run of `q`
@@ -1268,7 +1276,9 @@ impl Core {
         let slots = plan_slots(&scheds, spec.from, spec.to, spec.order)
             .ok_or_else(|| Error::invalid("from", format!("the range has more than {MAX_BACKFILL_SLOTS} slots; backfill it in parts")))?;
         if !dry_run {
-            let id = format!("bf-{}-{}", spec.task_id, now.timestamp_millis());
+            // Milliseconds and a few bits of the nanoseconds: two started
+            // in one millisecond get two ids.
+            let id = format!("bf-{}-{}-{:03x}", spec.task_id, now.timestamp_millis(), now.timestamp_subsec_nanos() % 4096);
             let rec = Backfill {
                 id,
                 spec,

@@ -53,6 +53,14 @@ async fn a_failed_event_run_is_re_run_with_its_event() {
     assert!(bulk.contains("0 re-run(s) created, 3 listed"), "{bulk}");
     let got = runs(&dev.addr).await.get_run(pb::GetRunRequest { run_id: first.run_id.clone() }).await.expect("get").into_inner();
     assert_eq!(got.reruns, vec![rerun_id.clone(), format!("{}.rerun-2", first.run_id)], "its own re-runs only");
+    // Three at once: three re-runs, not one (each takes the next number).
+    let kids: Vec<std::process::Child> =
+        (0..3).map(|_| punchclock_tests::cli_command(&dev.addr).args(["runs", "rerun", &first.run_id]).spawn().expect("cli")).collect();
+    for mut k in kids {
+        assert!(k.wait().expect("wait").success());
+    }
+    let got = runs(&dev.addr).await.get_run(pb::GetRunRequest { run_id: first.run_id.clone() }).await.expect("get").into_inner();
+    assert_eq!(got.reruns.len(), 5, "{:?}", got.reruns);
     // A run not ended yet is refused, naming why.
     let out = punchclock_tests::cli_command(&dev.addr).args(["runs", "rerun", "hook.nothing"]).output().expect("cli");
     assert!(!out.status.success());
