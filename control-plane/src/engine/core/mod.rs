@@ -588,7 +588,7 @@ impl EngineCore {
                     self.writes.request_flush();
                 }
                 Timer::Wake => self.dispatch_needed = true,
-                Timer::BackfillStep { id } => self.backfill_timer(now, &id),
+                Timer::BackfillStep { id } => self.backfill_step(now, &id),
             }
             spent += self.writes.runs().saturating_sub(writes).max(1);
         }

@@ -211,11 +211,16 @@ impl H {
     }
 
     fn trigger(&mut self, task: &str, key: &str) -> Effects {
+        self.trigger_after(task, key, 0)
+    }
+
+    /// A manual trigger of `task` with key `key`, due in `delay_seconds`.
+    fn trigger_after(&mut self, task: &str, key: &str, delay_seconds: u64) -> Effects {
         let req = TriggerRequest {
             task_id: task.into(),
             params: Default::default(),
             not_before: None,
-            delay_seconds: 0,
+            delay_seconds,
             idempotency_key: Some(key.into()),
             idempotency_window: None,
             caller_trace: None,
@@ -1860,20 +1865,7 @@ fn delayed_triggers_are_admitted_when_due() {
     let (s, _) = h.hello("r1", &["a"], 4);
     let fx = h.trigger("d", "first");
     let first = one_assign(&fx);
-    let delayed = |h: &mut H, key: &str| {
-        let req = TriggerRequest {
-            task_id: "d".into(),
-            params: Default::default(),
-            not_before: None,
-            delay_seconds: 10,
-            idempotency_key: Some(key.into()),
-            idempotency_window: None,
-            caller_trace: None,
-            baggage: String::new(),
-        };
-        h.core.handle(h.clocks(), Input::Trigger { reply: 2, req, explicit_key: false });
-        h.drain()
-    };
+    let delayed = |h: &mut H, key: &str| h.trigger_after("d", key, 10);
     delayed(&mut h, "later");
     let later = h.stored("d.manual-later").expect("recorded when accepted");
     assert_eq!(later.status, RunStatus::Pending, "not skipped while the first runs: {later:?}");

@@ -86,20 +86,20 @@ impl EngineCore {
     pub(in crate::engine::core) fn load_backfills(&mut self, now: Now, backfills: Vec<Backfill>) {
         for rec in backfills {
             let id = rec.id.clone();
-            let Some(e) = self.backfill_entry(rec) else { continue };
+            let e = self.backfill_entry(rec);
             self.backfills.insert(id.clone(), e);
             self.backfill_step(now, &id);
         }
     }
 
-    fn backfill_entry(&self, rec: Backfill) -> Option<BackfillEntry> {
+    fn backfill_entry(&self, rec: Backfill) -> BackfillEntry {
         let slots = if rec.finished() {
             Vec::new()
         } else {
             let scheds = self.tasks.get(&rec.spec.task_id).and_then(|e| e.record.spec.schedules().ok()).unwrap_or_default();
             plan_slots(&scheds, rec.spec.from, rec.spec.to, rec.spec.order).unwrap_or_default()
         };
-        Some(BackfillEntry { rec, slots, reading: false })
+        BackfillEntry { rec, slots, reading: false }
     }
 
     /// An operator's change; the answer is the backfill as it then is.
@@ -113,7 +113,7 @@ impl EngineCore {
                 if self.tasks.get(&rec.spec.task_id).is_none_or(|e| e.deleted) {
                     return Err(Error::NotFound { kind: "task", id: rec.spec.task_id.clone() });
                 }
-                let e = self.backfill_entry(*rec).ok_or_else(|| Error::Internal("backfill".into()))?;
+                let e = self.backfill_entry(*rec);
                 self.backfills.insert(id.clone(), e);
                 self.backfill_changed(&id, None);
                 tracing::info!(backfill = %id, "backfill started");
@@ -350,11 +350,6 @@ impl EngineCore {
         }
     }
 
-    /// Backfills whose step waits for a run of theirs to end or for room:
-    /// each gets a step (after a turn's runs changed).
-    pub(in crate::engine::core) fn backfill_timer(&mut self, now: Now, id: &str) {
-        self.backfill_step(now, id);
-    }
 }
 
 /// A backfill run's end in the counters.
