@@ -1784,7 +1784,12 @@ async fn task(endpoint: &str, c: TaskCmd, fmt: Format) -> Res {
                     Err(_) => {
                         let secs = punchclock_control_plane::schedule::parse_duration(v)
                             .map_err(|e| format!("{flag}: {e} (an RFC 3339 time, or a duration ago such as 30d)"))?;
-                        now - chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 1000).min(i64::MAX / 1000))
+                        i64::try_from(secs)
+                            .ok()
+                            .and_then(chrono::Duration::try_seconds)
+                            .and_then(|d| now.checked_sub_signed(d))
+                            .filter(|t| *t >= chrono::DateTime::<chrono::Utc>::UNIX_EPOCH)
+                            .ok_or_else(|| format!("{flag}: {v} ago is before 1970-01-01"))?
                     }
                 };
                 Ok(punchclock_proto::time::to_timestamp(t))

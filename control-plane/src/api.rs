@@ -1179,12 +1179,15 @@ impl Core {
     /// `runs rerun --task T --status S --since ..`: each run of `q`
     /// (task, status, slot window; at most `q.limit`) that has no re-run
     /// yet gets one, `{run}.rerun-1`, so the same call again creates
-    /// nothing; those with one say so. Leader only.
+    /// nothing; those with one say so. Leader only. Errors: `NotFound`
+    /// for a task that does not exist; `InvalidArgument` without a status.
     pub async fn rerun_matching(&self, q: HistoryQuery, dry_run: bool) -> Result<Vec<Rerun>> {
         crate::model::task::validate_id("task_id", &q.task_id)?;
         if q.status.is_none() {
             return Err(Error::invalid("status", "a bulk re-run names the status it re-runs (e.g. FAILED)"));
         }
+        // A task that does not exist is NotFound, not "nothing matched".
+        self.get_task(&q.task_id).await?;
         let limit = q.limit;
         let mut out = Vec::new();
         let mut todo = Vec::new();
@@ -1265,7 +1268,7 @@ impl Core {
     /// Errors: `InvalidArgument` naming the field; `NotFound` (task).
     pub async fn backfill(&self, spec: crate::model::backfill::BackfillSpec, dry_run: bool) -> Result<BackfillPlan> {
         use crate::engine::core::sources::backfill::{BackfillOp, plan_slots};
-        use crate::model::backfill::{Backfill, BackfillState, MAX_BACKFILL_SLOTS, decide};
+        use crate::model::backfill::{Backfill, MAX_BACKFILL_SLOTS, decide};
         let now = self.clock.now();
         spec.validate(now)?;
         let view = self.get_task(&spec.task_id).await?;
@@ -1279,22 +1282,7 @@ impl Core {
             // Milliseconds and a few bits of the nanoseconds: two started
             // in one millisecond get two ids.
             let id = format!("bf-{}-{}-{:03x}", spec.task_id, now.timestamp_millis(), now.timestamp_subsec_nanos() % 4096);
-            let rec = Backfill {
-                id,
-                spec,
-                state: BackfillState::Running,
-                cursor: None,
-                planned: slots.len() as u64,
-                created: 0,
-                left: 0,
-                succeeded: 0,
-                failed: 0,
-                other: 0,
-                in_flight: Vec::new(),
-                reason: String::new(),
-                created_at: now,
-                updated_at: now,
-            };
+            let rec = Backfill::start(id, spec, slots.len() as u64, now);
             let b = self.engine().await?.backfill(BackfillOp::Create(Box::new(rec))).await?;
             return Ok(BackfillPlan { backfill: Some(b), listing: Vec::new() });
         }

@@ -11,7 +11,7 @@
 //!
 //! Where things go:
 //! - a new trigger kind: `model::run::TriggerKind`, `schedule/` (its
-//!   next-fire), and `core/tasks.rs` only if it fires differently;
+//!   next-fire), and `core/sources/generator.rs` only if it fires differently;
 //! - a new lifecycle subscriber: subscribe to [`crate::api::Core::lifecycle`]
 //!   (a [`lifecycle::LifecycleBus`]) — no change here;
 //! - a new store: `store/` (a `KvStore` impl) — the engine never sees it.

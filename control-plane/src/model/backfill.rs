@@ -116,10 +116,13 @@ pub struct BackfillSpec {
 impl BackfillSpec {
     /// Its problems, by field.
     ///
-    /// Errors: `InvalidArgument` naming `task_id`, `to` (before `from`, or
-    /// in the future), `max_concurrent`.
+    /// Errors: `InvalidArgument` naming `task_id`, `from` (before 1970),
+    /// `to` (before `from`, or in the future), `max_concurrent`.
     pub fn validate(&self, now: DateTime<Utc>) -> Result<()> {
         super::task::validate_id("task_id", &self.task_id)?;
+        if self.from < DateTime::<Utc>::UNIX_EPOCH {
+            return Err(Error::invalid("from", format!("{} is before 1970-01-01T00:00:00Z", self.from)));
+        }
         if self.to < self.from {
             return Err(Error::invalid("to", format!("{} is before from {}", self.to, self.from)));
         }
@@ -170,6 +173,26 @@ pub struct Backfill {
 }
 
 impl Backfill {
+    /// A new backfill `id` of `spec`, running, of `planned` slots, asked for at `now`.
+    pub fn start(id: String, spec: BackfillSpec, planned: u64, now: DateTime<Utc>) -> Backfill {
+        Backfill {
+            id,
+            spec,
+            state: BackfillState::Running,
+            cursor: None,
+            planned,
+            created: 0,
+            left: 0,
+            succeeded: 0,
+            failed: 0,
+            other: 0,
+            in_flight: Vec::new(),
+            reason: String::new(),
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
     /// Slots not handled yet.
     pub fn remaining(&self) -> u64 {
         self.planned.saturating_sub(self.created + self.left)

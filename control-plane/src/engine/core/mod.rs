@@ -21,12 +21,13 @@
 //! (sessions, reports and their ownership, re-declaration, silence, loss),
 //! `writes.rs` (this turn's writes by atomic group), `timers.rs`.
 
+mod admission;
 mod breaker;
 mod counts;
 mod deadlines;
-mod events;
 mod notify;
 pub mod policy;
+mod routes;
 mod runners;
 mod runs;
 pub mod sources;
@@ -34,7 +35,7 @@ mod tasks;
 mod timers;
 mod writes;
 
-pub use runs::MAX_DELAY_SECONDS;
+pub use sources::manual::MAX_DELAY_SECONDS;
 #[cfg(test)]
 mod tests;
 
@@ -386,14 +387,14 @@ pub struct EngineCore {
     /// This turn's other effects.
     fx: Effects,
     /// Batches of events waiting for their store lookup.
-    pending_events: HashMap<ReplyId, events::PendingEvents>,
+    pending_events: HashMap<ReplyId, sources::events::PendingEvents>,
     /// Manual triggers with a key waiting for the store's word on it.
     pending_triggers: HashMap<ReplyId, TriggerRequest>,
     /// Dedup claims this leader made or read, by key (expired ones are
     /// dropped as more come).
     claims: HashMap<String, crate::model::event::DedupClaim>,
     /// Where events find their tasks.
-    routes: events::Routes,
+    routes: routes::Routes,
     /// Each task's runs holding slots, waiting, alive: counted as they change.
     counts: counts::Counts,
     /// Backfills by id (`sources/backfill.rs`).
@@ -483,7 +484,7 @@ impl EngineCore {
             pending_events: HashMap::new(),
             pending_triggers: HashMap::new(),
             claims: HashMap::new(),
-            routes: events::Routes::default(),
+            routes: routes::Routes::default(),
             counts: counts::Counts::default(),
             backfills: BTreeMap::new(),
             backfills_changed: BTreeMap::new(),

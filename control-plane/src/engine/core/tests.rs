@@ -1886,3 +1886,49 @@ fn delayed_triggers_are_admitted_when_due() {
     assert_eq!((busy.status, busy.skip_reason), (RunStatus::Skipped, Some(SkipReason::ConcurrencyLimit)), "{busy:?}");
     assert!(busy.finished_at.expect("finished") >= t0() + Duration::seconds(20), "skipped at its due time");
 }
+
+/// Issue 37, the seam: `paused` is one policy at the one admission. While
+/// a task is paused an event is SKIPPED `paused`, a manual trigger runs
+/// (an explicit ask), and a backfill holds — no read, no run, its cursor
+/// where it was — until the task resumes, then goes on.
+#[test]
+fn a_paused_task_gives_each_source_its_rule_at_one_admission() {
+    use crate::engine::core::sources::backfill::BackfillOp;
+    use crate::model::backfill::{Backfill, BackfillSpec};
+    let mut h = H::new();
+    let spec = serde_json::json!({"task_id": "p", "agent_id": "a", "triggers": [{"type": "cron", "expr": "0 * * * *"},
+        {"type": "webhook", "path": "/hooks/p", "auth": "none"}]});
+    let mut rec = h.record(spec.clone());
+    rec.paused = true;
+    rec.paused_at = Some(h.now);
+    h.put(rec);
+    let (_, answers) = h.events(vec![event("p", "e1", b"{}")], &[]);
+    assert_eq!(answers[0].as_ref().expect("ok").skipped, Some(SkipReason::Paused));
+    h.trigger("p", "k");
+    let manual = h.run(&crate::model::run::manual_run_id("p", "k"));
+    assert_eq!((manual.status, manual.skip_reason), (RunStatus::Pending, None), "a manual trigger runs on a paused task");
+    let spec_bf = BackfillSpec {
+        task_id: "p".into(),
+        from: h.now - Duration::hours(3),
+        to: h.now - Duration::seconds(1),
+        reprocess: Default::default(),
+        max_concurrent: 2,
+        order: Default::default(),
+        on_failure: Default::default(),
+    };
+    let backfill = Backfill::start("bf-p".into(), spec_bf, 3, h.now);
+    h.core.handle(h.clocks(), Input::Backfill { reply: 7, op: BackfillOp::Create(Box::new(backfill)) });
+    let mut reads = h.drain().reads;
+    reads.extend(h.advance(Duration::seconds(5)).reads);
+    assert!(reads.is_empty(), "a paused task's backfill reads nothing: {reads:?}");
+    assert!(!h.core.runs.values().any(|r| r.trigger == TriggerKind::Backfill));
+    let mut resumed = h.record(spec);
+    resumed.resumed_at = Some(h.now);
+    h.put(resumed);
+    let fx = h.advance(Duration::seconds(1));
+    assert!(
+        fx.reads.iter().any(|(_, p)| matches!(p, ReadPurpose::Backfill { id, .. } if id == "bf-p")),
+        "resumed, the backfill goes on: {:?}",
+        fx.reads
+    );
+}

@@ -104,7 +104,7 @@ mod tests {
             breaker = Some(b);
         }
         let new = RunRecord::pending("t.new".into(), "t", "a", TriggerKind::Manual, t0, t0);
-        let q = |now| AdmitQuery { now, run: &new, task: &spec, active: 0, active_runs: &[], breaker: breaker.as_ref() };
+        let q = |now| AdmitQuery { now, run: &new, task: &spec, paused: false, active: 0, active_runs: &[], breaker: breaker.as_ref() };
         assert!(matches!(p.admit(&q(t0 + chrono::Duration::seconds(5))), Admit::Skip { reason: SkipReason::CircuitOpen, .. }));
         let after = t0 + chrono::Duration::seconds(11);
         assert_eq!(p.admit(&q(after)), Admit::Pass, "the trial");

@@ -506,7 +506,7 @@ mod tests {
     fn admit(b: &mut Budgets, id: &str, now: DateTime<Utc>) -> Result<Vec<BudgetCharge>, Admit> {
         let task = task();
         let mut run = RunRecord::pending(id.into(), "t", "ag", TriggerKind::Manual, now, now);
-        let q = AdmitQuery { now, run: &run, task: &task, active: 0, active_runs: &[], breaker: None };
+        let q = AdmitQuery { now, run: &run, task: &task, paused: false, active: 0, active_runs: &[], breaker: None };
         match b.admit(&q) {
             Admit::Pass => {}
             other => return Err(other),

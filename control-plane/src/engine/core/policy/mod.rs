@@ -6,7 +6,7 @@
 //!
 //! | decision point | asked | answers |
 //! |---|---|---|
-//! | a run asks to be created (slot, trigger, event) | [`Policy::admit`] | pass, admit waiting (a reason), skip (a reason) |
+//! | a run asks to be created (slot, trigger, event, follower, backfill, re-run: `admission.rs`) | [`Policy::admit`] | pass, admit waiting (a reason), skip (a reason) |
 //! | it was created | [`Policy::created`] | — (the policy commits what it reserved) |
 //! | a ready run asks to be dispatched | [`Policy::dispatch`] | pass, wait (a reason, until when), skip (a reason; only a run that never had an attempt) |
 //! | it was dispatched | [`Policy::dispatched`] | — (the policy takes what it needs: resource holds, budget charges) |
@@ -14,7 +14,8 @@
 //! | a run ended | [`Policy::finished`] | — (the state to write with the run) |
 //!
 //! Each policy is a file of its own with its state and its unit tests,
-//! none needs a runtime: `overlap.rs` (concurrency limit and overlap
+//! none needs a runtime: `paused.rs` (what each run source's request gets
+//! while its task is paused), `overlap.rs` (concurrency limit and overlap
 //! policy), `breaker.rs` (circuit breaker), `retry.rs` (retries, backoff
 //! and the agent's outcome contract), `resources.rs` (cluster-wide
 //! concurrency, request and token rates, hold-backs), `budgets.rs` (spend
@@ -27,6 +28,7 @@ pub mod breaker;
 pub mod budgets;
 pub mod dependencies;
 pub mod overlap;
+pub mod paused;
 pub mod resources;
 pub mod retry;
 
@@ -60,6 +62,8 @@ pub struct AdmitQuery<'a> {
     pub run: &'a RunRecord,
     /// Its task.
     pub task: &'a TaskSpec,
+    /// The task is paused (see [`paused`]).
+    pub paused: bool,
     /// How many of the task's runs hold a slot (a `run_all` catch-up's
     /// own runs left out).
     pub active: usize,
@@ -320,6 +324,8 @@ pub trait Policy {
 /// The registered policies, in the order they are asked.
 #[derive(Debug, Default)]
 pub struct Policies {
+    /// A paused task's rule per source.
+    pub paused: paused::Paused,
     /// Circuit breaker.
     pub breaker: breaker::BreakerPolicy,
     /// Cluster-wide resources.
@@ -336,13 +342,21 @@ pub struct Policies {
 
 impl Policies {
     /// Every policy, in order: the one list they are registered in.
-    pub fn chain(&mut self) -> [&mut dyn Policy; 6] {
-        [&mut self.breaker, &mut self.overlap, &mut self.resources, &mut self.budgets, &mut self.retry, &mut self.dependencies]
+    pub fn chain(&mut self) -> [&mut dyn Policy; 7] {
+        [
+            &mut self.paused,
+            &mut self.breaker,
+            &mut self.overlap,
+            &mut self.resources,
+            &mut self.budgets,
+            &mut self.retry,
+            &mut self.dependencies,
+        ]
     }
 
     /// Every policy, in order, to read.
-    pub fn all(&self) -> [&dyn Policy; 6] {
-        [&self.breaker, &self.overlap, &self.resources, &self.budgets, &self.retry, &self.dependencies]
+    pub fn all(&self) -> [&dyn Policy; 7] {
+        [&self.paused, &self.breaker, &self.overlap, &self.resources, &self.budgets, &self.retry, &self.dependencies]
     }
 
     /// Each policy's view of its state at `now`.

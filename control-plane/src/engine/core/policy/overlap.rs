@@ -90,7 +90,7 @@ mod tests {
         let run = RunRecord::pending("t.new".into(), "t", "a", TriggerKind::Manual, now, now);
         let spec = task(policy, limit);
         let active = active(n);
-        Overlap.admit(&AdmitQuery { now, run: &run, task: &spec, active: active.len(), active_runs: &active, breaker: None })
+        Overlap.admit(&AdmitQuery { now, run: &run, task: &spec, paused: false, active: active.len(), active_runs: &active, breaker: None })
     }
 
     #[test]

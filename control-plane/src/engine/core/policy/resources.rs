@@ -671,7 +671,7 @@ mod tests {
             d => panic!("{d:?}"),
         }
         let s = run("s.1", "s", now);
-        let admit = p.admit(&AdmitQuery { now, run: &s, task: &skipper, active: 0, active_runs: &[], breaker: None });
+        let admit = p.admit(&AdmitQuery { now, run: &s, task: &skipper, paused: false, active: 0, active_runs: &[], breaker: None });
         assert!(matches!(admit, Admit::Skip { reason: SkipReason::ResourceBusy, ref why } if why.contains("held back")), "{admit:?}");
         assert_eq!(try_dispatch(&mut p, &other, &mut u, retry_at), Dispatch::Pass, "free at retry_at");
         let said = AgentOutcome { resource: Some("openai".into()), class: Some("insufficient_quota".into()), ..Default::default() };
@@ -693,10 +693,10 @@ mod tests {
         let b = task("b", serde_json::json!(["search-api"]), "skip");
         let ra = run("a.1", "a", now);
         let rb = run("b.1", "b", now);
-        let q = AdmitQuery { now, run: &ra, task: &a, active: 0, active_runs: &[], breaker: None };
+        let q = AdmitQuery { now, run: &ra, task: &a, paused: false, active: 0, active_runs: &[], breaker: None };
         assert_eq!(p.admit(&q), Admit::Pass);
         p.created(&q);
-        let q = AdmitQuery { now, run: &rb, task: &b, active: 0, active_runs: &[], breaker: None };
+        let q = AdmitQuery { now, run: &rb, task: &b, paused: false, active: 0, active_runs: &[], breaker: None };
         assert!(
             matches!(p.admit(&q), Admit::Skip { reason: SkipReason::ResourceBusy, ref why } if why == "resource search-api (1/1 in use)")
         );
@@ -714,7 +714,7 @@ mod tests {
         let waiter = task("w", serde_json::json!(["search-api"]), "wait");
         let skipper = task("s", serde_json::json!(["search-api"]), "skip");
         let mut s = run("s.1", "s", now);
-        let q = AdmitQuery { now, run: &s, task: &skipper, active: 0, active_runs: &[], breaker: None };
+        let q = AdmitQuery { now, run: &s, task: &skipper, paused: false, active: 0, active_runs: &[], breaker: None };
         assert_eq!(p.admit(&q), Admit::Pass, "nothing holds it when its slot is due");
         p.created(&q);
         let mut w = run("w.1", "w", now);

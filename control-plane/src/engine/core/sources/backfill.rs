@@ -14,21 +14,23 @@
 //! - nothing: the cursor moves on in a write of its own.
 //!
 //! A run's end updates the counters in the group of its final record.
+//! A backfill of a paused task is held (it creates nothing; its cursor
+//! stays) until the task resumes: the `paused` policy's rule.
 //! A paused backfill has no timer and no read in flight: it creates
 //! nothing until resumed. Slots after the task's own cursor are the live
 //! schedule's: the backfill waits for them (a timer each second).
 
-use std::collections::HashSet;
-
 use chrono::{DateTime, Utc};
 
+use super::{Input, RunRequest};
 use crate::clock::Now;
+use crate::engine::core::admission::Submitted;
+use crate::engine::core::policy::paused::{WhilePaused, while_paused};
 use crate::engine::core::{EngineCore, ReadPurpose, Timer};
 use crate::error::{Error, Result};
 use crate::model::RunRecord;
 use crate::model::backfill::{Backfill, BackfillState, MAX_BACKFILL_SLOTS, Order, Verdict, decide};
 use crate::model::run::{RunStatus, TriggerKind, rerun_run_id, slot_run_id};
-use crate::model::task::PRIORITY_RANGE;
 use crate::repo::StoreOp;
 use crate::schedule::Schedule;
 
@@ -179,8 +181,10 @@ impl EngineCore {
             });
             return;
         };
-        // Slots the task's own schedule has not handled are its to run.
-        if task.cursor.as_ref().and_then(|c| c.last_slot).unwrap_or(task.record.created_at) < slot {
+        // A paused task holds its backfills (`policy/paused.rs`); slots the
+        // task's own schedule has not handled are its to run.
+        let held = task.record.paused && while_paused(TriggerKind::Backfill) == WhilePaused::Hold;
+        if held || task.cursor.as_ref().and_then(|c| c.last_slot).unwrap_or(task.record.created_at) < slot {
             self.timers.push_wall(now.wall + chrono::Duration::seconds(1), Timer::BackfillStep { id: id.to_string() });
             return;
         }
@@ -270,28 +274,28 @@ impl EngineCore {
 
     /// Creates the slot's own run; its id when created.
     fn backfill_run(&mut self, now: Now, id: &str, task_id: &str, slot: DateTime<Utc>) -> Option<String> {
-        let spec = self.tasks.get(task_id)?.record.spec.clone();
-        let mut run = RunRecord::pending(slot_run_id(task_id, slot), task_id, &spec.agent_id, TriggerKind::Backfill, slot, now.wall);
-        run.params = spec.params();
-        run.priority = lower(spec.execution.priority);
+        let mut run = RunRecord::pending(slot_run_id(task_id, slot), task_id, "", TriggerKind::Backfill, slot, now.wall);
         run.backfill_id = Some(id.to_string());
-        let run_id = run.run_id.clone();
-        self.admit(now, run, &spec, &HashSet::new()).then_some(run_id)
+        self.backfill_submit(now, run, Input::Task)
     }
 
     /// Creates a linked run re-running `first` (its input, `rerun_of`).
     fn backfill_rerun(&mut self, now: Now, id: &str, first: &RunRecord) -> Option<String> {
-        let spec = self.tasks.get(&first.task_id)?.record.spec.clone();
         let run_id = rerun_run_id(&first.run_id, 1);
-        let mut run =
-            RunRecord::pending(run_id.clone(), &first.task_id, &spec.agent_id, TriggerKind::Backfill, first.scheduled_at, now.wall);
-        run.params = first.params.clone();
+        let mut run = RunRecord::pending(run_id, &first.task_id, "", TriggerKind::Backfill, first.scheduled_at, now.wall);
         run.event = first.event.clone().filter(|e| !e.body_stored);
         run.upstream = first.upstream.clone();
         run.rerun_of = Some(first.run_id.clone());
-        run.priority = lower(spec.execution.priority);
         run.backfill_id = Some(id.to_string());
-        self.admit(now, run, &spec, &HashSet::new()).then_some(run_id)
+        self.backfill_submit(now, run, Input::Exact(first.params.clone()))
+    }
+
+    /// A backfill's run through the one admission, [`BACKFILL_PRIORITY_DROP`]
+    /// below the task's priority; its id when it was made.
+    fn backfill_submit(&mut self, now: Now, run: RunRecord, input: Input) -> Option<String> {
+        let run_id = run.run_id.clone();
+        let req = RunRequest { input, priority_delta: -BACKFILL_PRIORITY_DROP, ..RunRequest::new(run) };
+        matches!(self.submit(now, req), Ok(Submitted::Recorded)).then_some(run_id)
     }
 
     /// A backfill's run changed: at its end, the backfill counts it in the
@@ -349,7 +353,6 @@ impl EngineCore {
             }
         }
     }
-
 }
 
 /// A backfill run's end in the counters.
@@ -359,9 +362,4 @@ fn count_end(b: &mut Backfill, status: Option<RunStatus>) {
         Some(RunStatus::Failed | RunStatus::Timeout) => b.failed += 1,
         _ => b.other += 1,
     }
-}
-
-/// A backfill run's priority: below the task's own slots.
-fn lower(p: i32) -> i32 {
-    p.saturating_sub(BACKFILL_PRIORITY_DROP).max(*PRIORITY_RANGE.start())
 }
