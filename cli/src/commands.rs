@@ -1577,16 +1577,16 @@ fn preview(a: PreviewArgs, fmt: Format) -> Res {
         return Err(format!("{:?} has no fire time after {}", a.expr, after.to_rfc3339_opts(SecondsFormat::Secs, true)));
     }
     let local: Vec<String> = times.iter().map(|t| t.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::AutoSi, true)).collect();
-    let notes = sched.dst_effects(after);
     if fmt == Format::Json {
         print_json(&serde_json::json!(local));
     } else {
         for l in local {
             println!("{l}");
         }
-        for n in notes {
-            println!("DST: {n}");
-        }
+    }
+    // Notes go to stderr, so the fire times alone stay on stdout for scripts.
+    for n in sched.dst_effects(after) {
+        eprintln!("DST: {n}");
     }
     Ok(())
 }
@@ -1981,7 +1981,12 @@ async fn runs(endpoint: &str, c: RunsCmd, fmt: Format) -> Res {
                     };
                     println!("{} {what} {}", x.of, x.run_id);
                 }
-                println!("{} re-run(s) created, {} listed", created, r.results.len());
+                if dry_run {
+                    let would = r.results.iter().filter(|x| x.skipped.is_empty()).count();
+                    println!("dry run: {would} would be re-run, {} listed; nothing created", r.results.len());
+                } else {
+                    println!("{} re-run(s) created, {} listed", created, r.results.len());
+                }
             }
             Ok(())
         }

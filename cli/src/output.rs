@@ -142,6 +142,7 @@ pub fn task_json(tk: &pb::Task) -> Value {
         "paused_reason": opt_str(&tk.paused_reason),
         "next_fire_at": t(&tk.next_fire_at),
         "last_slot_at": t(&tk.last_slot_at),
+        "ended": opt_str(&tk.ended),
         "breaker": tk.breaker.as_ref().map(|b| json!({
             "phase": b.phase,
             "consecutive_failures": b.consecutive_failures,
@@ -434,7 +435,8 @@ pub fn task_details(tk: &pb::Task, next: &pb::PreviewScheduleResponse) -> Vec<(&
     if !tk.ended.is_empty() {
         rows.push(("ended", tk.ended.clone()));
     }
-    for n in &next.notes {
+    // The `ended` row says it already.
+    for n in next.notes.iter().filter(|n| tk.ended.is_empty() || !n.starts_with("no slot left")) {
         rows.push(("time", n.clone()));
     }
     rows.push(("last slot", j["last_slot_at"].as_str().unwrap_or("-").to_string()));

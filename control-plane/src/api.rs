@@ -857,7 +857,11 @@ impl Core {
             (true, false) => {
                 let view = self.get_task(task_id).await?;
                 let s = view.record.spec.schedules()?;
-                (s, task_id.to_string(), view.ended.map(|e| format!("no slot left: {e}")).into_iter().collect())
+                let mut notes: Vec<String> = view.ended.map(|e| format!("no slot left: {e}")).into_iter().collect();
+                if view.record.paused {
+                    notes.push("paused: no slot fires until the task is resumed".into());
+                }
+                (s, task_id.to_string(), notes)
             }
             _ => return Err(Error::invalid("expr", "give either expr (with timezone) or task_id")),
         };
@@ -1527,14 +1531,19 @@ pub async fn relay_stored_runs(repo: Repo, bus: LifecycleBus, stop: impl std::fu
     }
 }
 
-/// `count` fire times strictly after `after`.
+/// `count` slots strictly after `after` that run: an instant that stands
+/// for local times a DST change skipped under `dst.gap: skip` is a
+/// SKIPPED `dst_gap` record, not a run, and is left out (the DST notes
+/// say so).
 pub fn preview_times(schedules: &[Schedule], after: DateTime<Utc>, count: u32) -> Vec<DateTime<Utc>> {
     let mut out = Vec::new();
     let mut t = after;
     while out.len() < count as usize {
         match next_slot(schedules, t) {
             Some((n, _)) => {
-                out.push(n);
+                if schedules.iter().all(|s| s.gap_slots(n) == 0) {
+                    out.push(n);
+                }
                 t = n;
             }
             None => break,

@@ -57,11 +57,11 @@ impl EngineCore {
             return Ok(Submitted::Exists);
         }
         let current;
-        let def = match def {
-            Some(d) => d,
+        let (def, paused) = match def {
+            Some(d) => (&d.spec, d.paused),
             None => {
                 current = e.record.spec.clone();
-                &current
+                (&current, e.record.paused)
             }
         };
         run.agent_id.clone_from(&def.agent_id);
@@ -94,12 +94,12 @@ impl EngineCore {
             self.create_awaiting(now, run);
         } else {
             let empty = HashSet::new();
-            self.admit(now, run, def, batch.unwrap_or(&empty));
+            self.admit(now, run, def, paused, batch.unwrap_or(&empty));
         }
         Ok(Submitted::Recorded)
     }
 
-    /// Asks every policy about `run` under `def` (the task's active runs
+    /// Asks every policy about `run` under `def`, paused or not (the task's active runs
     /// counted, listed only for `cancel_running`, the one policy that picks
     /// among them; live slots ignore a backfill's runs). `me`: runs not to
     /// count as overlap (a `run_all` catch-up's own, the run itself).
@@ -107,7 +107,7 @@ impl EngineCore {
     /// run's pending reason and what the policies reserve for it
     /// (charges apart, for its record) come back. Refused: the skip reason,
     /// why, and whether the task pauses too (the breaker).
-    fn decide(&mut self, now: Now, run: &RunRecord, def: &TaskSpec, me: &HashSet<String>) -> Decision {
+    fn decide(&mut self, now: Now, run: &RunRecord, def: &TaskSpec, paused: bool, me: &HashSet<String>) -> Decision {
         let mut active = self.counts.active(&run.task_id, now.wall, me);
         if run.trigger != TriggerKind::Backfill {
             active = active.saturating_sub(self.counts.backfill_holders(&run.task_id));
@@ -117,10 +117,7 @@ impl EngineCore {
         } else {
             Vec::new()
         };
-        let (breaker, paused) = match self.tasks.get(&run.task_id) {
-            Some(e) => (e.cursor.as_ref().and_then(|c| c.breaker.clone()), e.record.paused),
-            None => (None, false),
-        };
+        let breaker = self.tasks.get(&run.task_id).and_then(|e| e.cursor.as_ref()?.breaker.clone());
         let q = AdmitQuery { now: now.wall, run, task: def, paused, active, active_runs: &listed, breaker: breaker.as_ref() };
         let pending_reason = match self.policies.admit(&q) {
             Admit::Pass => None,
@@ -147,13 +144,14 @@ impl EngineCore {
     }
 
     /// The first decision point: a run asks to be created under `def` (the
-    /// definition it is due under; an earlier one while a change settles).
+    /// definition it is due under, `paused` its pause state; an earlier one
+    /// while a change settles).
     /// The policies decide; a skip leaves a SKIPPED record. `batch`: runs
     /// of the same `run_all` catch-up, which the new run queues behind
     /// instead of counting them as overlap. Sources reach it through
     /// [`Self::submit`], which has looked the run id up.
-    fn admit(&mut self, now: Now, mut run: RunRecord, def: &TaskSpec, batch: &HashSet<String>) {
-        let (pending_reason, writes, charges) = match self.decide(now, &run, def, batch) {
+    fn admit(&mut self, now: Now, mut run: RunRecord, def: &TaskSpec, paused: bool, batch: &HashSet<String>) {
+        let (pending_reason, writes, charges) = match self.decide(now, &run, def, paused, batch) {
             Decision::Admitted { pending_reason, writes, charges } => (pending_reason, writes, charges),
             Decision::Refused { reason, why, pause } => {
                 if pause {
@@ -298,12 +296,13 @@ impl EngineCore {
     /// to it.
     pub(super) fn admit_due(&mut self, now: Now, run_id: &str) {
         let Some(run) = self.runs.get(run_id).cloned() else { return };
-        let Some(def) = self.tasks.get(&run.task_id).filter(|e| !e.deleted).map(|e| e.record.spec.clone()) else {
+        let Some((def, paused)) = self.tasks.get(&run.task_id).filter(|e| !e.deleted).map(|e| (e.record.spec.clone(), e.record.paused))
+        else {
             self.finish(now, run_id, RunStatus::Cancelled, "task deleted before the run was due".into());
             return;
         };
         let me: HashSet<String> = [run_id.to_string()].into();
-        let (pending_reason, writes, charges) = match self.decide(now, &run, &def, &me) {
+        let (pending_reason, writes, charges) = match self.decide(now, &run, &def, paused, &me) {
             Decision::Admitted { pending_reason, writes, charges } => (pending_reason, writes, charges),
             Decision::Refused { reason, why, pause } => {
                 if pause {

@@ -1932,3 +1932,67 @@ fn a_paused_task_gives_each_source_its_rule_at_one_admission() {
         fx.reads
     );
 }
+
+/// A helper's find after the seam: a jittered slot already due when its
+/// task is paused (before its jittered fire) was recorded SKIPPED
+/// `paused` — admission read the pause from the task's current record.
+/// It is settled by the definition it was due under, which was not
+/// paused: it runs.
+#[test]
+fn a_slot_due_before_a_pause_runs_though_it_fires_after() {
+    let mut h = H::new();
+    let spec = serde_json::json!({"task_id": "j", "agent_id": "a", "trigger": {"type": "interval", "every": "1m", "jitter_seconds": 59}});
+    let rec = h.record(spec.clone());
+    h.put(rec.clone());
+    let scheds = rec.spec.schedules().expect("schedules");
+    // The first slot whose jittered fire is at least 2 s after it.
+    let (slot, fire) = (1..200)
+        .map(|k| rec.created_at + Duration::minutes(k))
+        .filter_map(|t| crate::schedule::next_slot(&scheds, t - Duration::milliseconds(1)))
+        .map(|(s, sched)| (s, sched.fire_at("j", s)))
+        .find(|(s, f)| *f - *s >= Duration::seconds(2))
+        .expect("a jittered slot");
+    // Up to just after the slot (slots before it fire on their way).
+    let secs = (slot - h.now).num_seconds() + 1;
+    walk(&mut h, secs);
+    assert!(h.now > slot && h.now < fire);
+    let mut paused = rec;
+    paused.paused = true;
+    paused.paused_at = Some(h.now);
+    h.put(paused);
+    h.advance(Duration::zero());
+    let run = h.stored(&crate::model::run::slot_run_id("j", slot)).expect("the slot has a record");
+    assert_eq!((run.status, run.skip_reason), (RunStatus::Pending, None), "due before the pause: it runs");
+}
+
+/// A helper's find: a backfill's read out when its task is paused made
+/// the slot's run when it came back (and the run was dispatched). Held.
+#[test]
+fn a_backfill_read_answered_after_a_pause_makes_nothing() {
+    use crate::engine::core::sources::backfill::BackfillOp;
+    use crate::model::backfill::{Backfill, BackfillSpec};
+    let mut h = H::new();
+    let spec = serde_json::json!({"task_id": "q", "agent_id": "a", "trigger": {"type": "cron", "expr": "0 * * * *"}});
+    let rec = h.record(spec);
+    h.put(rec.clone());
+    let bf = BackfillSpec {
+        task_id: "q".into(),
+        from: h.now - Duration::hours(2),
+        to: h.now - Duration::seconds(1),
+        reprocess: Default::default(),
+        max_concurrent: 1,
+        order: Default::default(),
+        on_failure: Default::default(),
+    };
+    h.core.handle(h.clocks(), Input::Backfill { reply: 7, op: BackfillOp::Create(Box::new(Backfill::start("bf-q".into(), bf, 2, h.now))) });
+    let fx = h.drain();
+    let (run_id, purpose) = fx.reads.into_iter().find(|(_, p)| matches!(p, ReadPurpose::Backfill { .. })).expect("a slot's read");
+    let mut paused = rec;
+    paused.paused = true;
+    paused.paused_at = Some(h.now);
+    h.put(paused);
+    h.core.handle(h.clocks(), Input::RunLoaded { run_id: run_id.clone(), run: None, purpose });
+    h.drain();
+    assert!(!h.core.runs.contains_key(&run_id), "held: no run for {run_id}");
+    assert_eq!(h.core.backfill_view("bf-q").expect("view").created, 0);
+}

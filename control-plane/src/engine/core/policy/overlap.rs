@@ -25,10 +25,14 @@ impl Policy for Overlap {
         if q.active < limit {
             return Admit::Pass;
         }
-        // A backfill's runs are never dropped for overlap: they queue
-        // (Temporal's backfilled actions are not either).
+        // A backfill's runs and re-runs are never dropped for overlap: they
+        // queue (Temporal's backfilled actions are not either; a re-run
+        // skipped at once could not be re-run in bulk again).
         if q.run.trigger == crate::model::run::TriggerKind::Backfill {
             return Admit::Waiting(format!("backfill run queued behind {} active run(s) (concurrency_limit {limit})", q.active));
+        }
+        if q.run.rerun_of.is_some() {
+            return Admit::Waiting(format!("re-run queued behind {} active run(s) (concurrency_limit {limit})", q.active));
         }
         match ex.overlap_policy {
             OverlapPolicy::Skip => Admit::Skip {
@@ -103,6 +107,23 @@ mod tests {
         match admit("cancel_running", 2, 3) {
             Admit::AfterCancelling { cancel, .. } => assert_eq!(cancel, vec!["t.1".to_string()]),
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// A helper's find: three re-runs made at once under `skip` left two
+    /// SKIPPED, and a bulk re-run would never make them again. Re-runs and
+    /// backfill runs queue instead.
+    #[test]
+    fn re_runs_and_backfill_runs_queue_under_skip() {
+        let now = "2026-12-01T11:00:00Z".parse().expect("t");
+        let spec = task("skip", 1);
+        let active = active(1);
+        let mut rerun = RunRecord::pending("t.0.rerun-1".into(), "t", "a", TriggerKind::Manual, now, now);
+        rerun.rerun_of = Some("t.0".into());
+        let backfill = RunRecord::pending("t.b".into(), "t", "a", TriggerKind::Backfill, now, now);
+        for run in [&rerun, &backfill] {
+            let q = AdmitQuery { now, run, task: &spec, paused: false, active: 1, active_runs: &active, breaker: None };
+            assert!(matches!(Overlap.admit(&q), Admit::Waiting(_)), "{}", run.run_id);
         }
     }
 

@@ -62,7 +62,9 @@ impl Policy for Paused {
         }
         match while_paused(q.run.trigger) {
             WhilePaused::Run => Admit::Pass,
-            // A held source does not ask; if it does, the run waits.
+            // A held source does not ask while its task is paused (the
+            // backfill source checks before each slot and again when the
+            // slot's read returns); the answer for one that would.
             WhilePaused::Hold => Admit::Waiting("the task is paused".into()),
             WhilePaused::Skip => Admit::Skip { reason: SkipReason::Paused, why: why(q.run) },
         }

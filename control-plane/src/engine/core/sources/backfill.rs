@@ -143,12 +143,28 @@ impl EngineCore {
 
     /// A backfill as the core holds it.
     pub fn backfill_view(&self, id: &str) -> Result<Backfill> {
-        self.backfills.get(id).map(|e| e.rec.clone()).ok_or_else(|| Error::NotFound { kind: "backfill", id: id.to_string() })
+        self.backfills.get(id).map(|e| self.shown(e)).ok_or_else(|| Error::NotFound { kind: "backfill", id: id.to_string() })
     }
 
     /// Every backfill the core holds.
     pub fn backfill_views(&self) -> Vec<Backfill> {
-        self.backfills.values().map(|e| e.rec.clone()).collect()
+        self.backfills.values().map(|e| self.shown(e)).collect()
+    }
+
+    /// A backfill of `task_id` is held now: its task is paused (the
+    /// `paused` policy's rule for backfills).
+    fn held(&self, task_id: &str) -> bool {
+        self.tasks.get(task_id).is_some_and(|t| t.record.paused) && while_paused(TriggerKind::Backfill) == WhilePaused::Hold
+    }
+
+    /// A backfill as shown: a running one held by its paused task says so
+    /// in its `reason` (not stored: it holds only while the task is paused).
+    fn shown(&self, e: &BackfillEntry) -> Backfill {
+        let mut rec = e.rec.clone();
+        if rec.state == BackfillState::Running && self.held(&rec.spec.task_id) {
+            rec.reason = "held: its task is paused (it goes on when the task is resumed)".into();
+        }
+        rec
     }
 
     /// The next slot of a running backfill with room: its stored record
@@ -183,7 +199,7 @@ impl EngineCore {
         };
         // A paused task holds its backfills (`policy/paused.rs`); slots the
         // task's own schedule has not handled are its to run.
-        let held = task.record.paused && while_paused(TriggerKind::Backfill) == WhilePaused::Hold;
+        let held = self.held(&task_id);
         if held || task.cursor.as_ref().and_then(|c| c.last_slot).unwrap_or(task.record.created_at) < slot {
             self.timers.push_wall(now.wall + chrono::Duration::seconds(1), Timer::BackfillStep { id: id.to_string() });
             return;
@@ -229,6 +245,12 @@ impl EngineCore {
         }
         if self.backfills.get(id).is_none_or(|e| e.rec.state != BackfillState::Running) {
             // Paused or cancelled meanwhile: the slot waits, the cursor stays.
+            return;
+        }
+        if self.held(&task_id) {
+            // Its task was paused while the read was out: held likewise
+            // (a helper's find: the run was made and dispatched).
+            self.timers.push_wall(now.wall + chrono::Duration::seconds(1), Timer::BackfillStep { id: id.to_string() });
             return;
         }
         match verdict {

@@ -233,7 +233,8 @@ impl EngineCore {
                 }
                 return false;
             }
-            let lag = now.wall - slot;
+            // Late past its fire time (a jittered slot fires after it).
+            let lag = now.wall - sched.fire_at(task_id, slot);
             if lag > chrono::Duration::seconds(1) {
                 tracing::info!(task_id, slot = %slot, lag_ms = lag.num_milliseconds(), "slot runs late, within misfire_grace_seconds: this leader was busy");
             }
@@ -342,7 +343,7 @@ impl EngineCore {
             run.fire_at = Some(sched.fire_at(&spec.task_id, slot));
         }
         let id = run.run_id.clone();
-        let req = RunRequest { def: Some(spec), batch: Some(batch), ..RunRequest::new(run) };
+        let req = RunRequest { def: Some(def), batch: Some(batch), ..RunRequest::new(run) };
         if !matches!(self.submit(now, req), Ok(Submitted::Recorded)) {
             return None;
         }

@@ -24,9 +24,8 @@ pub mod manual;
 
 use std::collections::HashSet;
 
-use crate::model::RunRecord;
 use crate::model::run::SkipReason;
-use crate::model::task::TaskSpec;
+use crate::model::{RunRecord, TaskRecord};
 
 /// One run a source asks for. The source builds the run with what only
 /// it knows — its id (derived from what asked, so asking twice makes
@@ -43,9 +42,10 @@ pub(in crate::engine::core) struct RunRequest<'a> {
     /// Added to the task's `execution.priority` (kept within
     /// `PRIORITY_RANGE`): an event's own, a backfill's drop.
     pub priority_delta: i32,
-    /// The definition it is due under when not the task's current one (a
-    /// slot settled under the definition before a change).
-    pub def: Option<&'a TaskSpec>,
+    /// The definition it is due under, with its pause state, when not the
+    /// task's current one (a slot settled under the definition before a
+    /// change — a pause among them: a slot due before the pause runs).
+    pub def: Option<&'a TaskRecord>,
     /// Runs of the same `run_all` catch-up: the new run queues behind them
     /// instead of counting them as overlap.
     pub batch: Option<&'a HashSet<String>>,
