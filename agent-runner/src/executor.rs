@@ -992,7 +992,7 @@ fn supervise(
         used: None,
         starts: settings.starts.clone(),
     };
-    info!(
+    debug!(
         run_id = %in_flight.run_id,
         execution_id = %in_flight.execution_id,
         agent_id = %assign.agent_id,
@@ -1085,14 +1085,18 @@ impl Supervisor {
         self.forward_progress(updates).await;
 
         let finished = self.finished(status, stop, result);
-        info!(
-            run_id = %finished.run_id,
-            execution_id = %finished.execution_id,
-            outcome = finished.outcome().as_str_name(),
-            exit_code = ?finished.exit_code,
-            error = %finished.error,
-            "execution finished"
-        );
+        if finished.error.is_empty() {
+            debug!(run_id = %finished.run_id, execution_id = %finished.execution_id, exit_code = ?finished.exit_code, "execution finished");
+        } else {
+            info!(
+                run_id = %finished.run_id,
+                execution_id = %finished.execution_id,
+                outcome = finished.outcome().as_str_name(),
+                exit_code = ?finished.exit_code,
+                error = %finished.error,
+                "execution finished"
+            );
+        }
         // Err: the session is gone (runner shutting down); nobody to tell.
         let _ = self.events.send(ExecutionEvent::Finished(finished)).await;
     }

@@ -340,7 +340,7 @@ pub fn start(
         events,
         invoke,
     };
-    info!(run_id = %assign.run_id, execution_id = %assign.execution_id, agent_id = %assign.agent_id, url = %agent.url, "execution started (http)");
+    debug!(run_id = %assign.run_id, execution_id = %assign.execution_id, agent_id = %assign.agent_id, url = %agent.url, "execution started (http)");
     tokio::spawn(call.run(cancel_rx));
     Ok(Execution::new(in_flight, 0, started_at, cancel_tx))
 }
@@ -432,7 +432,11 @@ impl Call {
                 &end.error,
             );
         }
-        info!(run_id = %finished.run_id, execution_id, outcome = finished.outcome().as_str_name(), error = %finished.error, "execution finished (http)");
+        if finished.error.is_empty() {
+            debug!(run_id = %finished.run_id, execution_id, outcome = finished.outcome().as_str_name(), "execution finished (http)");
+        } else {
+            info!(run_id = %finished.run_id, execution_id, outcome = finished.outcome().as_str_name(), error = %finished.error, "execution finished (http)");
+        }
         let _ = self.events.send(ExecutionEvent::Finished(finished)).await;
     }
 

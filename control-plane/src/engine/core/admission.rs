@@ -164,7 +164,7 @@ impl EngineCore {
         run.pending_reason = pending_reason;
         run.charges.extend(charges);
         let run_id = run.run_id.clone();
-        tracing::info!(run_id = %run_id, "run created");
+        tracing::debug!(run_id = %run_id, "run created");
         self.create(now, run);
         self.apply_writes(now, &run_id, writes);
         if let Some(r) = self.event_run(&run_id) {

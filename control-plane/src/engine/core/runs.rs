@@ -402,7 +402,9 @@ impl EngineCore {
         // The backstop counts elapsed time from the dispatch.
         self.timers.attempt_deadlines.set((run_id.to_string(), execution_id.clone()), now.mono.after(timeout + slack));
         self.send(runner_id, ToRunner::Assign(Box::new(assignment)));
-        tracing::info!(run_id, runner_id, execution_id = %execution_id, attempt, "assigned");
+        // Per-run lines are debug (issue 38: six info lines a run cost more
+        // than the run); the trace and the metrics carry them.
+        tracing::debug!(run_id, runner_id, execution_id = %execution_id, attempt, "assigned");
         if let Some(r) = self.event_run(run_id) {
             self.fx.events.push(Lifecycle::RunDispatched { run: r, runner_id: runner_id.to_string(), execution_id, attempt });
         }
@@ -481,7 +483,11 @@ impl EngineCore {
         }
         self.dispatch_needed = true;
         let class = run.attempts.last().and_then(|a| a.class.clone()).unwrap_or_default();
-        tracing::info!(run_id, execution_id, outcome = outcome.as_str(), class, "attempt ended");
+        if outcome == Outcome::Succeeded {
+            tracing::debug!(run_id, execution_id, outcome = outcome.as_str(), class, "attempt ended");
+        } else {
+            tracing::info!(run_id, execution_id, outcome = outcome.as_str(), class, "attempt ended");
+        }
         if start_learned {
             self.fx.events.push(Lifecycle::RunStarted(std::sync::Arc::new(run.clone())));
         }
@@ -560,7 +566,11 @@ impl EngineCore {
         self.timers.start_by.remove(&run_id.to_string());
         self.dispatch_needed = true;
         self.touch(now, run_id, Urgency::Now);
-        tracing::info!(run_id, status = status.as_str(), "run finished");
+        if status == RunStatus::Succeeded {
+            tracing::debug!(run_id, status = status.as_str(), "run finished");
+        } else {
+            tracing::info!(run_id, status = status.as_str(), "run finished");
+        }
         if let Some(r) = self.event_run(run_id) {
             self.fx.events.push(Lifecycle::RunFinished(r));
         }
