@@ -83,7 +83,7 @@ pub const MIN_TRIMMED_RESULT_BYTES: usize = 1024;
 ///
 /// Errors: [`Error::Internal`] if the record cannot be encoded (a bug).
 pub fn trim_run(run: &mut RunRecord) -> Result<bool> {
-    let mut bytes = codec::encode(run)?.len();
+    let mut bytes = codec::encoded_len(run)?;
     if bytes <= MAX_RUN_RECORD_BYTES {
         return Ok(false);
     }
@@ -110,7 +110,7 @@ pub fn trim_run(run: &mut RunRecord) -> Result<bool> {
         }
     }
     let fits = |r: &RunRecord| -> Result<(bool, usize)> {
-        let n = codec::encode(r)?.len();
+        let n = codec::encoded_len(r)?;
         Ok((n <= MAX_RUN_RECORD_BYTES, n))
     };
     // 1. Evidence of ended attempts.

@@ -60,6 +60,10 @@ pub struct CronSchedule {
     fixed_time: bool,
     /// The DST policy, each half resolved.
     rules: DstRules,
+    /// The shortest gap between two slots (ms), worked out once when first
+    /// asked (`jitter: auto`); the schedule is shared through
+    /// [`parse_cron`]'s cache, so once per expression.
+    min_gap_ms: std::sync::OnceLock<Option<u64>>,
 }
 
 /// A DST policy with both halves decided: a trigger's `dst`, and cronie's
@@ -444,6 +448,24 @@ fn croner_parser(dom_and_dow: bool) -> CronParser {
 }
 
 impl CronSchedule {
+    /// The shortest gap between two of its slots in ms (over its first 16
+    /// slots after 2001-01-01), worked out once; `None` without slots.
+    pub fn min_gap_ms(&self) -> Option<u64> {
+        *self.min_gap_ms.get_or_init(|| {
+            let mut t = Utc.with_ymd_and_hms(2001, 1, 1, 0, 0, 0).single()?;
+            let mut least: Option<i64> = None;
+            for _ in 0..16 {
+                let n = self.next_after(t)?;
+                if t.timestamp() != 978_307_200 {
+                    let gap = (n - t).num_milliseconds();
+                    least = Some(least.map_or(gap, |l| l.min(gap)));
+                }
+                t = n;
+            }
+            least.map(|l| l.max(1) as u64)
+        })
+    }
+
     /// Parses `expr` in zone `tz` (IANA name). Errors name the cron field
     /// (`minute field "61": ...`), an unknown zone, or a schedule that can
     /// never fire (`0 0 30 2 *`). What is accepted: the README's
@@ -455,7 +477,7 @@ impl CronSchedule {
         let cron = croner_parser(read.dom_and_dow).parse(&read.croner).map_err(|e| CronError::Expr(format!("{expr:?}: {e}")))?;
         let trimmed = expr.trim_matches([' ', '\t']);
         let rules = DstRules::resolve(dst, read.fixed_time);
-        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), fixed_time: read.fixed_time, rules };
+        let s = CronSchedule { cron, tz, expr: trimmed.to_string(), fixed_time: read.fixed_time, rules, min_gap_ms: Default::default() };
         // A calendar-impossible schedule (Feb 30, Apr 31) has no slot at all.
         let probe = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single().unwrap_or_default();
         if s.next_after(probe).is_none() {

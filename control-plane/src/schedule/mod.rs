@@ -182,19 +182,7 @@ impl Schedule {
         match &self.shape {
             Shape::Interval { period_ms, .. } => Some(*period_ms as u64),
             Shape::Once { .. } => None,
-            Shape::Cron(c) => {
-                let mut t = Utc.with_ymd_and_hms(2001, 1, 1, 0, 0, 0).single()?;
-                let mut least: Option<i64> = None;
-                for _ in 0..16 {
-                    let n = c.next_after(t)?;
-                    if t.timestamp() != 978_307_200 {
-                        let gap = (n - t).num_milliseconds();
-                        least = Some(least.map_or(gap, |l| l.min(gap)));
-                    }
-                    t = n;
-                }
-                least.map(|l| l.max(1) as u64)
-            }
+            Shape::Cron(c) => c.min_gap_ms(),
         }
     }
 }
@@ -412,7 +400,10 @@ pub fn compile(t: TimeTrigger<'_>, path: &str) -> Result<Schedule> {
             let s = parse_cron(&c.expr, tz, c.dst.unwrap_or_default()).map_err(|e| e.at(path))?;
             let mut out = Schedule::plain(Shape::Cron(s));
             out.bounds = bounds_of(path, c.start_at, c.end_at, c.max_runs)?;
-            out.jitter = jitter_of(path, c.jitter_seconds, c.jitter, out.period_ms())?;
+            // The period is worked out only for `jitter: auto` (issue 38: it
+            // was a third of the core's CPU per slot, compiled at each fire).
+            let period = if c.jitter == Some(JitterMode::Auto) { out.period_ms() } else { None };
+            out.jitter = jitter_of(path, c.jitter_seconds, c.jitter, period)?;
             Ok(out)
         }
         TimeTrigger::Interval(i) => {
