@@ -1086,7 +1086,13 @@ impl Supervisor {
 
         let finished = self.finished(status, stop, result);
         if finished.error.is_empty() {
-            debug!(run_id = %finished.run_id, execution_id = %finished.execution_id, exit_code = ?finished.exit_code, "execution finished");
+            debug!(
+                run_id = %finished.run_id,
+                execution_id = %finished.execution_id,
+                outcome = finished.outcome().as_str_name(),
+                exit_code = ?finished.exit_code,
+                "execution finished"
+            );
         } else {
             info!(
                 run_id = %finished.run_id,

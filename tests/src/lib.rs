@@ -252,6 +252,12 @@ impl Proc {
 
     /// [`Proc::runner`] with extra arguments.
     pub fn runner_with(control_planes: &str, runner_id: &str, dir: &Path, extra: &[&str]) -> Proc {
+        Proc::runner_with_env(control_planes, runner_id, dir, extra, &[])
+    }
+
+    /// [`Proc::runner_with`] with extra environment variables (a log
+    /// filter: per-execution lines are at debug).
+    pub fn runner_with_env(control_planes: &str, runner_id: &str, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Proc {
         let work = dir.join(format!("work-{runner_id}")).to_string_lossy().into_owned();
         let mut args = vec![
             "runner",
@@ -269,7 +275,7 @@ impl Proc {
             &work,
         ];
         args.extend_from_slice(extra);
-        Proc::start(&args, &dir.join(format!("{runner_id}.log")), false)
+        Proc::start_with_env(&args, env, &dir.join(format!("{runner_id}.log")), false)
     }
 
     /// Sends `sig` to this process only.

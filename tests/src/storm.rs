@@ -48,7 +48,14 @@ pub async fn kill_storm(name: &str, pki: Option<&Pki>) {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let runner_extra: Vec<String> =
         pki.map(|p| vec!["--token-file".into(), p.token_file("runner-r1"), "--ca-file".into(), p.path("ca.crt")]).unwrap_or_default();
-    let runner = Proc::runner_with(&addrs.join(","), "r1", dir.path(), &runner_extra.iter().map(String::as_str).collect::<Vec<_>>());
+    // The runner's per-execution lines, read below, are at debug (issue 38).
+    let runner = Proc::runner_with_env(
+        &addrs.join(","),
+        "r1",
+        dir.path(),
+        &runner_extra.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[("PUNCHCLOCK_LOG", "info,punchclock_agent_runner::executor=debug")],
+    );
     wait_leader(&addrs, Duration::from_secs(20), |_| true).await;
     for i in 0..TASKS {
         let agent = if i % 5 == 0 { "slow_agent" } else { "light_agent" };
