@@ -1887,14 +1887,33 @@ fn delayed_triggers_are_admitted_when_due() {
     assert!(busy.finished_at.expect("finished") >= t0() + Duration::seconds(20), "skipped at its due time");
 }
 
+impl H {
+    /// Starts backfill `bf-{task}` of `task`'s slots in the last `hours`
+    /// (up to a second ago), `max_concurrent` at once; the drained effects.
+    fn backfill(&mut self, task: &str, hours: i64, max_concurrent: u32) -> Effects {
+        use crate::engine::core::sources::backfill::BackfillOp;
+        use crate::model::backfill::{Backfill, BackfillSpec};
+        let spec = BackfillSpec {
+            task_id: task.into(),
+            from: self.now - Duration::hours(hours),
+            to: self.now - Duration::seconds(1),
+            reprocess: Default::default(),
+            max_concurrent,
+            order: Default::default(),
+            on_failure: Default::default(),
+        };
+        let b = Backfill::start(format!("bf-{task}"), spec, hours as u64, self.now);
+        self.core.handle(self.clocks(), Input::Backfill { reply: 7, op: BackfillOp::Create(Box::new(b)) });
+        self.drain()
+    }
+}
+
 /// Issue 37, the seam: `paused` is one policy at the one admission. While
 /// a task is paused an event is SKIPPED `paused`, a manual trigger runs
 /// (an explicit ask), and a backfill holds — no read, no run, its cursor
 /// where it was — until the task resumes, then goes on.
 #[test]
 fn a_paused_task_gives_each_source_its_rule_at_one_admission() {
-    use crate::engine::core::sources::backfill::BackfillOp;
-    use crate::model::backfill::{Backfill, BackfillSpec};
     let mut h = H::new();
     let spec = serde_json::json!({"task_id": "p", "agent_id": "a", "triggers": [{"type": "cron", "expr": "0 * * * *"},
         {"type": "webhook", "path": "/hooks/p", "auth": "none"}]});
@@ -1907,18 +1926,7 @@ fn a_paused_task_gives_each_source_its_rule_at_one_admission() {
     h.trigger("p", "k");
     let manual = h.run(&crate::model::run::manual_run_id("p", "k"));
     assert_eq!((manual.status, manual.skip_reason), (RunStatus::Pending, None), "a manual trigger runs on a paused task");
-    let spec_bf = BackfillSpec {
-        task_id: "p".into(),
-        from: h.now - Duration::hours(3),
-        to: h.now - Duration::seconds(1),
-        reprocess: Default::default(),
-        max_concurrent: 2,
-        order: Default::default(),
-        on_failure: Default::default(),
-    };
-    let backfill = Backfill::start("bf-p".into(), spec_bf, 3, h.now);
-    h.core.handle(h.clocks(), Input::Backfill { reply: 7, op: BackfillOp::Create(Box::new(backfill)) });
-    let mut reads = h.drain().reads;
+    let mut reads = h.backfill("p", 3, 2).reads;
     reads.extend(h.advance(Duration::seconds(5)).reads);
     assert!(reads.is_empty(), "a paused task's backfill reads nothing: {reads:?}");
     assert!(!h.core.runs.values().any(|r| r.trigger == TriggerKind::Backfill));
@@ -1969,23 +1977,11 @@ fn a_slot_due_before_a_pause_runs_though_it_fires_after() {
 /// the slot's run when it came back (and the run was dispatched). Held.
 #[test]
 fn a_backfill_read_answered_after_a_pause_makes_nothing() {
-    use crate::engine::core::sources::backfill::BackfillOp;
-    use crate::model::backfill::{Backfill, BackfillSpec};
     let mut h = H::new();
     let spec = serde_json::json!({"task_id": "q", "agent_id": "a", "trigger": {"type": "cron", "expr": "0 * * * *"}});
     let rec = h.record(spec);
     h.put(rec.clone());
-    let bf = BackfillSpec {
-        task_id: "q".into(),
-        from: h.now - Duration::hours(2),
-        to: h.now - Duration::seconds(1),
-        reprocess: Default::default(),
-        max_concurrent: 1,
-        order: Default::default(),
-        on_failure: Default::default(),
-    };
-    h.core.handle(h.clocks(), Input::Backfill { reply: 7, op: BackfillOp::Create(Box::new(Backfill::start("bf-q".into(), bf, 2, h.now))) });
-    let fx = h.drain();
+    let fx = h.backfill("q", 2, 1);
     let (run_id, purpose) = fx.reads.into_iter().find(|(_, p)| matches!(p, ReadPurpose::Backfill { .. })).expect("a slot's read");
     let mut paused = rec;
     paused.paused = true;
